@@ -1,0 +1,34 @@
+# gradleak: two commands on a fresh machine.
+#   make demo   set up .venv (pinned) and run the main job: DLG on one real CIFAR-10 photo
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gradleak-stamp
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# Rebuilt only when the pins or the package metadata change.
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch 2.14.1 / torchvision 0.29.1 come from this machine's local wheels via pip.
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[pretrained,test]"
+	# foolbox is installed only for the real sample photos in foolbox/data/; its own
+	# dependencies (eagerpy, ...) are not needed because gradleak never imports it.
+	$(BIN)/python -m pip install -q --no-deps foolbox==3.3.4
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/gradleak attack
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

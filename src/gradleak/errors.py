@@ -1,0 +1,32 @@
+"""One exception family. The CLI turns every :class:`GradleakError` into one line and exit 2."""
+
+
+class GradleakError(Exception):
+    """Base class of every error gradleak raises on purpose (bad input, impossible request)."""
+
+
+class UnknownNameError(GradleakError, KeyError):
+    """An unknown model, data source, attack, defense, preset or experiment name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DataError(GradleakError):
+    """A data source that is missing, empty, unreadable, or too small for the batch asked."""
+
+
+class UpdateFileError(GradleakError):
+    """A shared-update or truth file that is not valid safetensors, truncated, or inconsistent."""
+
+
+class ModelMismatchError(GradleakError):
+    """Tensors that do not fit the model (names, shapes, dtypes) or a model that cannot be built."""
+
+
+class NonFiniteError(GradleakError):
+    """NaN or Inf where finite numbers are required (an update, a checkpoint, an image)."""
+
+
+class ConfigError(GradleakError):
+    """A configuration value that is invalid or out of range; the message names the field."""
