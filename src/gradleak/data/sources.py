@@ -1,0 +1,452 @@
+"""Where a client's private images come from, and how a batch is drawn from them.
+
+Sources, all offline:
+
+* ``cifar10-samples`` / ``cifar100-samples`` / ``imagenet-samples``: the 20 real photos per
+  dataset shipped in the foolbox 3.3.4 wheel (``foolbox/data/<kind>_<NN>_<label>.<ext>``).
+* ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or any folder with them).
+* any folder: Fashion-MNIST IDX files if present, otherwise an ImageFolder
+  (one subfolder per class, class index = sorted position).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+from abc import ABC, abstractmethod
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from gradleak.data import idx
+from gradleak.data.batch import Batch
+from gradleak.data.images import (
+    IMAGE_EXTENSIONS,
+    check_geometry,
+    is_image_file,
+    load_image_file,
+    pil_to_tensor,
+)
+from gradleak.errors import ConfigError, DataError, UnknownNameError
+
+SOURCE_NAMES: tuple[str, ...] = (
+    "cifar10-samples",
+    "cifar100-samples",
+    "imagenet-samples",
+    "fashion-mnist",
+)
+SPLITS: tuple[str, ...] = ("train", "test")
+
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane", "automobile", "bird", "cat", "deer",
+    "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
+
+# The 100 fine labels in index order (CIFAR-100 "meta" file, fine_label_names).
+CIFAR100_CLASSES: tuple[str, ...] = (
+    "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle",
+    "bottle", "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can", "castle",
+    "caterpillar", "cattle", "chair", "chimpanzee", "clock", "cloud", "cockroach", "couch",
+    "crab", "crocodile", "cup", "dinosaur", "dolphin", "elephant", "flatfish", "forest",
+    "fox", "girl", "hamster", "house", "kangaroo", "keyboard", "lamp", "lawn_mower",
+    "leopard", "lion", "lizard", "lobster", "man", "maple_tree", "motorcycle", "mountain",
+    "mouse", "mushroom", "oak_tree", "orange", "orchid", "otter", "palm_tree", "pear",
+    "pickup_truck", "pine_tree", "plain", "plate", "poppy", "porcupine", "possum", "rabbit",
+    "raccoon", "ray", "road", "rocket", "rose", "sea", "seal", "shark", "shrew", "skunk",
+    "skyscraper", "snail", "snake", "spider", "squirrel", "streetcar", "sunflower",
+    "sweet_pepper", "table", "tank", "telephone", "television", "tiger", "tractor", "train",
+    "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm",
+)  # fmt: skip
+
+FASHION_MNIST_CLASSES: tuple[str, ...] = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)  # fmt: skip
+
+_FOOLBOX_HINT = "install the sample photos with: pip install --no-deps foolbox==3.3.4"
+_FASHION_HINT = (
+    "install them with: apt-get install dataset-fashion-mnist, "
+    "or pass a folder holding the IDX files (root=DIR or the folder path as the source)"
+)
+
+
+class ImageSource(ABC):
+    """A finite, indexable set of labelled images.
+
+    Items are addressed by index 0..len-1 in a fixed (sorted) order, so a seed always
+    picks the same images.
+    """
+
+    name: str
+    num_classes: int
+    class_names: tuple[str, ...]
+    native_channels: int
+    native_size: int  # 0 when images come in varied sizes
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def label(self, i: int) -> int:
+        """Class index of item ``i``."""
+
+    @abstractmethod
+    def item_name(self, i: int) -> str:
+        """Human-readable id of item ``i`` (a file name or ``"train[1234]"``)."""
+
+    @abstractmethod
+    def load(self, i: int, image_size: int, channels: int) -> torch.Tensor:
+        """Item ``i`` as [channels, image_size, image_size] float32 in [0, 1]."""
+
+    def _check_index(self, i: int) -> int:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {self.name} ({n} images)")
+        return i % n
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, images={len(self)})"
+
+
+class FileListSource(ImageSource):
+    """Images stored one per file, with labels known up front."""
+
+    def __init__(
+        self,
+        name: str,
+        files: list[Path],
+        labels: list[int],
+        class_names: tuple[str, ...],
+        names: list[str],
+    ) -> None:
+        self.name = name
+        self.class_names = class_names
+        self.num_classes = len(class_names)
+        self._files = files
+        self._labels = labels
+        self._names = names
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def label(self, i: int) -> int:
+        return self._labels[self._check_index(i)]
+
+    def item_name(self, i: int) -> str:
+        return self._names[self._check_index(i)]
+
+    def path(self, i: int) -> Path:
+        """The file behind item ``i``."""
+        return self._files[self._check_index(i)]
+
+    def load(self, i: int, image_size: int, channels: int) -> torch.Tensor:
+        return load_image_file(self.path(i), image_size, channels)
+
+
+class SampleSource(FileListSource):
+    """The foolbox sample photos of one dataset: ``<prefix>_<NN>_<label>.<ext>``."""
+
+    def __init__(
+        self,
+        name: str,
+        folder: Path,
+        prefix: str,
+        class_names: tuple[str, ...],
+        native_size: int,
+    ) -> None:
+        pattern = re.compile(rf"{re.escape(prefix)}_(\d+)_(\d+)\.(png|jpe?g)", re.IGNORECASE)
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError as exc:
+            raise DataError(f"cannot list sample folder {folder}: {exc}; {_FOOLBOX_HINT}") from None
+        files: list[Path] = []
+        labels: list[int] = []
+        for entry in entries:
+            match = pattern.fullmatch(entry)
+            if match is None:
+                continue
+            label = int(match.group(2))
+            if label >= len(class_names):
+                raise DataError(
+                    f"sample file {folder / entry} has label {label} >= {len(class_names)}"
+                )
+            files.append(folder / entry)
+            labels.append(label)
+        if not files:
+            raise DataError(f"no {prefix}_NN_L images in {folder}; {_FOOLBOX_HINT}")
+        super().__init__(name, files, labels, class_names, [f.name for f in files])
+        self.native_channels = 3
+        self.native_size = native_size
+
+
+_GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "F"})
+
+
+class ImageFolderSource(FileListSource):
+    """torchvision-style ImageFolder: ``root/<class>/**/<image>``.
+
+    Class index = position of the class folder in sorted order; empty class folders still
+    count (torchvision's numbering), hidden ones (".name") are skipped. Images may sit in
+    nested folders. Item names are paths relative to ``root``.
+    """
+
+    def __init__(self, root: Path, name: str | None = None) -> None:
+        try:
+            class_dirs = sorted(
+                e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")
+            )
+        except OSError as exc:
+            raise DataError(f"cannot list folder {root}: {exc}") from None
+        if not class_dirs:
+            loose = any(is_image_file(e) for e in os.listdir(root))
+            hint = " (images must sit in one subfolder per class)" if loose else ""
+            raise DataError(f"folder {root} has no class subfolders{hint}")
+        files: list[Path] = []
+        labels: list[int] = []
+        for index, cls in enumerate(class_dirs):
+            for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                for fname in sorted(filenames):
+                    if is_image_file(fname) and not fname.startswith("."):
+                        files.append(Path(dirpath) / fname)
+                        labels.append(index)
+        if not files:
+            exts = " ".join(sorted(IMAGE_EXTENSIONS))
+            raise DataError(f"folder {root} has class subfolders but no images ({exts})")
+        names = [f.relative_to(root).as_posix() for f in files]
+        super().__init__(name or str(root), files, labels, tuple(class_dirs), names)
+        self.root = root
+
+    @cached_property
+    def _native(self) -> tuple[int, int]:
+        """(channels, size) from the file headers only (no pixel decoding)."""
+        sizes: set[tuple[int, int]] = set()
+        grey = True
+        for f in self._files:
+            try:
+                with Image.open(f) as img:  # lazy: parses the header, decodes no pixels
+                    sizes.add(img.size)
+                    grey = grey and (img.mode in _GREY_MODES or img.mode.startswith("I;16"))
+            except Exception:  # noqa: BLE001 - a broken file is reported when it is loaded
+                continue
+        (w, h), *others = sorted(sizes) or [(0, 0)]
+        size = w if not others and w == h else 0
+        return (1 if grey and sizes else 3), size
+
+    @property
+    def native_channels(self) -> int:  # type: ignore[override]
+        """1 when every image is grayscale, else 3 (reads every file header once)."""
+        return self._native[0]
+
+    @property
+    def native_size(self) -> int:  # type: ignore[override]
+        """The common side when all images are the same square size, else 0."""
+        return self._native[1]
+
+
+class FashionMNISTSource(ImageSource):
+    """Fashion-MNIST from IDX files; only the images asked for are turned into tensors."""
+
+    native_channels = 1
+    class_names = FASHION_MNIST_CLASSES
+    num_classes = len(FASHION_MNIST_CLASSES)
+
+    def __init__(self, root: Path, split: str = "train", name: str = "fashion-mnist") -> None:
+        pair = idx.find_idx_pair(root, split)
+        if pair is None:
+            stems = " and ".join(f"{s}[.gz]" for s in idx.idx_file_names(split))
+            raise DataError(
+                f"no Fashion-MNIST {split} split in {root} (looked for {stems}, also under "
+                f"FashionMNIST/raw); {_FASHION_HINT}"
+            )
+        self.name = name
+        self.split = split
+        self.root = root
+        self.images_path, self.labels_path = pair
+        images, labels = idx.load_idx_pair(*pair)
+        self._images = images  # [N, H, W] uint8, read-only
+        self._labels = labels  # [N] uint8
+        h, w = images.shape[1:]
+        self.native_size = h if h == w else 0
+
+    def __len__(self) -> int:
+        return int(self._images.shape[0])
+
+    def label(self, i: int) -> int:
+        return int(self._labels[self._check_index(i)])
+
+    def item_name(self, i: int) -> str:
+        return f"{self.split}[{self._check_index(i)}]"
+
+    def load(self, i: int, image_size: int, channels: int) -> torch.Tensor:
+        check_geometry(image_size, channels)
+        pixels = self._images[self._check_index(i)]
+        return pil_to_tensor(Image.fromarray(pixels, "L"), image_size, channels)
+
+
+# ---------------------------------------------------------------------------------------
+# Opening sources by name or path
+
+
+def foolbox_data_dir() -> Path:
+    """``foolbox/data`` of the installed wheel, located without importing foolbox.
+
+    Importing foolbox needs eagerpy; we only want its bundled photos.
+    """
+    try:
+        spec = importlib.util.find_spec("foolbox")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise DataError(f"the foolbox sample photos are not installed; {_FOOLBOX_HINT}")
+    folder = Path(locations[0]) / "data"
+    if not folder.is_dir():
+        raise DataError(f"foolbox is installed but {folder} is missing; {_FOOLBOX_HINT}")
+    return folder
+
+
+@lru_cache(maxsize=1)
+def imagenet_class_names() -> tuple[str, ...]:
+    """The 1000 ImageNet class names, read offline from torchvision's source when present.
+
+    torchvision keeps them as a literal list in ``torchvision/models/_meta.py``; parsing that
+    file avoids a ~1 s torchvision import. Falls back to "class 243" style names.
+    """
+    fallback = tuple(f"class {k}" for k in range(1000))
+    try:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            return fallback
+        meta = Path(spec.submodule_search_locations[0]) / "models" / "_meta.py"
+        tree = ast.parse(meta.read_text(encoding="utf-8"))
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return fallback
+    for node in tree.body:
+        targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        if isinstance(node, ast.Assign) and "_IMAGENET_CATEGORIES" in targets:
+            try:
+                names = ast.literal_eval(node.value)
+            except ValueError:
+                return fallback
+            if isinstance(names, list) and len(names) == 1000:
+                if all(isinstance(n, str) for n in names):
+                    return tuple(names)
+    return fallback
+
+
+def _open_samples(name: str, root: Path | None) -> SampleSource:
+    folder = root if root is not None else foolbox_data_dir()
+    if name == "cifar10-samples":
+        return SampleSource(name, folder, "cifar10", CIFAR10_CLASSES, 32)
+    if name == "cifar100-samples":
+        return SampleSource(name, folder, "cifar100", CIFAR100_CLASSES, 32)
+    # ImageNet photos vary in size (512x512, one 1024x683); 224 is the nominal model input.
+    return SampleSource(name, folder, "imagenet", imagenet_class_names(), 224)
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or "." in text or os.sep in text or text.startswith("~")
+
+
+def open_source(
+    name_or_path: str | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    split: str = "train",
+) -> ImageSource:
+    """Open a data source by name (see :data:`SOURCE_NAMES`) or by folder path.
+
+    root:  overrides the folder of a named source (the IDX folder for ``fashion-mnist``,
+           the folder holding the sample photos for the ``*-samples`` sources).
+    split: "train" or "test"; only Fashion-MNIST has splits, other sources ignore it.
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    root_path = Path(root).expanduser() if root is not None else None
+    if root_path is not None and not root_path.is_dir():
+        raise DataError(f"no such folder: {root_path} (given as root)")
+    text = os.fspath(name_or_path)
+    key = text.strip().lower()
+    if key in SOURCE_NAMES:
+        if key == "fashion-mnist":
+            if root_path is None and not idx.DEFAULT_ROOT.is_dir():
+                raise DataError(f"Fashion-MNIST not found at {idx.DEFAULT_ROOT}; {_FASHION_HINT}")
+            return FashionMNISTSource(root_path or idx.DEFAULT_ROOT, split)
+        return _open_samples(key, root_path)
+
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if idx.has_idx_files(path):
+            return FashionMNISTSource(path, split, name=text)
+        return ImageFolderSource(path, name=text)
+    if path.exists():
+        raise DataError(f"{text} is a file, not a folder of images or a known source name")
+    if _looks_like_path(text):
+        raise DataError(f"no such folder: {text}")
+    raise UnknownNameError(
+        f"unknown data source {text!r}; known sources: {', '.join(SOURCE_NAMES)}, "
+        "or a path to an image folder"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Drawing a batch
+
+
+def sample_batch(
+    source: ImageSource,
+    batch_size: int,
+    seed: int,
+    image_size: int,
+    channels: int,
+    allow_repeats: bool = False,
+) -> Batch:
+    """Draw a reproducible batch of ``batch_size`` images from ``source``.
+
+    Walks ``torch.randperm(len(source))`` seeded with ``seed``; unless ``allow_repeats``,
+    items whose label is already in the batch are skipped, so labels are distinct (the
+    setting where label-restoration attacks like iDLG are exact).
+
+    Returns a Batch with images [K, channels, image_size, image_size] float32 in [0, 1]
+    and labels [K] int64, in the order drawn. Only the K chosen images are decoded.
+    """
+    check_geometry(image_size, channels)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise DataError(f"batch size must be a positive integer, got {batch_size!r}")
+    n = len(source)
+    if n < batch_size:
+        raise DataError(f"batch of {batch_size} asked but {source.name} has only {n} images")
+
+    generator = torch.Generator().manual_seed(int(seed))
+    order = torch.randperm(n, generator=generator).tolist()
+    chosen: list[int] = []
+    seen: set[int] = set()
+    for i in order:
+        label = source.label(i)
+        if not allow_repeats and label in seen:
+            continue
+        chosen.append(i)
+        seen.add(label)
+        if len(chosen) == batch_size:
+            break
+    if len(chosen) < batch_size:
+        # The walk covered every item, so `seen` is every class present.
+        raise DataError(
+            f"batch of {batch_size} with distinct labels asked but {source.name} has only "
+            f"{len(seen)} distinct classes; use --allow-repeats to allow repeated labels"
+        )
+
+    images = torch.stack([source.load(i, image_size, channels) for i in chosen])
+    labels = torch.tensor([source.label(i) for i in chosen], dtype=torch.int64)
+    return Batch(
+        images=images,
+        labels=labels,
+        names=tuple(source.item_name(i) for i in chosen),
+        source=source.name,
+        class_names=tuple(source.class_names),
+    )

@@ -1,0 +1,213 @@
+"""Reading and writing shared updates and truth files (safetensors + JSON metadata).
+
+Everything read is parsed without executing code, and every declared shape is checked against
+the model before a tensor is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter, ValidationError
+from safetensors import safe_open
+from safetensors.torch import save
+
+from ..data.batch import Batch
+from ..errors import GradleakError, ModelMismatchError, NonFiniteError, UpdateFileError
+from ..models import ModelSpec, build_model
+from .update import FORMAT, FORMAT_VERSION, SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
+
+TRUTH_FORMAT = "gradleak.truth"
+_MAX_HEADER = 64 * 1024 * 1024
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+
+
+# ---------------------------------------------------------------- writing
+def save_update(update: SharedUpdate, path: str | Path) -> None:
+    """Write ``update`` to ``path`` atomically: tensors under grad/, weights/, bn/; metadata JSON."""
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in update.gradients.items():
+        tensors[f"grad/{k}"] = v.detach().cpu().contiguous()
+    for k, v in update.global_weights.items():
+        tensors[f"weights/{k}"] = v.detach().cpu().contiguous()
+    for k, (mean, var) in update.bn_statistics.items():
+        tensors[f"bn/{k}/mean"] = mean.detach().cpu().contiguous()
+        tensors[f"bn/{k}/var"] = var.detach().cpu().contiguous()
+    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
+            "meta": json.dumps(update.meta.to_dict(), allow_nan=False)}
+    atomic_write_bytes(path, save(tensors, metadata=meta))
+
+
+def save_truth(batch: Batch, path: str | Path) -> None:
+    """Write the client's true batch (for later evaluation only), atomically."""
+    tensors = {"images": batch.images.detach().cpu().float().contiguous(),
+               "labels": batch.labels.detach().cpu().long().contiguous()}
+    meta = {"format": TRUTH_FORMAT, "names": json.dumps(list(batch.names)), "source": batch.source,
+            "class_names": json.dumps(list(batch.class_names))}
+    atomic_write_bytes(path, save(tensors, metadata=meta))
+
+
+# ---------------------------------------------------------------- reading
+def _open(path: str | Path, what: str):  # noqa: ANN202 - safetensors handle
+    p = Path(path)
+    if not p.is_file():
+        raise UpdateFileError(f"{what} file {p} does not exist")
+    size = p.stat().st_size
+    with p.open("rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8:
+        raise UpdateFileError(f"{p} is not a safetensors file (only {size} bytes)")
+    (n,) = struct.unpack("<Q", head)
+    if n > _MAX_HEADER or n + 8 > size:
+        raise UpdateFileError(f"{p} is not a valid safetensors file (declared header of {n} bytes, file has {size})")
+    try:
+        return safe_open(str(p), framework="pt", device="cpu")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+        raise UpdateFileError(f"{p} is not a valid safetensors file: {exc}") from None
+
+
+def _shape_dtype(handle: Any, key: str) -> tuple[tuple[int, ...], str]:
+    sl = handle.get_slice(key)
+    return tuple(int(s) for s in sl.get_shape()), str(sl.get_dtype())
+
+
+def _get(handle: Any, key: str, path: Path) -> torch.Tensor:
+    try:
+        return handle.get_tensor(key)
+    except Exception as exc:  # noqa: BLE001 - truncated data section
+        raise UpdateFileError(f"{path}: cannot read tensor {key!r}: {exc}") from None
+
+
+def read_update_meta(path: str | Path) -> UpdateMeta:
+    """Only the public metadata of an update file (validated)."""
+    with _open(path, "update") as f:
+        return _meta(f, Path(path))
+
+
+def _meta(f: Any, path: Path) -> UpdateMeta:
+    md = f.metadata() or {}
+    if md.get("format") != FORMAT:
+        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak shared update (format={md.get('format')!r})")
+    if md.get("format_version") != str(FORMAT_VERSION):
+        raise UpdateFileError(f"{path}: unsupported update format version {md.get('format_version')!r}")
+    try:
+        raw = json.loads(md.get("meta", ""))
+        meta = TypeAdapter(UpdateMeta).validate_python(raw, strict=False)
+    except json.JSONDecodeError as exc:
+        raise UpdateFileError(f"{path}: metadata is not valid JSON ({exc.msg})") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "meta"
+        raise UpdateFileError(f"{path}: metadata field {field!r}: {err['msg']}") from None
+    if len(meta.input_shape) != 3 or min(meta.input_shape) < 1:
+        raise UpdateFileError(f"{path}: metadata input_shape {meta.input_shape} is not (C, H, W)")
+    if meta.batch_size < 1 or meta.num_classes < 2:
+        raise UpdateFileError(f"{path}: metadata batch_size/num_classes out of range")
+    if len(meta.mean) != meta.input_shape[0] or len(meta.std) != meta.input_shape[0] or min(meta.std) <= 0:
+        raise UpdateFileError(f"{path}: metadata normalisation does not fit {meta.input_shape[0]} channels")
+    return meta
+
+
+def load_update(path: str | Path) -> tuple[SharedUpdate, ModelSpec]:
+    """Load and validate a shared update; rebuild its model with the global weights loaded.
+
+    Raises UpdateFileError (not safetensors, truncated, wrong metadata), ModelMismatchError
+    (tensors that do not fit the model), NonFiniteError (NaN/Inf), UnknownNameError (model).
+    """
+    p = Path(path)
+    with _open(p, "update") as f:
+        meta = _meta(f, p)
+        c, h, w = meta.input_shape
+        if h != w:
+            raise UpdateFileError(f"{p}: only square inputs are supported, got {meta.input_shape}")
+        spec = build_model(meta.model, num_classes=meta.num_classes, channels=c, image_size=h,
+                           width=meta.model_kwargs.get("width"))
+        keys = set(f.keys())
+        state = spec.module.state_dict()
+        params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}
+        expected = {f"weights/{k}" for k in state} | {f"grad/{k}" for k in params}
+        bn_modules = {n: m for n, m in spec.module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+        bn_keys = {k for k in keys if k.startswith("bn/")}
+        missing = sorted(expected - keys)
+        unknown = sorted(keys - expected - bn_keys)
+        if missing:
+            raise ModelMismatchError(f"{p}: update lacks {len(missing)} tensors of model {meta.model} (first: {missing[0]})")
+        if unknown:
+            raise ModelMismatchError(f"{p}: update has tensors that model {meta.model} does not have (first: {unknown[0]})")
+        # Shapes and dtypes from the header, before any tensor is read.
+        for k in sorted(expected):
+            kind, _, name = k.partition("/")
+            ref = state[name] if kind == "weights" else params[name]
+            shape, dtype = _shape_dtype(f, k)
+            if shape != tuple(ref.shape):
+                raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {meta.model} expects {list(ref.shape)}")
+            if ref.is_floating_point() and dtype not in _FLOAT_DTYPES:
+                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected a float type")
+            if not ref.is_floating_point() and dtype in _FLOAT_DTYPES:
+                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected an integer type")
+        bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for k in sorted(bn_keys):
+            _, _, rest = k.partition("/")
+            mod, _, stat = rest.rpartition("/")
+            if mod not in bn_modules or stat not in ("mean", "var"):
+                raise ModelMismatchError(f"{p}: {k} names no BatchNorm layer of model {meta.model}")
+            shape, dtype = _shape_dtype(f, k)
+            if shape != (bn_modules[mod].num_features,) or dtype not in _FLOAT_DTYPES:
+                raise ModelMismatchError(f"{p}: {k} has shape {list(shape)}/{dtype}, expected [{bn_modules[mod].num_features}] float")
+        for mod in {k.partition('/')[2].rpartition('/')[0] for k in bn_keys}:
+            if f"bn/{mod}/mean" not in keys or f"bn/{mod}/var" not in keys:
+                raise ModelMismatchError(f"{p}: BN statistics of {mod} need both mean and var")
+            bn_stats[mod] = (_get(f, f"bn/{mod}/mean", p), _get(f, f"bn/{mod}/var", p))
+        weights = {k: _get(f, f"weights/{k}", p) for k in state}
+        grads = {k: _get(f, f"grad/{k}", p) for k in params}
+    for what, tensors in (("weights", weights), ("gradient", grads),
+                          ("BN statistics", {k: torch.stack(v) for k, v in bn_stats.items()})):
+        bad = is_finite_dict(tensors)
+        if bad is not None:
+            raise NonFiniteError(f"{p}: {what} tensor {bad!r} holds NaN or Inf")
+    if bn_stats and not meta.bn_statistics_shared:
+        meta.bn_statistics_shared = True
+    try:
+        spec.module.load_state_dict({k: v.to(state[k].dtype) for k, v in weights.items()})
+    except RuntimeError as exc:
+        raise ModelMismatchError(f"{p}: weights do not fit model {meta.model}: {exc}") from None
+    grads = {k: v.to(params[k].dtype) for k, v in grads.items()}
+    return SharedUpdate(gradients=grads, global_weights=weights, meta=meta, bn_statistics=bn_stats), spec
+
+
+def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
+    """Load a truth file; if ``meta`` is given, check that it fits that update."""
+    p = Path(path)
+    with _open(p, "truth") as f:
+        md = f.metadata() or {}
+        if md.get("format") != TRUTH_FORMAT:
+            raise UpdateFileError(f"{p} is not a gradleak truth file (format={md.get('format')!r})")
+        if set(f.keys()) != {"images", "labels"}:
+            raise UpdateFileError(f"{p}: a truth file holds exactly 'images' and 'labels'")
+        ishape, idt = _shape_dtype(f, "images")
+        lshape, ldt = _shape_dtype(f, "labels")
+        if len(ishape) != 4 or lshape != (ishape[0],) or idt not in _FLOAT_DTYPES or ldt not in {"I64", "I32"}:
+            raise UpdateFileError(f"{p}: images must be [K,C,H,W] float and labels [K] integer")
+        if meta is not None and (ishape[0] != meta.batch_size or tuple(ishape[1:]) != tuple(meta.input_shape)):
+            raise ModelMismatchError(f"{p}: truth holds {list(ishape)} but the update is a batch of "
+                                     f"{meta.batch_size} x {list(meta.input_shape)}")
+        images = _get(f, "images", p).float()
+        labels = _get(f, "labels", p).long()
+        try:
+            names = tuple(str(x) for x in json.loads(md.get("names", "[]")))
+            class_names = tuple(str(x) for x in json.loads(md.get("class_names", "[]")))
+        except (json.JSONDecodeError, TypeError):
+            raise UpdateFileError(f"{p}: metadata names are not a JSON list") from None
+    if not bool(torch.isfinite(images).all()):
+        raise NonFiniteError(f"{p}: truth images hold NaN or Inf")
+    if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
+        raise UpdateFileError(f"{p}: truth labels outside 0..{meta.num_classes - 1}")
+    return Batch(images=images.clamp(0, 1), labels=labels, names=names, source=md.get("source", ""),
+                 class_names=class_names)
+
+
+__all__ = ["save_update", "save_truth", "load_update", "load_truth", "read_update_meta", "GradleakError"]

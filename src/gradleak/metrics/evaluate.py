@@ -1,0 +1,149 @@
+"""Score a reconstruction against the client's private batch.
+
+This is the only module that sees both an attack's answer and the ground truth; the attacks
+themselves never import it. From :mod:`gradleak.attacks` only the ``Reconstruction`` type is used.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from gradleak.attacks.reconstruction import Reconstruction
+from gradleak.data.batch import Batch
+from gradleak.errors import ModelMismatchError
+from gradleak.metrics.image import mse as _mse
+from gradleak.metrics.image import psnr as _psnr
+from gradleak.metrics.image import ssim as _ssim
+from gradleak.metrics.matching import match
+
+
+@dataclass
+class ImageScore:
+    """Scores of one ground-truth image against the reconstruction slot paired with it.
+
+    index:          position of the image in the private batch (truth order).
+    name:           its identifier (file name or dataset index) from ``Batch.names``.
+    psnr, ssim, mse: similarity of the paired slot to this image (PSNR in dB, capped at 100).
+    label_true:     the image's true class.
+    label_restored: the label the attack restored for the paired slot.
+    matched_slot:   which reconstruction slot was paired with this image.
+    """
+
+    index: int
+    name: str
+    psnr: float
+    ssim: float
+    mse: float
+    label_true: int
+    label_restored: int
+    matched_slot: int
+
+
+@dataclass
+class Evaluation:
+    """What leaked, batch-level means plus one :class:`ImageScore` per private image.
+
+    paired_images: [K, C, H, W] float32 in [0, 1], the reconstruction reordered (and clamped)
+    so that row k pairs ground-truth image k; use it for side-by-side figures.
+    """
+
+    psnr_mean: float
+    ssim_mean: float
+    mse_mean: float
+    label_accuracy: float
+    per_image: list[ImageScore]
+    paired_images: torch.Tensor
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (plain Python numbers and strings; no tensors)."""
+        return {
+            "psnr_mean": self.psnr_mean,
+            "ssim_mean": self.ssim_mean,
+            "mse_mean": self.mse_mean,
+            "label_accuracy": self.label_accuracy,
+            "per_image": [asdict(s) for s in self.per_image],
+        }
+
+
+def label_accuracy(restored: torch.Tensor, true: torch.Tensor) -> float:
+    """Order-free label accuracy: |multiset(restored) ∩ multiset(true)| / K.
+
+    restored, true: [K] integer labels. Order-free because label restoration (iDLG,
+    GradInversion) recovers *which* classes are in the batch, not which slot holds which.
+    """
+    k = int(true.numel())
+    if k == 0:
+        return 0.0
+    common = Counter(restored.tolist()) & Counter(true.tolist())
+    return sum(common.values()) / k
+
+
+def evaluate(reconstruction: Reconstruction, truth: Batch) -> Evaluation:
+    """Pair the reconstruction's slots with the true images and score every pair.
+
+    reconstruction.images: [K, C, H, W]; reconstruction.labels: [K].
+    truth.images:          [K, C, H, W] in [0, 1]; truth.labels: [K].
+
+    Reconstructed pixels are clamped to [0, 1] before scoring (non-finite pixels from a
+    diverged attack become 0 or 1 rather than poisoning the means). Slots are paired by
+    :func:`gradleak.metrics.match` (minimum total MSE), since batch order cannot be recovered
+    from an averaged gradient.
+    """
+    rec_images = reconstruction.images.detach()
+    true_images = truth.images.detach()
+    if rec_images.shape != true_images.shape:
+        raise ModelMismatchError(
+            f"reconstruction images have shape {tuple(rec_images.shape)} but the ground-truth "
+            f"batch has shape {tuple(true_images.shape)}; both must be [K,C,H,W] and equal"
+        )
+    if rec_images.ndim != 4:
+        raise ModelMismatchError(f"images must be [K,C,H,W], got shape {tuple(rec_images.shape)}")
+    k = int(true_images.shape[0])
+    if k == 0:
+        raise ModelMismatchError("cannot evaluate an empty batch (K = 0)")
+    rec_labels = reconstruction.labels.detach().reshape(-1).to("cpu", torch.long)
+    true_labels = truth.labels.detach().reshape(-1).to("cpu", torch.long)
+    if rec_labels.numel() != k:
+        raise ModelMismatchError(
+            f"reconstruction has {rec_labels.numel()} labels for {k} images; expected one per image"
+        )
+
+    # Evaluation is tiny next to the attack; doing it on the CPU keeps float64 available everywhere.
+    rec = torch.nan_to_num(rec_images.to("cpu", torch.float32), nan=0.0, posinf=1.0, neginf=0.0)
+    rec = rec.clamp(0.0, 1.0)
+    gt = true_images.to("cpu", torch.float32)
+
+    perm = match(rec, gt)
+    paired = rec[perm].contiguous()
+    paired_labels = rec_labels[perm]
+
+    m = _mse(paired, gt)
+    p = _psnr(paired, gt)
+    s = _ssim(paired, gt)
+
+    names = tuple(truth.names)
+    per_image = [
+        ImageScore(
+            index=i,
+            name=str(names[i]) if i < len(names) else str(i),
+            psnr=float(p[i]),
+            ssim=float(s[i]),
+            mse=float(m[i]),
+            label_true=int(true_labels[i]),
+            label_restored=int(paired_labels[i]),
+            matched_slot=int(perm[i]),
+        )
+        for i in range(k)
+    ]
+    return Evaluation(
+        psnr_mean=float(p.mean()),
+        ssim_mean=float(s.mean()),
+        mse_mean=float(m.mean()),
+        label_accuracy=label_accuracy(rec_labels, true_labels),
+        per_image=per_image,
+        paired_images=paired,
+    )

@@ -1,0 +1,7 @@
+"""Victim models: the papers' small networks, torchvision ResNets, user modules."""
+
+from .registry import (ModelSpec, build_model, default_image_size, describe_models, find_classifier,
+                       model_names, register_model)
+
+__all__ = ["ModelSpec", "build_model", "default_image_size", "describe_models", "find_classifier",
+           "model_names", "register_model"]

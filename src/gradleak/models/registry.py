@@ -1,0 +1,217 @@
+"""Named victim models. The attacker rebuilds the architecture from the public name in the
+shared update and loads the global weights the client received."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import ModelMismatchError, UnknownNameError
+from .small import ConvNet, LeNetDLG
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class ModelSpec:
+    """A victim model plus the public facts an attacker is entitled to.
+
+    module:      the network; input [B, C, H, W] *normalised*, output logits [B, num_classes].
+    input_shape: (C, H, W) of one image.
+    mean, std:   per-channel normalisation: model_input = (pixels - mean) / std, pixels in [0, 1].
+    kwargs:      what `build_model` needs to rebuild the same architecture (name + kwargs).
+    """
+
+    name: str
+    module: nn.Module
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = torch.tensor(self.mean, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
+        return mean, std
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[..., C, H, W] in [0, 1] -> model input space."""
+        mean, std = self._stats(pixels)
+        return (pixels - mean) / std
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Model input space -> pixel space (not clamped)."""
+        mean, std = self._stats(x)
+        return x * std + mean
+
+    @property
+    def classifier(self) -> nn.Linear:
+        """The final fully connected layer (the one label restoration reads)."""
+        return find_classifier(self.module, self.num_classes)[1]
+
+    @property
+    def classifier_name(self) -> str:
+        return find_classifier(self.module, self.num_classes)[0]
+
+
+def find_classifier(module: nn.Module, num_classes: int) -> tuple[str, nn.Linear]:
+    """The last nn.Linear whose out_features is the number of classes."""
+    found: tuple[str, nn.Linear] | None = None
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear) and m.out_features == num_classes:
+            found = (name, m)
+    if found is None:
+        raise ModelMismatchError(
+            f"model has no final nn.Linear with {num_classes} outputs (needed to restore labels)"
+        )
+    return found
+
+
+def _per_channel(values: tuple[float, ...], channels: int) -> tuple[float, ...]:
+    if channels == len(values):
+        return tuple(values)
+    return (sum(values) / len(values),) * channels
+
+
+def _lenet(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
+    return LeNetDLG(num_classes=num_classes, channels=channels, image_size=image_size)
+
+
+def _convnet(num_classes: int, channels: int, image_size: int, width: int | None = None, **kw: Any) -> nn.Module:
+    if image_size < 8:
+        raise ModelMismatchError("convnet needs images of at least 8 px")
+    return ConvNet(num_classes=num_classes, channels=channels, width=width or 32)
+
+
+def _torchvision_resnet(arch: str, cifar_stem: bool) -> Callable[..., nn.Module]:
+    def build(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
+        import torchvision
+
+        net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+        if cifar_stem or channels != 3:
+            stride = 1 if cifar_stem else 2
+            k, p = (3, 1) if cifar_stem else (7, 3)
+            net.conv1 = nn.Conv2d(channels, 64, kernel_size=k, stride=stride, padding=p, bias=False)
+        if cifar_stem:
+            net.maxpool = nn.Identity()
+        return net
+
+    return build
+
+
+@dataclass(frozen=True)
+class _Entry:
+    build: Callable[..., nn.Module]
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    description: str
+
+
+# mean 0 / std 1 for LeNet: the DLG code feeds ToTensor() pixels without normalisation.
+_REGISTRY: dict[str, _Entry] = {
+    "lenet-dlg": _Entry(_lenet, 32, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights"),
+    "convnet": _Entry(_convnet, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "small CNN with BatchNorm (--width, default 32)"),
+    "resnet18": _Entry(_torchvision_resnet("resnet18", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-18"),
+    "resnet50": _Entry(_torchvision_resnet("resnet50", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-50"),
+    "resnet18-cifar": _Entry(_torchvision_resnet("resnet18", True), 32, IMAGENET_MEAN, IMAGENET_STD, "ResNet-18 with a 3x3 stem for 32 px"),
+}
+
+
+def register_model(name: str, build: Callable[..., nn.Module], image_size: int,
+                   mean: tuple[float, ...], std: tuple[float, ...], description: str = "") -> None:
+    """Add a named model: ``build(num_classes, channels, image_size, **kwargs) -> nn.Module``."""
+    _REGISTRY[name] = _Entry(build, image_size, mean, std, description)
+
+
+def model_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def describe_models() -> dict[str, str]:
+    return {k: v.description for k, v in sorted(_REGISTRY.items())}
+
+
+def default_image_size(name: str) -> int:
+    if name in _REGISTRY:
+        return _REGISTRY[name].image_size
+    if ":" in name:
+        return 32
+    raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())} or package.module:callable")
+
+
+def _user_model(spec: str, num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
+    mod_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownNameError(f"cannot import model {spec!r}: {exc}") from None
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    offered = {"num_classes": num_classes, "channels": channels, "image_size": image_size, **kw}
+    accepts_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    args = offered if accepts_kw else {k: v for k, v in offered.items() if k in params}
+    net = factory(**args)
+    if not isinstance(net, nn.Module):
+        raise ModelMismatchError(f"{spec} returned {type(net).__name__}, not a torch.nn.Module")
+    return net
+
+
+def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: int | None = None,
+                seed: int = 0, width: int | None = None) -> ModelSpec:
+    """Build a named victim model with weights drawn reproducibly from ``seed``.
+
+    ``name`` is a registry name or ``package.module:callable`` (a user's nn.Module factory; it
+    receives whichever of num_classes, channels, image_size it accepts, and is normalised with
+    mean 0.5 / std 0.5 per channel).
+    """
+    if num_classes < 2:
+        raise ModelMismatchError(f"num_classes must be >= 2, got {num_classes}")
+    size = image_size or default_image_size(name)
+    if size < 4 or size > 1024:
+        raise ModelMismatchError(f"image size {size} is out of range (4..1024)")
+    kwargs: dict[str, Any] = {}
+    if width is not None:
+        kwargs["width"] = int(width)
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)  # weight init draws from the global generator; restored below
+    try:
+        if name in _REGISTRY:
+            entry = _REGISTRY[name]
+            module = entry.build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
+            mean, std = _per_channel(entry.mean, channels), _per_channel(entry.std, channels)
+        elif ":" in name:
+            module = _user_model(name, num_classes, channels, size, **kwargs)
+            mean, std = (0.5,) * channels, (0.5,) * channels
+        else:
+            raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())} or package.module:callable")
+    finally:
+        torch.random.set_rng_state(gen_state)
+    spec = ModelSpec(name=name, module=module, input_shape=(channels, size, size), num_classes=num_classes,
+                     mean=mean, std=std, kwargs=kwargs)
+    _check_runs(spec)
+    return spec
+
+
+def _check_runs(spec: ModelSpec) -> None:
+    """One tiny forward pass so shape errors surface as a clear message, not deep in an attack."""
+    was_training = spec.module.training
+    spec.module.eval()
+    try:
+        with torch.no_grad():
+            out = spec.module(torch.zeros(1, *spec.input_shape))
+    except Exception as exc:  # noqa: BLE001 - any failure here is a model/input mismatch
+        raise ModelMismatchError(f"model {spec.name} does not accept input {spec.input_shape}: {exc}") from None
+    finally:
+        spec.module.train(was_training)
+    if out.shape != (1, spec.num_classes):
+        raise ModelMismatchError(f"model {spec.name} returns {tuple(out.shape)}, expected (1, {spec.num_classes})")

@@ -1,0 +1,267 @@
+"""PNG figures for runs and experiments: image grids, loss curves, generic line plots.
+
+Uses :class:`matplotlib.figure.Figure` directly (Agg rendering on ``savefig``) instead of
+``pyplot``, so there is no global figure state, no GUI backend and nothing to close. Every
+``save_*`` function writes atomically: it renders to ``<path>.tmp.png`` and then
+``os.replace``s it, so a reader never sees half a PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+#: Rendering resolution; the grid is laid out in pixels at this dpi, so 1 px == 1 px.
+_DPI = 100
+#: Target edge length of one upscaled image cell in the grid, in pixels.
+_CELL_TARGET_PX = 96
+_MARGIN_PX = 8
+_GAP_PX = 6
+_ROW_TITLE_PX = 20
+_CAPTION_FONT_PT = 7
+_CAPTION_LINE_PX = 11
+_TITLE_FONT_PT = 9
+# PNG "Software" metadata would embed matplotlib's URL; drop it (the HTML report must hold no URLs).
+_PNG_METADATA: dict[str, str | None] = {"Software": None}
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _atomic_savefig(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Render ``fig`` as PNG to ``path`` via a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    try:
+        fig.savefig(tmp, format="png", dpi=_DPI, metadata=_PNG_METADATA)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():  # only when savefig or replace failed
+            tmp.unlink()
+    return path
+
+
+def _png_bytes(fig: Figure) -> bytes:
+    """Render ``fig`` to PNG bytes in memory."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata=_PNG_METADATA)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- image grid
+
+
+def _to_hwc_uint8(img: torch.Tensor, scale: int) -> np.ndarray:
+    """[C, H, W] in [0, 1] (C = 1 or 3) -> [H*scale, W*scale, 3] uint8, nearest-neighbour upscaled."""
+    img = torch.nan_to_num(img.detach().to("cpu", torch.float32), nan=0.0).clamp(0.0, 1.0)
+    if img.shape[0] == 1:
+        img = img.expand(3, -1, -1)
+    if scale > 1:
+        img = img.repeat_interleave(scale, dim=1).repeat_interleave(scale, dim=2)
+    return (img.permute(1, 2, 0).numpy() * 255.0 + 0.5).astype(np.uint8)
+
+
+def _wrap(caption: str, width_px: int) -> list[str]:
+    """Split a caption into lines that fit under a cell ``width_px`` wide (approximate)."""
+    chars = max(6, int(width_px / (_CAPTION_FONT_PT * 0.8)))  # ~5.6 px per char at 7 pt, 100 dpi
+    lines: list[str] = []
+    for part in caption.splitlines() or [""]:
+        lines.extend(textwrap.wrap(part, chars, break_long_words=True) or [""])
+    return lines
+
+
+def save_image_grid(
+    path: str | os.PathLike[str],
+    rows: Sequence[torch.Tensor],
+    row_titles: Sequence[str],
+    captions: Sequence[Sequence[str]] | None = None,
+) -> Path:
+    """Write one PNG with image rows stacked top to bottom, each with a title and captions.
+
+    rows:       R tensors [K_r, C, H, W] in [0, 1], C = 1 or 3, same H and W for all rows
+                (e.g. originals above the paired reconstructions, or one row per seed).
+    row_titles: R strings, drawn above each row.
+    captions:   optional, R lists of up to K_r strings drawn under each cell
+                (e.g. "PSNR 41.2 dB / label 3"); long captions wrap.
+
+    Images are upscaled by an integer factor with nearest neighbour (about 96 px per cell) so
+    28-32 px images stay crisp, and placed pixel-exact (``figimage``, no resampling).
+    Returns ``path``.
+    """
+    if len(rows) == 0:
+        raise ValueError("save_image_grid needs at least one row")
+    if len(row_titles) != len(rows):
+        raise ValueError(f"got {len(rows)} rows but {len(row_titles)} row titles")
+    if captions is not None and len(captions) != len(rows):
+        raise ValueError(f"got {len(rows)} rows but {len(captions)} caption lists")
+    height = width = None
+    for r, row in enumerate(rows):
+        if row.ndim != 4 or row.shape[1] not in (1, 3):
+            raise ValueError(f"row {r} must be [K,C,H,W] with C = 1 or 3, got {tuple(row.shape)}")
+        if height is None:
+            height, width = int(row.shape[2]), int(row.shape[3])
+        elif (int(row.shape[2]), int(row.shape[3])) != (height, width):
+            raise ValueError("all rows must hold images of the same height and width")
+    assert height is not None and width is not None
+
+    scale = max(1, round(_CELL_TARGET_PX / max(height, width)))
+    cell_h, cell_w = height * scale, width * scale
+    ncols = max(max(int(row.shape[0]) for row in rows), 1)
+
+    wrapped: list[list[list[str]]] = []
+    for r, row in enumerate(rows):
+        texts = list(captions[r]) if captions is not None else []
+        texts += [""] * (int(row.shape[0]) - len(texts))
+        wrapped.append([_wrap(str(t), cell_w) for t in texts[: int(row.shape[0])]])
+    caption_px = [
+        (max((len(c) for c in row_caps if any(c)), default=0) * _CAPTION_LINE_PX + 4)
+        if any(any(c) for c in row_caps)
+        else 0
+        for row_caps in wrapped
+    ]
+
+    fig_w = max(2 * _MARGIN_PX + ncols * cell_w + (ncols - 1) * _GAP_PX, 160)
+    fig_h = _MARGIN_PX + sum(_ROW_TITLE_PX + cell_h + cap + _GAP_PX for cap in caption_px) + _MARGIN_PX
+    canvas = np.full((fig_h, fig_w, 3), 255, dtype=np.uint8)
+    fig = Figure(figsize=(fig_w / _DPI, fig_h / _DPI), dpi=_DPI, facecolor="white")
+
+    def text(x_px: float, y_px_from_top: float, s: str, **kw: Any) -> None:
+        # parse_math=False: titles/captions come from file names and labels; a "$" must stay a "$".
+        fig.text(x_px / fig_w, 1.0 - y_px_from_top / fig_h, s, parse_math=False, **kw)
+
+    y = _MARGIN_PX
+    for r, row in enumerate(rows):
+        text(_MARGIN_PX, y + _ROW_TITLE_PX - 5, str(row_titles[r]), fontsize=_TITLE_FONT_PT,
+             fontweight="bold", ha="left", va="baseline")
+        y += _ROW_TITLE_PX
+        for c in range(int(row.shape[0])):
+            x = _MARGIN_PX + c * (cell_w + _GAP_PX)
+            canvas[y : y + cell_h, x : x + cell_w] = _to_hwc_uint8(row[c], scale)
+            lines = wrapped[r][c]
+            if any(lines):
+                text(x + cell_w / 2, y + cell_h + 2, "\n".join(lines), fontsize=_CAPTION_FONT_PT,
+                     ha="center", va="top", linespacing=1.1)
+        y += cell_h + caption_px[r] + _GAP_PX
+
+    # figimage places the array 1:1 in device pixels (figure dpi == savefig dpi), no resampling.
+    fig.figimage(canvas, xo=0, yo=0, origin="upper", zorder=0)
+    return _atomic_savefig(fig, path)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _as_float(value: Any) -> float | None:
+    """A finite float from a history cell (float, int, numeric string), else None."""
+    if value is None or value == "":
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
+    """Figure of loss (log scale) vs iteration, plus PSNR on a second axis when logged."""
+    fig = Figure(figsize=(6.4, 3.6), dpi=_DPI, facecolor="white", layout="constrained")
+    ax = fig.add_subplot()
+    it_loss: list[tuple[float, float]] = []
+    it_psnr: list[tuple[float, float]] = []
+    for i, row in enumerate(history):
+        it = _as_float(row.get("iteration"))
+        it = float(i) if it is None else it
+        loss = _as_float(row.get("loss"))
+        if loss is not None:
+            it_loss.append((it, loss))
+        p = _as_float(row.get("psnr"))
+        if p is not None:
+            it_psnr.append((it, p))
+
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("gradient-matching loss")
+    ax.set_title("Attack loss", fontsize=10)
+    if not it_loss and not it_psnr:
+        ax.text(0.5, 0.5, "no history logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return fig
+
+    handles = []
+    if it_loss:
+        xs, ys = zip(*it_loss)
+        (h,) = ax.plot(xs, ys, color="tab:blue", lw=1.4, label="loss")
+        handles.append(h)
+        # A log axis needs positive values; a loss that hits exactly 0 is masked, not fatal.
+        if any(v > 0 for v in ys):
+            ax.set_yscale("log", nonpositive="mask")
+    ax.grid(True, which="major", alpha=0.3)
+    if it_psnr:
+        ax2 = ax.twinx()
+        xs, ys = zip(*it_psnr)
+        (h,) = ax2.plot(xs, ys, color="tab:orange", lw=1.2, marker="o", ms=3, label="PSNR (dB)")
+        ax2.set_ylabel("PSNR (dB)")
+        handles.append(h)
+    ax.legend(handles=handles, loc="best", fontsize=8)
+    return fig
+
+
+def loss_plot_png(history: Sequence[Mapping[str, Any]]) -> bytes:
+    """The :func:`save_loss_plot` figure as in-memory PNG bytes (for embedding in HTML)."""
+    return _png_bytes(_loss_figure(history))
+
+
+def save_loss_plot(path: str | os.PathLike[str], history: Sequence[Mapping[str, Any]]) -> Path:
+    """Write the loss curve of an attack run as PNG.
+
+    history: rows like ``{"iteration": int, "loss": float, "psnr": float (optional)}``
+    (``Reconstruction.history`` or rows read back from history.csv). Loss is drawn on a log
+    axis; if any row carries a finite "psnr", PSNR is drawn on a second y-axis.
+    An empty history still yields a (labelled) figure. Returns ``path``.
+    """
+    return _atomic_savefig(_loss_figure(history), path)
+
+
+def save_line_plot(
+    path: str | os.PathLike[str],
+    x: Sequence[Any],
+    series: Mapping[str, Sequence[float | None]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logy: bool = False,
+) -> Path:
+    """Write a generic line plot (one line per series) as PNG, for experiment sweeps.
+
+    x:      N x positions (numbers, or strings for a categorical axis).
+    series: name -> N y values (None / NaN points are left as gaps).
+    logy:   log-scale y axis (non-positive values are masked).
+    Returns ``path``.
+    """
+    fig = Figure(figsize=(6.4, 4.0), dpi=_DPI, facecolor="white", layout="constrained")
+    ax = fig.add_subplot()
+    xs = list(x)
+    for name, values in series.items():
+        ys = [np.nan if v is None else float(v) for v in values]
+        if len(ys) != len(xs):
+            raise ValueError(f"series {name!r} has {len(ys)} values for {len(xs)} x positions")
+        ax.plot(xs, ys, marker="o", ms=4, lw=1.4, label=str(name))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if logy:
+        ax.set_yscale("log", nonpositive="mask")
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(loc="best", fontsize=8)
+    return _atomic_savefig(fig, path)

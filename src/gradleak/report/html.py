@@ -1,0 +1,346 @@
+"""A self-contained HTML report for one run folder.
+
+The page embeds every picture as a ``data:image/png;base64`` URI and carries its CSS inline;
+it loads nothing (no script, font, stylesheet or image from anywhere), and a
+Content-Security-Policy meta tag forbids it to. Every string read from the run folder (file
+names, labels, class names, config values) goes through :func:`html.escape`, because run
+folders may hold names chosen by whoever supplied the data.
+
+Run folder contract (see :func:`render_report`)::
+
+    metrics.json         required: attack, model, data, batch_size, iterations, wall_seconds,
+                         psnr_mean, ssim_mean, mse_mean, label_accuracy, per_image (+ optional
+                         threat, defenses, update, versions, class_names, further scalars)
+    config.json          optional: the resolved run config
+    history.csv          optional: iteration,loss,psnr
+    reconstruction.png   optional: originals above paired reconstructions
+    candidates.png       optional: one row per seed plus the consensus
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gradleak.errors import DataError
+from gradleak.report.figures import loss_plot_png
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+#: metrics.json keys that get their own place on the page (everything else is listed generically).
+_SUMMARY_KEYS = (
+    "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy",
+    "iterations", "wall_seconds", "batch_size",
+)
+_PLACED_KEYS = frozenset(_SUMMARY_KEYS) | {
+    "attack", "model", "data", "per_image", "threat", "defenses", "update", "versions", "class_names",
+}
+_PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "label_true", "label_restored")
+_LABEL_COLUMNS = frozenset({"label_true", "label_restored"})
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: .2em; }
+h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+h3 { font-size: 1em; margin: 1em 0 .3em; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: .4em 0; font-size: .92em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f5f5f7; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.miss td { background: #fff4f4; }
+.notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
+.flex { display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }
+.flex > aside { flex: 0 0 320px; }
+.flex > div { flex: 1 1 500px; min-width: 0; }
+figure { margin: 0 0 1.2em; }
+figure img { max-width: 100%; image-rendering: pixelated; border: 1px solid #eee; }
+figcaption { color: #555; font-size: .9em; }
+pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
+.muted { color: #888; }
+"""
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_json(path: Path, required: bool) -> Any:
+    """Parsed JSON at ``path``; None if absent and not required."""
+    if not path.is_file():
+        if required:
+            raise DataError(f"{path} not found: a run folder needs metrics.json to be reported")
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _read_history(path: Path) -> list[dict[str, Any]] | None:
+    """Rows of history.csv as dicts of strings (empty cells kept as ""), None if absent."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return [dict(row) for row in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path} is not a readable CSV file: {exc}") from exc
+
+
+def _read_png(path: Path) -> bytes | None:
+    """PNG bytes at ``path``, None if absent or not a PNG (never embed something mislabelled)."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    return data if data.startswith(_PNG_MAGIC) else None
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _fmt(key: str, value: Any) -> str:
+    """Human-readable, HTML-escaped rendering of one value, with units inferred from its key."""
+    if value is None:
+        return '<span class="muted">n/a</span>'
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return escape(str(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return escape(str(value))
+        k = key.lower()
+        if "psnr" in k:
+            return f"{value:.2f} dB"
+        if "ssim" in k:
+            return f"{value:.4f}"
+        if "accuracy" in k:
+            return f"{100.0 * value:.1f} %"
+        if "seconds" in k:
+            return f"{value:.1f} s"
+        return escape(f"{value:.4g}")
+    if isinstance(value, str):
+        return escape(value)
+    return escape(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _cell(key: str, value: Any) -> str:
+    cls = ' class="num"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    return f"<td{cls}>{_fmt(key, value)}</td>"
+
+
+def _kv_table(items: Mapping[str, Any]) -> str:
+    """Two-column key/value table; keys and values escaped."""
+    rows = "".join(f"<tr><th>{escape(str(k))}</th>{_cell(str(k), v)}</tr>" for k, v in items.items())
+    return f"<table>{rows}</table>"
+
+
+def _label(value: Any, class_names: Sequence[Any]) -> str:
+    """A label with its class name when known, e.g. ``3 (cat)``; escaped."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(class_names):
+        return f"{escape(str(value))} ({escape(str(class_names[value]))})"
+    return _fmt("label", value)
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _figure(png: bytes, alt: str, caption: str) -> str:
+    return (f'<figure><img src="{_data_uri(png)}" alt="{escape(alt)}">'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
+    labels = {
+        "psnr_mean": "PSNR (mean)", "ssim_mean": "SSIM (mean)", "mse_mean": "MSE (mean)",
+        "label_accuracy": "Label accuracy", "iterations": "Iterations",
+        "wall_seconds": "Wall time", "batch_size": "Batch size",
+    }
+    rows = "".join(
+        f"<tr><th>{labels[k]}</th>{_cell(k, metrics.get(k))}</tr>" for k in _SUMMARY_KEYS
+    )
+    out = f"<h2>Summary</h2><table>{rows}</table>"
+    if not has_truth:
+        out += ('<p class="notice">No ground truth given: image similarity and label accuracy '
+                "could not be measured; only the attack's output is shown.</p>")
+    return out
+
+
+def _attacked(metrics: Mapping[str, Any]) -> str:
+    """The "what was attacked" panel: threat model, defenses, batch, model, update metadata."""
+    parts = ["<h2>What was attacked</h2>"]
+    parts.append(_kv_table({
+        "model": metrics.get("model"), "data": metrics.get("data"),
+        "batch size": metrics.get("batch_size"), "attack": metrics.get("attack"),
+    }))
+    threat = metrics.get("threat")
+    parts.append("<h3>Threat model</h3>")
+    if isinstance(threat, Mapping) and threat:
+        parts.append(_kv_table(threat))
+    elif threat:
+        parts.append(f"<p>{_fmt('threat', threat)}</p>")
+    else:
+        parts.append('<p class="muted">not recorded</p>')
+    defenses = metrics.get("defenses")
+    parts.append("<h3>Defenses</h3>")
+    if isinstance(defenses, Sequence) and not isinstance(defenses, str) and defenses:
+        items = "".join(
+            f"<li>{escape(d) if isinstance(d, str) else _fmt('defense', d)}</li>" for d in defenses
+        )
+        parts.append(f"<ul>{items}</ul>")
+    elif isinstance(defenses, str) and defenses:
+        parts.append(f"<p>{escape(defenses)}</p>")
+    else:
+        parts.append("<p>none</p>")
+    update = metrics.get("update")
+    if isinstance(update, Mapping) and update:
+        parts.append("<h3>Shared update</h3>")
+        parts.append(_kv_table(update))
+    return "".join(parts)
+
+
+def _pictures(recon: bytes | None, candidates: bytes | None, has_truth: bool) -> str:
+    parts = ["<h2>Pictures</h2>"]
+    if recon is not None:
+        caption = ("Originals (top) and the reconstructions paired with them (bottom)."
+                   if has_truth else "Reconstructions.")
+        parts.append(_figure(recon, "reconstruction", caption))
+    else:
+        parts.append('<p class="muted">no reconstruction.png in this run folder</p>')
+    if candidates is not None:
+        parts.append(_figure(candidates, "candidates",
+                             "Candidates: one row per seed, then the consensus."))
+    return "".join(parts)
+
+
+def _per_image(metrics: Mapping[str, Any], has_truth: bool) -> str:
+    per_image = metrics.get("per_image") or []
+    rows_in = [r for r in per_image if isinstance(r, Mapping)] if isinstance(per_image, list) else []
+    if not rows_in:
+        msg = "no ground truth given" if not has_truth else "no per-image scores recorded"
+        return f'<h2>Per image</h2><p class="muted">{msg}</p>'
+    class_names = metrics.get("class_names")
+    class_names = class_names if isinstance(class_names, list) else []
+    columns = list(_PER_IMAGE_COLUMNS)
+    for r in rows_in:  # show every extra scalar column too (matched_slot, ...)
+        columns += [k for k, v in r.items() if k not in columns and _is_scalar(v)]
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = []
+    for r in rows_in:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            cells.append(f"<td>{_label(v, class_names)}</td>" if c in _LABEL_COLUMNS else _cell(c, v))
+        row_cls = ' class="miss"' if r.get("label_true") != r.get("label_restored") else ""
+        body.append(f"<tr{row_cls}>{''.join(cells)}</tr>")
+    return (f"<h2>Per image</h2><table><tr>{head}</tr>{''.join(body)}</table>"
+            '<p class="muted">Rows with a shaded background: restored label differs from the '
+            "true label of the paired image.</p>")
+
+
+def _other_metrics(metrics: Mapping[str, Any]) -> str:
+    scalars = {k: v for k, v in metrics.items() if k not in _PLACED_KEYS and _is_scalar(v)}
+    others = {k: v for k, v in metrics.items() if k not in _PLACED_KEYS and not _is_scalar(v)}
+    out = ""
+    if scalars:
+        out += "<h2>Other metrics</h2>" + _kv_table(scalars)
+    if others:
+        out += ("<h2>Other recorded fields</h2><pre>"
+                + escape(json.dumps(others, indent=2, default=str, ensure_ascii=False)) + "</pre>")
+    return out
+
+
+def _loss(history: list[dict[str, Any]] | None) -> str:
+    if history is None:
+        return '<h2>Loss</h2><p class="muted">no history.csv in this run folder</p>'
+    return "<h2>Loss</h2>" + _figure(loss_plot_png(history), "loss curve",
+                                     "Gradient-matching loss per logged iteration (log scale).")
+
+
+def _versions(metrics: Mapping[str, Any]) -> str:
+    versions = metrics.get("versions")
+    if isinstance(versions, Mapping) and versions:
+        return "<h2>Versions</h2>" + _kv_table(versions)
+    return ""
+
+
+def _config(config: Any) -> str:
+    if config is None:
+        return '<h2>Config</h2><p class="muted">no config.json in this run folder</p>'
+    text = json.dumps(config, indent=2, default=str, ensure_ascii=False)
+    return f"<h2>Config</h2><pre>{escape(text)}</pre>"
+
+
+# --------------------------------------------------------------------------- page
+
+
+def render_report(run_dir: str | os.PathLike[str]) -> Path:
+    """Write ``run_dir/report.html``, a self-contained page describing one run, and return its path.
+
+    Reads the run folder contract described in this module's docstring. Only metrics.json is
+    required; missing optional files are mentioned on the page. When no ground truth was given
+    (``psnr_mean`` null and ``per_image`` empty) the page says so and still renders.
+    Raises :class:`gradleak.errors.DataError` if metrics.json is missing or unreadable.
+    """
+    run_dir = Path(run_dir)
+    metrics = _read_json(run_dir / "metrics.json", required=True)
+    if not isinstance(metrics, dict):
+        raise DataError(f"{run_dir / 'metrics.json'} must hold a JSON object")
+    config = _read_json(run_dir / "config.json", required=False)
+    history = _read_history(run_dir / "history.csv")
+    recon = _read_png(run_dir / "reconstruction.png")
+    candidates = _read_png(run_dir / "candidates.png")
+    has_truth = metrics.get("psnr_mean") is not None or bool(metrics.get("per_image"))
+
+    def name(key: str) -> str:
+        v = metrics.get(key)
+        return escape(str(v)) if v not in (None, "") else "?"
+
+    title = f"{name('attack')} on {name('model')}, {name('data')}"
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>gradleak: {title}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p class="sub">gradleak run report &middot; {escape(run_dir.name)}</p>
+{_summary(metrics, has_truth)}
+<div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>
+{_per_image(metrics, has_truth)}
+{_other_metrics(metrics)}
+{_loss(history)}
+{_versions(metrics)}
+{_config(config)}
+</body>
+</html>
+"""
+    out = run_dir / "report.html"
+    tmp = run_dir / "report.html.tmp"
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
