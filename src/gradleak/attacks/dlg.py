@@ -8,6 +8,8 @@ weight gradient first, then optimise the image alone.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import ConfigError, GradleakError
@@ -24,7 +26,9 @@ from .victim import DummyGradient
 # attack stalls around MSE 5e-5 (gradient differences drown in rounding); in float64 it reaches
 # the paper's ~3e-6 and beyond on the sigmoid LeNet.
 LBFGS_LINE_SEARCH = None
-DLG_DEFAULTS = dict(iterations=60, lr=1.0, optimizer="lbfgs", dtype="float64")
+# A trial that stalls on a plateau is replaced by a fresh random start (at most DLG_RESTARTS times).
+DLG_RESTARTS = 3
+DLG_DEFAULTS = dict(iterations=200, lr=1.0, optimizer="lbfgs", dtype="float64")
 
 
 def _check_fedsgd(update: SharedUpdate, attack: str) -> None:
@@ -33,66 +37,96 @@ def _check_fedsgd(update: SharedUpdate, attack: str) -> None:
         raise ConfigError(f"attack {attack} matches FedSGD gradients; this update is {threat!r}")
 
 
+STALL_PATIENCE = 10        # L-BFGS steps without any change of the loss ...
+STALL_RELATIVE = 1e-6      # ... while the loss is still above this fraction of the first one
+
+
+def _stalled(history: list[dict[str, float]]) -> bool:
+    """L-BFGS stuck on a saturated plateau (sigmoid LeNet, unlucky init): the loss stopped moving
+    while far from zero. Only the gradient distance is used, never ground truth."""
+    if len(history) < STALL_PATIENCE:
+        return False
+    recent = [h["loss"] for h in history[-STALL_PATIENCE:]]
+    first = history[0]["loss"]
+    return max(recent) - min(recent) <= 1e-12 * max(abs(recent[-1]), 1e-300) and recent[-1] > STALL_RELATIVE * first
+
+
 def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None,
-         *, restore_labels: bool, name: str) -> Reconstruction:
+         *, restore_labels: bool, name: str, restarts: int) -> Reconstruction:
     _check_fedsgd(update, name)
     s = settings.with_defaults(**DLG_DEFAULTS)
     dtype = s.torch_dtype()
     device = torch.device(s.device)
     k = update.meta.batch_size
-    gen = torch.Generator().manual_seed(s.seed)
     victim = DummyGradient(model, update, dtype=dtype, device=device)
-    x = initial_images(model, (k, *model.input_shape), s.init, gen, dtype).to(device).requires_grad_(True)
+    labels: torch.Tensor | None = None
+    label_method = "soft"
     if restore_labels:
         fc = fc_weight_gradient(update.gradients, model.classifier_name)
         if k == 1:
-            labels = torch.tensor([idlg_label(fc)])
-            label_method = "idlg"
+            labels, label_method = torch.tensor([idlg_label(fc)]), "idlg"
         else:  # iDLG is defined for one sample; for batches use the batch rule (GradInversion Eq. 8)
-            labels = gradinversion_labels(fc, k)
-            label_method = "gradinversion"
+            labels, label_method = gradinversion_labels(fc, k), "gradinversion"
         labels = labels.to(device)
-        variables = [x]
-        y_soft = None
-    else:
-        # DLG's dummy label: N(0, 1) logits, softmax'd in the loss.
-        y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
-        variables = [x, y_soft]
-        label_method = "soft"
-
-    def objective() -> torch.Tensor:
-        return squared_l2(victim(x, y_soft if y_soft is not None else labels), victim.target)
-
-    log = None
-    if observer is not None:
-        def log(t: int) -> None:
-            observer(t, to_pixels(model, x))
     tight = dtype == torch.float64  # float64 can follow the gradient far below float32's noise floor
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
-                        progress=s.progress, description=name,
-                        lbfgs_line_search=LBFGS_LINE_SEARCH,
+                        progress=s.progress, description=name, lbfgs_line_search=LBFGS_LINE_SEARCH,
                         lbfgs_tolerance_grad=1e-14 if tight else 1e-7,
                         lbfgs_tolerance_change=1e-16 if tight else 1e-9)
-    res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every)
-    if y_soft is not None:
-        labels = y_soft.detach().argmax(dim=-1)
-    with torch.enable_grad():
-        final = float(squared_l2([g.detach() for g in victim(x.detach(), y_soft.detach() if y_soft is not None else labels,
-                                                              create_graph=False)], victim.target))
-    return Reconstruction(images=to_pixels(model, x), labels=labels.cpu().long(), history=res.history,
-                          iterations=res.iterations, wall_seconds=res.wall_seconds, label_method=label_method,
-                          extra={"gradient_distance": final, "optimizer": s.optimizer, "dtype": s.dtype,
-                                 "lr": s.lr})
+    history: list[dict[str, float]] = []
+    best: tuple[float, torch.Tensor, torch.Tensor] | None = None
+    wall, done, trials = 0.0, 0, 0
+    for trial in range(restarts + 1):
+        trials += 1
+        # Trial r draws its start from seed (s.seed, r): reproducible, and trial 0 is plain DLG.
+        gen = torch.Generator().manual_seed(s.seed + 1_000_003 * trial)
+        x = initial_images(model, (k, *model.input_shape), s.init, gen, dtype).to(device).requires_grad_(True)
+        y_soft = None
+        if labels is None:
+            # DLG's dummy label: N(0, 1) logits, softmax'd in the loss.
+            y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
+        variables = [x] if y_soft is None else [x, y_soft]
+        target_labels = y_soft if y_soft is not None else labels
+
+        def objective() -> torch.Tensor:
+            return squared_l2(victim(x, target_labels), victim.target)
+
+        log = None
+        if observer is not None:
+            offset = done
+
+            def log(t: int) -> None:
+                observer(offset + t, to_pixels(model, x))
+        res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every,
+                       should_stop=_stalled if trial < restarts else None)
+        history += [{"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial} for h in res.history]
+        done += res.iterations
+        wall += res.wall_seconds
+        with torch.enable_grad():
+            dist = float(squared_l2([g.detach() for g in victim(x.detach(), target_labels.detach(), create_graph=False)],
+                                    victim.target))
+        trial_labels = y_soft.detach().argmax(dim=-1) if y_soft is not None else labels
+        if best is None or (math.isfinite(dist) and not dist >= best[0]):
+            best = (dist, x.detach().clone(), trial_labels.clone())
+        if not _stalled(res.history) and math.isfinite(res.final_loss):
+            break
+    assert best is not None
+    dist, x_best, labels_best = best
+    return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
+                          iterations=done, wall_seconds=wall, label_method=label_method,
+                          extra={"gradient_distance": dist, "trials": trials,
+                                 "resolved": {"iterations": s.iterations, "lr": s.lr, "optimizer": s.optimizer,
+                                              "dtype": s.dtype}})
 
 
 def dlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None) -> Reconstruction:
     """Deep Leakage from Gradients: images and soft labels jointly."""
-    return _run(update, model, settings, observer, restore_labels=False, name="dlg")
+    return _run(update, model, settings, observer, restore_labels=False, name="dlg", restarts=DLG_RESTARTS)
 
 
 def idlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None) -> Reconstruction:
     """iDLG: label from the classifier gradient's sign, then the image alone."""
-    return _run(update, model, settings, observer, restore_labels=True, name="idlg")
+    return _run(update, model, settings, observer, restore_labels=True, name="idlg", restarts=DLG_RESTARTS)
 
 
 __all__ = ["dlg", "idlg", "DLG_DEFAULTS", "GradleakError"]

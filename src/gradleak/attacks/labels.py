@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..errors import GradleakError
+
+if TYPE_CHECKING:
+    from ..fl.update import SharedUpdate
+    from ..models import ModelSpec
 
 
 def fc_weight_gradient(gradients: dict[str, torch.Tensor], classifier_name: str) -> torch.Tensor:
@@ -32,3 +38,45 @@ def gradinversion_labels(fc_grad: torch.Tensor, k: int) -> torch.Tensor:
     """GradInversion Eq. 8: argsort(min_m dW_{m,n})[:K] (assumes no repeats). Returns [K]."""
     s = fc_grad.min(dim=1).values
     return torch.argsort(s)[:k].sort().values
+
+
+LABEL_METHODS = ("gradinversion", "sum", "counts", "llg", "idlg")
+
+
+def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = None,
+                   method: str = "gradinversion") -> torch.Tensor:
+    """The batch's labels [K] (int64, sorted) from the shared classifier gradient, no optimisation.
+
+    method:
+      "gradinversion"  Eq. 8, K distinct classes (the paper's rule; assumes no repeats)
+      "sum"            Eq. 7, iDLG's sum rule extended to batches, K distinct classes
+      "counts"         label multiset with repeats (label_counts.count_labels, bias-corrected
+                       proportional counts); with no repeats it agrees with the sign rule
+      "llg"            label multiset, Wainakh et al.'s LLG-style impact subtraction
+      "idlg"           iDLG, K = 1 only
+    """
+    from ..errors import ConfigError
+    from .label_counts import classifier_signal, count_labels, llg_counts
+
+    k = int(update.meta.batch_size if k is None else k)
+    if k < 1:
+        raise ConfigError(f"labels: batch size must be >= 1, got {k}")
+    fc = fc_weight_gradient(update.gradients, model.classifier_name).detach()
+    if k > fc.shape[0] and method in ("gradinversion", "sum"):
+        raise ConfigError(f"labels: method {method!r} returns distinct classes but the batch has {k} "
+                          f"samples and the model only {fc.shape[0]} classes; use 'counts'")
+    if method == "gradinversion":
+        out = gradinversion_labels(fc, k)
+    elif method == "sum":
+        out = sum_rule_labels(fc, k)
+    elif method in ("counts", "llg"):
+        signal = classifier_signal(update.gradients, model.classifier_name)[0]
+        rule = count_labels if method == "counts" else llg_counts
+        out = rule(signal, k, presence=fc.min(dim=1).values)
+    elif method == "idlg":
+        if k != 1:
+            raise ConfigError(f"labels: 'idlg' restores one sample's label; the batch has {k} (use 'gradinversion')")
+        out = torch.tensor([idlg_label(fc)])
+    else:
+        raise ConfigError(f"labels: unknown method {method!r}; known: {', '.join(LABEL_METHODS)}")
+    return out.long().cpu()

@@ -79,12 +79,14 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
              generator: torch.Generator | None = None,
              after_step: Callable[[int], None] | None = None,
              noise_targets: Sequence[torch.Tensor] | None = None,
-             on_log: Callable[[int], None] | None = None, log_every: int = 0) -> LoopResult:
+             on_log: Callable[[int], None] | None = None, log_every: int = 0,
+             should_stop: Callable[[list[dict[str, float]]], bool] | None = None) -> LoopResult:
     """Minimise ``objective()`` w.r.t. ``variables`` (leaf tensors with requires_grad).
 
     ``after_step(t)`` runs after step t under no_grad. ``noise_targets`` get Langevin noise
     (default: all variables). ``on_log(t)`` is called every ``log_every`` steps and after the
-    last one (used to observe candidates, never to feed anything back).
+    last one (used to observe candidates, never to feed anything back). ``should_stop(history)``
+    ends the run early (e.g. a stalled trial that a restart should replace).
     """
     if settings.iterations < 0:
         raise ConfigError("iterations must be >= 0")
@@ -139,5 +141,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
                     on_log(t + 1)
             if not math.isfinite(value):
                 break  # diverged: keep what we have; the caller reports it
+            if should_stop is not None and should_stop(result.history):
+                break
     result.wall_seconds = time.perf_counter() - start
     return result

@@ -17,7 +17,9 @@ class Reconstruction:
     candidates:  optional [G, K, C, H, W] in [0, 1]: every seed's candidate (GradInversion).
     history:     one dict per logged iteration, at least {"iteration": int, "loss": float}.
     label_method: how ``labels`` were obtained ("idlg", "gradinversion", "soft", ...).
-    extra:       attack-specific scalars for metrics.json (final gradient distance, restarts...).
+    extra:       attack-specific scalars for metrics.json (final gradient distance, restarts...);
+                 ``extra["resolved"]`` holds the settings the attack actually used (defaults filled
+                 in), which the run folder's config.json records.
     """
 
     images: torch.Tensor

@@ -5,3 +5,4 @@ from .registry import (ModelSpec, build_model, default_image_size, describe_mode
 
 __all__ = ["ModelSpec", "build_model", "default_image_size", "describe_models", "find_classifier",
            "model_names", "register_model"]
+from . import pretrained as _pretrained  # noqa: F401,E402  registers efficientnet-lite0

@@ -1,0 +1,117 @@
+"""Batch labels with repeats: estimate how many times each class occurs (beyond GradInversion).
+
+GradInversion's Eq. 8 returns K *distinct* classes, which is wrong whenever a class occurs twice
+in the batch (small label spaces: CIFAR-10, Fashion-MNIST, or non-IID clients). Here we return
+the label multiset [K] instead.
+
+Derivation (softmax + mean cross-entropy, classifier z = W o + b; p_{k,n} softmax, y_{k,n} one-hot):
+
+    db_n = (1/K) sum_k (p_{k,n} - y_{k,n})          (bias gradient of the FC layer)
+    c_n  = sum_k y_{k,n} = K (pbar_n - db_n)          (count of class n; pbar_n = mean_k p_{k,n})
+
+For an absent class c_n = 0, so db_n = pbar_n >= 0 is observed directly. For a present class
+pbar_n is unknown. We model it as background plus a share of the true-class confidence,
+pbar_n = b + a c_n / K, where b (the probability a sample puts on a class it does not belong to)
+is estimated as the mean of db over the classes judged absent and a is a common confidence.
+Then c_n (1 - a) = K (b - db_n); summing over the present classes (sum c_n = K) eliminates a:
+
+    c_n = K (b - db_n) / sum_{present m} (b - db_m)                         (*)
+
+i.e. counts proportional to the background-corrected negative bias gradient, normalised to K.
+It is exact when every sample gives the same probability b to every class other than its own
+(an untrained network is close to this) and scale-free, so it needs no estimate of the feature
+"impact" (Wainakh et al.'s LLG) when the FC layer has no bias: with the weight gradient summed
+over features, s_n = (1/K) sum_k (p_{k,n} - y_{k,n}) ||o_k||_1 ~ ||o||_1 db_n, (*) gives the same
+counts because the common factor ||o||_1 cancels.
+
+Present classes are those with a negative Eq. 8 score min_m dW_{m,n} (exact for non-negative
+classifier inputs: an absent class's weight-gradient row is a sum of p_{k,n} o_k >= 0); when that
+marks none or more than K classes, those with a negative signal (at most K, the most negative
+first; at least one). Rounding: largest-remainder rounding of (*) with every present class at
+least 1, so the multiset always has exactly K entries.
+
+A second rule, ``llg_counts``, follows Wainakh et al. (LLG) / breaching's "bias-corrected"
+strategy: each present class once, then an impact m = -(sum of the negative db) / K is
+subtracted from the present classes and the remaining K - |present| labels go one at a time to
+the currently most negative entry, subtracting m each time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import GradleakError
+
+
+def classifier_signal(gradients: dict[str, torch.Tensor], classifier_name: str) -> tuple[torch.Tensor, str]:
+    """The per-class signal the count rules read, [N], and which tensor it came from.
+
+    The FC bias gradient when the layer has a bias (exactly (1/K) sum_k (p - y)); otherwise the
+    weight gradient summed over the feature dimension (GradInversion Eq. 7's s_n).
+    """
+    prefix = f"{classifier_name}." if classifier_name else ""
+    if f"{prefix}bias" in gradients:
+        return gradients[f"{prefix}bias"].detach().double().flatten(), "bias"
+    if f"{prefix}weight" in gradients:
+        return gradients[f"{prefix}weight"].detach().double().sum(dim=1), "weight-sum"
+    raise GradleakError(f"the update holds no gradient for the classifier {classifier_name!r}")
+
+
+def _present(signal: torch.Tensor, k: int, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """Classes judged present, the most negative first, between 1 and K of them.
+
+    ``presence`` [N] is GradInversion's Eq. 8 score min_m dW_{m,n}: with non-negative features
+    o_k (ReLU/sigmoid before the classifier) an absent class has p_{k,n} o_k >= 0 in every entry,
+    so a negative minimum proves presence; this detects a present class even where the model
+    already gives it more probability than its share c_n / K (bias gradient >= 0). Without it
+    (or when it marks more than K classes, e.g. features that can be negative) the sign of the
+    signal decides.
+    """
+    if presence is not None:
+        presence = presence.double()
+        n_neg = int((presence < 0).sum())
+        if 1 <= n_neg <= k:
+            return torch.argsort(presence)[:n_neg]
+    order = torch.argsort(signal)
+    n_neg = int((signal < 0).sum())
+    return order[: max(1, min(k, n_neg))]
+
+
+def _round_to_total(estimate: torch.Tensor, k: int) -> torch.Tensor:
+    """Largest-remainder rounding of ``estimate`` [P] (> 0) to integers >= 1 summing to k."""
+    counts = estimate.floor().clamp_min(1).long()
+    while int(counts.sum()) < k:
+        counts[int(torch.argmax(estimate - counts))] += 1
+    while int(counts.sum()) > k:
+        residual = torch.where(counts > 1, estimate - counts, torch.full_like(estimate, float("inf")))
+        counts[int(torch.argmin(residual))] -= 1
+    return counts
+
+
+def count_labels(signal: torch.Tensor, k: int, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """Label multiset [K] (sorted) from the per-class signal [N] by rule (*) of the module doc;
+    ``presence`` [N]: optional Eq. 8 scores that decide which classes occur (see _present)."""
+    signal = signal.double()
+    present = _present(signal, k, presence)
+    mask = torch.zeros_like(signal, dtype=torch.bool)
+    mask[present] = True
+    absent = signal[~mask]
+    background = float(absent.mean()) if absent.numel() else 0.0
+    excess = (background - signal[present]).clamp_min(1e-12)
+    estimate = k * excess / excess.sum()
+    counts = _round_to_total(estimate, k)
+    return torch.repeat_interleave(present, counts).sort().values
+
+
+def llg_counts(signal: torch.Tensor, k: int, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """LLG-style multiset [K] (Wainakh et al. 2022; breaching's "bias-corrected"), sorted."""
+    s = signal.double().clone()
+    present = _present(s, k, presence)
+    labels = present.tolist()
+    impact = float(s[s < 0].sum()) / k if bool((s < 0).any()) else float(s.min())
+    s[present] -= impact
+    while len(labels) < k:
+        i = int(torch.argmin(s))
+        labels.append(i)
+        s[i] -= impact
+    return torch.tensor(sorted(labels), dtype=torch.long)

@@ -1,0 +1,187 @@
+"""The `gradleak` command. User errors become one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GradleakError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # one line, exit 2 (argparse prints usage too)
+        self.exit(EXIT_USAGE, f"gradleak: error: {message}\n")
+
+
+# ---------------------------------------------------------------- flags from the config model
+def _add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | None = None) -> None:
+    from .config import AttackConfig
+
+    for name, info in AttackConfig.model_fields.items():
+        if fields is not None and name not in fields:
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_ = info.description or ""
+        ann = info.annotation
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if ann is bool:
+            if info.default is True:
+                parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_false",
+                                    default=argparse.SUPPRESS, help=f"do not: {help_}")
+            else:
+                parser.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_)
+            continue
+        if origin is list:
+            parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=help_)
+            continue
+        inner = [a for a in args if a is not type(None)] if args else [ann]
+        base = inner[0] if len(inner) == 1 else str
+        choices = None
+        if typing.get_origin(base) is typing.Literal:
+            choices = list(typing.get_args(base))
+            base = str
+        conv = {int: int, float: float, str: str}.get(base, str)
+        parser.add_argument(flag, dest=name, type=conv, choices=choices, default=argparse.SUPPRESS,
+                            metavar=name.upper() if choices is None else None, help=help_)
+
+
+def _config_from(args: argparse.Namespace, fields: Sequence[str] | None = None):  # noqa: ANN202
+    from .config import AttackConfig, load_config, make_config
+
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        values.update(load_config(args.config))
+    for name in AttackConfig.model_fields:
+        if (fields is None or name in fields) and hasattr(args, name):
+            values[name] = getattr(args, name)
+    return make_config(**values)
+
+
+# ---------------------------------------------------------------- commands
+def cmd_attack(args: argparse.Namespace) -> int:
+    from .runner import run
+
+    cfg = _config_from(args)
+    result = run(cfg)
+    _print_summary(result.metrics, result.run_dir)
+    return 0
+
+
+SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
+                "allow_repeats", "image_size", "num_classes", "share_bn_statistics", "defense", "device")
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    from .fl import save_truth, save_update
+    from .runner import simulate_client
+
+    cfg = _config_from(args, SHARE_FIELDS)
+    out, truth_path = Path(args.out), Path(args.truth) if args.truth else None
+    if out.is_dir() or (truth_path is not None and truth_path.is_dir()):
+        raise GradleakError("--out and --truth must be file paths, not folders")
+    case = simulate_client(cfg)
+    save_update(case.update, out)
+    if truth_path is not None and case.truth is not None:
+        save_truth(case.truth, truth_path)
+    meta = case.update.meta
+    print(f"wrote {out}: {meta.threat.get('name')} update of model {meta.model}, batch {meta.batch_size}, "
+          f"loss {meta.loss:.4f}" + (f", defenses {', '.join(meta.defenses)}" if meta.defenses else "")
+          + (f"; truth in {truth_path}" if truth_path else ""))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import render_report
+
+    path = render_report(Path(args.run))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .attacks import attack_names
+    from .data import SOURCE_NAMES
+    from .models import describe_models
+
+    print("models:")
+    for k, v in describe_models().items():
+        print(f"  {k:20s} {v}")
+    print("data sources: " + ", ".join(SOURCE_NAMES) + ", or a folder (ImageFolder layout)")
+    print("attacks: " + ", ".join(attack_names()))
+    return 0
+
+
+def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['attack']} on {metrics['model']} ({metrics['data']}, batch {metrics['batch_size']})")
+    for col in ("metric", "value"):
+        table.add_column(col)
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "n/a (no ground truth)"
+        if isinstance(v, float):
+            return f"{v:.3e}" if (abs(v) < 1e-2 and v != 0) else f"{v:.3f}"
+        return str(v)
+
+    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "iip",
+                "gradient_distance", "iterations", "wall_seconds"):
+        if key in metrics:
+            table.add_row(key, fmt(metrics[key]))
+    if metrics.get("defenses"):
+        table.add_row("defenses", ", ".join(metrics["defenses"]))
+    console = Console()
+    console.print(table)
+    if run_dir is not None:
+        console.print(f"run folder: {run_dir}  (report.html, reconstruction.png, metrics.json)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = _Parser(prog="gradleak", description="How much private data leaks from federated-learning updates.")
+    p.add_argument("--version", action="version", version=f"gradleak {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True)
+
+    a = sub.add_parser("attack", help="simulate a client (or read an update file) and attack it")
+    a.add_argument("--config", help="rerun a run folder's config.json (flags given here override it)")
+    _add_config_flags(a)
+    a.set_defaults(func=cmd_attack)
+
+    s = sub.add_parser("share", help="compute a client's shared update and write it as safetensors")
+    _add_config_flags(s, SHARE_FIELDS)
+    s.add_argument("--out", required=True, help="update file to write (.safetensors)")
+    s.add_argument("--truth", help="also write the true batch here (for evaluation only)")
+    s.set_defaults(func=cmd_share)
+
+    r = sub.add_parser("report", help="rebuild a run folder's report.html")
+    r.add_argument("run", help="run folder")
+    r.set_defaults(func=cmd_report)
+
+    m = sub.add_parser("list", help="list models, data sources and attacks")
+    m.set_defaults(func=cmd_models)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GradleakError as exc:
+        print(f"gradleak: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("gradleak: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The run configuration: one typed model; every CLI flag of `gradleak attack` is a field here.
+
+Each run saves its full resolved config as config.json, and `gradleak attack --config FILE`
+reruns it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+
+class AttackConfig(BaseModel):
+    """Everything one attack run needs. Field descriptions double as CLI help."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # what is attacked
+    attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig")
+    model: str = Field("lenet-dlg", description="victim model name, or package.module:callable")
+    width: int | None = Field(None, ge=1, le=4096, description="model width (convnet)")
+    data: str = Field("cifar10-samples", description="data source name or an ImageFolder / IDX folder")
+    data_root: str | None = Field(None, description="folder overriding a named source's location")
+    split: Literal["train", "test"] = Field("train", description="data split (fashion-mnist)")
+    batch_size: int = Field(1, ge=1, le=4096, description="client batch size K")
+    seed: int = Field(0, ge=0, description="seed: the batch drawn and the attack's random start")
+    model_seed: int = Field(0, ge=0, description="seed of the model's random weights")
+    allow_repeats: bool = Field(False, description="allow repeated labels within a batch")
+    image_size: int | None = Field(None, ge=4, le=1024, description="input size (default: the model's)")
+    num_classes: int | None = Field(None, ge=2, le=100000, description="classes (default: the data's)")
+    share_bn_statistics: bool = Field(False, description="the client also shares its batch's BN statistics")
+    defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
+    # the attack
+    iterations: int | None = Field(None, ge=0, le=10_000_000, description="optimisation steps")
+    lr: float | None = Field(None, gt=0, description="learning rate")
+    optimizer: Literal["lbfgs", "adam", "sgd"] | None = Field(None, description="optimizer")
+    init: Literal["randn", "rand", "zeros"] = Field("randn", description="dummy image initialisation")
+    dtype: Literal["float32", "float64"] | None = Field(None, description="attack precision")
+    preset: str | None = Field(None, description="GradInversion preset: cpu | paper")
+    seeds: int | None = Field(None, ge=1, le=256, description="GradInversion: G candidates per image")
+    group: Literal["none", "lazy", "registered"] | None = Field(None, description="GradInversion group consistency")
+    bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
+    labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
+    restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
+    # files and output
+    update: str | None = Field(None, description="attack this shared-update file instead of simulating a client")
+    truth: str | None = Field(None, description="truth file of that update, for evaluation")
+    out: str | None = Field(None, description="run folder (default runs/<time>-<attack>)")
+    device: str = Field("cpu", description="cpu | cuda | cuda:N | auto")
+    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (default: torch's choice)")
+    log_every: int = Field(10, ge=1, description="observe PSNR every N iterations")
+    progress: bool = Field(True, description="show a progress bar")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("cpu", "auto", "cuda") and not (v.startswith("cuda:") and v[5:].isdigit()):
+            raise ValueError("must be cpu, cuda, cuda:N or auto")
+        return v
+
+
+def config_error(exc: ValidationError) -> ConfigError:
+    """One line naming the first invalid field."""
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err["loc"]) or "config"
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return ConfigError(f"config field {field!r}: {err['msg']}{shown}")
+
+
+def make_config(**values: Any) -> AttackConfig:
+    try:
+        return AttackConfig(**values)
+    except ValidationError as exc:
+        raise config_error(exc) from None
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a config.json (as saved in a run folder) as a dict of fields; validated later."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {p} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} must hold a JSON object")
+    # A run folder's config.json stores the resolved config under "config" next to provenance.
+    if "config" in raw and isinstance(raw["config"], dict):
+        raw = raw["config"]
+    return raw

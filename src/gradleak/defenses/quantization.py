@@ -1,0 +1,60 @@
+"""Lower-precision transport of the gradients (DLG rebuttal Table 3: FP-16, 8 bit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..errors import NonFiniteError
+from .base import Defense
+
+INT8_LEVELS = 127
+
+
+@dataclass(frozen=True)
+class FP16(Defense):
+    """``fp16``: cast each gradient to float16 and back, as a float16 transport would.
+
+    Exactly ``g.to(float16).to(g.dtype)``: round to nearest even; magnitudes above 65504 become
+    +-inf (as on the wire) and below ~6e-8 flush to zero.
+    """
+
+    name: ClassVar[str] = "fp16"
+
+    def transform(self, gradients: dict[str, torch.Tensor],
+                  generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return {k: g.detach().to(torch.float16).to(g.dtype) for k, g in gradients.items()}
+
+
+def int8_scale(g: torch.Tensor) -> torch.Tensor:
+    """Symmetric per-tensor step: max|g| / 127 (0-dim tensor, g's dtype at least float32)."""
+    return g.detach().abs().amax().to(torch.promote_types(g.dtype, torch.float32)) / INT8_LEVELS
+
+
+@dataclass(frozen=True)
+class Int8(Defense):
+    """``int8``: symmetric per-tensor 8-bit quantisation, then dequantisation.
+
+    scale = max|g| / 127; q = round(g / scale) in [-127, 127] (round half to even); the server
+    sees q * scale, so each entry is on the grid scale * Z and within scale / 2 of the original.
+    An all-zero tensor stays zero.
+    """
+
+    name: ClassVar[str] = "int8"
+
+    def transform(self, gradients: dict[str, torch.Tensor],
+                  generator: torch.Generator) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for k, g in gradients.items():
+            scale = int8_scale(g)
+            if not bool(torch.isfinite(scale)):
+                raise NonFiniteError(f"defense int8: gradient {k} holds NaN or Inf; cannot quantise it")
+            if float(scale) == 0.0:
+                out[k] = g.detach().clone()
+                continue
+            x = g.detach().to(scale.dtype)
+            q = torch.round(x / scale).clamp_(-INT8_LEVELS, INT8_LEVELS)
+            out[k] = (q * scale).to(g.dtype)
+        return out

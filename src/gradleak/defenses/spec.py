@@ -1,0 +1,168 @@
+"""Defense specs: parse ``name[:value][,key=value...]`` strings into Defense objects.
+
+Grammar::
+
+    spec   := name | name ":" params
+    params := value ("," key "=" value)* | key "=" value ("," key "=" value)*
+
+A bare ``value`` (first position only) fills the defense's main parameter (gaussian: sigma,
+laplace: b, prune: fraction). Names are case-insensitive; spaces around tokens are ignored.
+
+    gaussian:SIGMA               N(0, SIGMA^2) added to every gradient entry
+    laplace:B                    Laplace(0, B) added (std sqrt(2) B)
+    prune:P[,scope=layer|global] zero the fraction P in [0, 1) of smallest |g| (default per layer)
+    fp16                         float16 round trip
+    int8                         symmetric per-tensor 8-bit quantisation
+    dpsgd:clip=C,noise=Z[,delta=D,sample_rate=Q,steps=T]   client-side DP-SGD
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import torch
+
+from ..errors import ConfigError, UnknownNameError
+from ..fl.update import SharedUpdate
+from .base import Defense
+from .dpsgd import DPSGD
+from .noise import GaussianNoise, LaplaceNoise
+from .pruning import Prune
+from .quantization import FP16, Int8
+
+DEFENSES: dict[str, type[Defense]] = {
+    cls.name: cls for cls in (GaussianNoise, LaplaceNoise, Prune, FP16, Int8, DPSGD)
+}
+
+
+def defense_names() -> list[str]:
+    return sorted(DEFENSES)
+
+
+def _convert(defense: str, field: dataclasses.Field, text: str) -> object:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    if kind == "str":
+        return text
+    try:
+        if kind == "int":
+            value = float(text)
+            if not math.isfinite(value) or value != int(value):
+                raise ValueError
+            return int(value)
+        value = float(text)
+    except ValueError:
+        want = "an integer" if kind == "int" else "a number"
+        raise ConfigError(f"defense {defense}: {field.name} must be {want}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"defense {defense}: {field.name} must be a finite number, got {text!r}")
+    return value
+
+
+def parse_defense(spec: str) -> Defense:
+    """One spec string -> a validated Defense. ConfigError for malformed specs or values,
+    UnknownNameError for an unknown defense name."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"defense spec must be a non-empty string like 'gaussian:0.01', got {spec!r}")
+    head, sep, rest = spec.strip().partition(":")
+    name = head.strip().lower()
+    if name not in DEFENSES:
+        raise UnknownNameError(f"unknown defense {head.strip()!r} in {spec!r}; known: {', '.join(defense_names())}")
+    cls = DEFENSES[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, str] = {}
+    if sep:
+        if not rest.strip():
+            raise ConfigError(f"defense {name}: missing value after ':' in {spec!r}")
+        if not fields:
+            raise ConfigError(f"defense {name} takes no parameters, got {spec!r}")
+        for i, token in enumerate(t.strip() for t in rest.split(",")):
+            if not token:
+                raise ConfigError(f"defense {name}: empty parameter in {spec!r}")
+            key, eq, text = (s.strip() for s in token.partition("="))
+            if not eq:
+                if cls.positional is None:
+                    raise ConfigError(f"defense {name}: bare value {token!r}; write key=value pairs, e.g. "
+                                      f"{_example(name)}")
+                if i > 0:
+                    raise ConfigError(f"defense {name}: bare value {token!r}; only the first parameter "
+                                      f"({cls.positional}) may be given without its key")
+                key, text = cls.positional, token
+            if key not in fields:
+                raise ConfigError(f"defense {name}: unknown parameter {key!r}; known: {', '.join(fields)}")
+            if not text:
+                raise ConfigError(f"defense {name}: missing value for {key}")
+            if key in values:
+                raise ConfigError(f"defense {name}: {key} given twice in {spec!r}")
+            values[key] = text
+    missing = [f for f, fld in fields.items() if f not in values
+               and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"defense {name}: missing value for {', '.join(missing)} (e.g. "
+                          f"{_example(name)})")
+    kwargs = {k: _convert(name, fields[k], v) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _example(name: str) -> str:
+    return {"gaussian": "gaussian:0.01", "laplace": "laplace:0.01", "prune": "prune:0.9",
+            "dpsgd": "dpsgd:clip=1,noise=1"}.get(name, name)
+
+
+def parse_defenses(specs: typing.Iterable[str] | str | None) -> list[Defense]:
+    """Spec strings -> Defenses, in order. A client-side defense (dpsgd) may appear at most
+    once and only first: it produces the gradient the later ones transform."""
+    if specs is None:
+        return []
+    if isinstance(specs, str):
+        specs = [specs]
+    defenses = [parse_defense(s) for s in specs]
+    for i, d in enumerate(defenses):
+        if d.client_side and i > 0:
+            raise ConfigError(f"defense {d.spec} runs while the client computes its gradient, so it must come "
+                              f"first (and only once); got it at position {i + 1} of {[x.spec for x in defenses]}")
+    return defenses
+
+
+def apply_defenses(update: SharedUpdate, defenses: typing.Sequence[Defense | str],
+                   generator: torch.Generator) -> SharedUpdate:
+    """Apply update-level defenses in order (strings are parsed first); each records its spec in
+    meta.defenses. The input update is not modified. A client-side defense raises ConfigError
+    (use :func:`client_update`)."""
+    for d in defenses:
+        d = parse_defense(d) if isinstance(d, str) else d
+        update = d.apply(update, generator)
+    return update
+
+
+def split_defenses(defenses: typing.Sequence[Defense]) -> tuple[Defense | None, list[Defense]]:
+    """(the client-side defense or None, the update-level ones in order)."""
+    if defenses and defenses[0].client_side:
+        rest = list(defenses[1:])
+        first: Defense | None = defenses[0]
+    else:
+        first, rest = None, list(defenses)
+    for d in rest:
+        if d.client_side:
+            raise ConfigError(f"defense {d.spec} must come first: it runs while the client computes its gradient")
+    return first, rest
+
+
+def client_update(model, batch, defenses: typing.Sequence[Defense | str],  # noqa: ANN001
+                  generator: torch.Generator, *, share_bn_statistics: bool = False) -> SharedUpdate:
+    """The whole defended FedSGD client: the client-side defense (if first in ``defenses``)
+    computes the gradient, else plain :func:`gradleak.fl.fedsgd`; then the update-level
+    defenses in order. ``model``: ModelSpec, ``batch``: Batch."""
+    from ..fl.client import fedsgd
+
+    parsed = [parse_defense(d) if isinstance(d, str) else d for d in defenses]
+    first, rest = split_defenses(parsed)
+    if first is not None:
+        if share_bn_statistics:
+            raise ConfigError(f"defense {first.spec}: sharing BN statistics is not possible with a client-side "
+                              "defense (its models have no BatchNorm)")
+        update = first.client_update(model, batch, generator)  # type: ignore[attr-defined]
+    else:
+        update = fedsgd(model, batch, share_bn_statistics=share_bn_statistics)
+    return apply_defenses(update, rest, generator)

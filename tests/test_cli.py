@@ -1,0 +1,153 @@
+"""The CLI end to end: share -> file -> attack, the run folder, and one-line errors for bad input."""
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gradleak.cli import main
+
+FAST = ["--attack", "idlg", "--iterations", "12", "--no-progress", "--threads", "1"]
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("share")
+    code = main(["share", "--model", "lenet-dlg", "--data", "cifar10-samples", "--batch-size", "1", "--seed", "2",
+                 "--out", str(d / "u.safetensors"), "--truth", str(d / "t.safetensors")])
+    assert code == 0
+    return d
+
+
+def test_share_then_attack_equals_in_memory(shared, tmp_path, capsys):
+    code, out, err = run_cli(["attack", *FAST, "--seed", "2", "--update", shared / "u.safetensors", "--truth",
+                              shared / "t.safetensors", "--out", tmp_path / "file"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["attack", *FAST, "--seed", "2", "--out", tmp_path / "mem"], capsys)
+    assert code == 0, err
+    a = json.loads((tmp_path / "file" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "mem" / "metrics.json").read_text())
+    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance"):
+        assert a[key] == b[key], key
+    assert a["per_image"][0]["label_true"] == b["per_image"][0]["label_true"]
+
+
+def test_run_folder_contents_and_rerun_from_config(shared, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["attack", *FAST, "--out", out], capsys)
+    assert code == 0, err
+    assert "psnr_mean" in stdout
+    for name in ("metrics.json", "reconstruction.png", "history.csv", "config.json", "report.html"):
+        assert (out / name).is_file(), name
+    m = json.loads((out / "metrics.json").read_text())
+    for key in ("attack", "model", "batch_size", "iterations", "wall_seconds", "psnr_mean", "ssim_mean",
+                "mse_mean", "label_accuracy", "per_image"):
+        assert key in m, key
+    assert set(m["per_image"][0]) >= {"psnr", "ssim", "mse", "label_true", "label_restored"}
+    rows = (out / "history.csv").read_text().splitlines()
+    assert rows[0] == "iteration,loss,psnr" and len(rows) == 13
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["iterations"] == 12 and cfg["optimizer"] == "lbfgs"  # resolved, not None
+    code, _, err = run_cli(["attack", "--config", out / "config.json", "--out", tmp_path / "again"], capsys)
+    assert code == 0, err
+    m2 = json.loads((tmp_path / "again" / "metrics.json").read_text())
+    assert m2["psnr_mean"] == m["psnr_mean"]
+    (out / "report.html").unlink()
+    code, _, _ = run_cli(["report", out], capsys)
+    assert code == 0 and (out / "report.html").is_file()
+
+
+def _bad(tmp_path, name, data: bytes):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def _tamper(src: Path, dst: Path, fn):
+    from safetensors import safe_open
+
+    with safe_open(str(src), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(src))
+    fn(tensors, meta)
+    save_file(tensors, str(dst), metadata=meta)
+    return dst
+
+
+def _bad_inputs(shared, tmp_path):
+    u = shared / "u.safetensors"
+    raw = u.read_bytes()
+    missing_key = _tamper(u, tmp_path / "missing.safetensors", lambda t, m: t.pop("grad/fc.weight"))
+    wrong_shape = _tamper(u, tmp_path / "shape.safetensors",
+                          lambda t, m: t.__setitem__("grad/fc.weight", torch.zeros(3, 3)))
+    nan = _tamper(u, tmp_path / "nan.safetensors",
+                  lambda t, m: t["grad/fc.bias"].__setitem__(0, float("nan")))
+    inf = _tamper(u, tmp_path / "inf.safetensors",
+                  lambda t, m: t["weights/fc.bias"].__setitem__(0, float("inf")))
+    bad_meta = _tamper(u, tmp_path / "meta.safetensors", lambda t, m: m.__setitem__("meta", "{not json"))
+    unknown_model = _tamper(u, tmp_path / "model.safetensors",
+                            lambda t, m: m.__setitem__("meta", m["meta"].replace('"lenet-dlg"', '"nope-net"')))
+    return {
+        "unknown model": ["attack", "--model", "nope-net"],
+        "unknown data": ["attack", "--data", "nope-data"],
+        "unknown attack": ["attack", "--attack", "nope"],
+        "missing folder": ["attack", "--data", tmp_path / "no" / "such" / "folder"],
+        "batch larger than data": ["attack", "--batch-size", "50"],
+        "batch larger than distinct labels": ["attack", "--batch-size", "9"],
+        "truncated update": ["attack", "--update", _bad(tmp_path, "trunc.safetensors", raw[: len(raw) // 2])],
+        "not safetensors": ["attack", "--update", _bad(tmp_path, "junk.safetensors", b"hello world" * 10)],
+        "empty file": ["attack", "--update", _bad(tmp_path, "empty.safetensors", b"")],
+        "huge header": ["attack", "--update", _bad(tmp_path, "huge.safetensors", struct.pack("<Q", 2**60) + b"{}")],
+        "missing update": ["attack", "--update", tmp_path / "nope.safetensors"],
+        "update lacks a tensor": ["attack", "--update", missing_key],
+        "tensor does not fit": ["attack", "--update", wrong_shape],
+        "NaN gradient": ["attack", "--update", nan],
+        "Inf weight": ["attack", "--update", inf],
+        "bad metadata": ["attack", "--update", bad_meta],
+        "unknown model in file": ["attack", "--update", unknown_model],
+        "truth without update": ["attack", "--truth", shared / "t.safetensors"],
+        "update given as truth": ["attack", "--update", u, "--truth", u],
+        "negative iterations": ["attack", "--iterations", "-3"],
+        "bad number": ["attack", "--lr", "fast"],
+        "unknown flag": ["attack", "--frobnicate"],
+        "missing config": ["attack", "--config", tmp_path / "none.json"],
+        "bad config": ["attack", "--config", _bad(tmp_path, "c.json", b'{"attack": "dlg", "colour": 1}')],
+        "bad device": ["attack", "--device", "tpu"],
+        "share unknown model": ["share", "--model", "nope", "--out", tmp_path / "x.safetensors"],
+    }
+
+
+def test_bad_input_gives_one_line_and_exit_2(shared, tmp_path, capsys):
+    cases = _bad_inputs(shared, tmp_path)
+    for what, args in cases.items():
+        out_dir = tmp_path / ("run-" + what.replace(" ", "_"))
+        full = [*args, "--out", out_dir] if args[0] == "attack" else args
+        try:
+            code = main([str(a) for a in full])
+        except SystemExit as exc:  # argparse's own errors exit through SystemExit
+            code = exc.code
+        captured = capsys.readouterr()
+        lines = [line for line in captured.err.splitlines() if line.strip()]
+        assert code == 2, (what, code, captured.err)
+        assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), (what, captured.err)
+        assert "Traceback" not in captured.err
+        assert not out_dir.exists(), what  # nothing half-written
+    assert not any(p.name.startswith(".") and "partial" in p.name for p in tmp_path.iterdir())
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "gradleak"
+    res = subprocess.run([str(exe), "attack", "--model", "nope"], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("gradleak: error: unknown model 'nope'")
