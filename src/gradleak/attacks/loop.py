@@ -79,14 +79,18 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
              generator: torch.Generator | None = None,
              after_step: Callable[[int], None] | None = None,
              noise_targets: Sequence[torch.Tensor] | None = None,
+             noise: Callable[[torch.Tensor], torch.Tensor] | None = None,
              on_log: Callable[[int], None] | None = None, log_every: int = 0,
              should_stop: Callable[[list[dict[str, float]]], bool] | None = None) -> LoopResult:
     """Minimise ``objective()`` w.r.t. ``variables`` (leaf tensors with requires_grad).
 
     ``after_step(t)`` runs after step t under no_grad. ``noise_targets`` get Langevin noise
-    (default: all variables). ``on_log(t)`` is called every ``log_every`` steps and after the
-    last one (used to observe candidates, never to feed anything back). ``should_stop(history)``
-    ends the run early (e.g. a stalled trial that a restart should replace).
+    (default: all variables); ``noise(v)`` draws eta ~ N(0, I) shaped like v (default: one
+    ``torch.randn`` from ``generator``; GradInversion passes one generator per seed so that G
+    seeds optimised together see the same noise as G separate runs). ``on_log(t)`` is called
+    every ``log_every`` steps and after the last one (used to observe candidates, never to feed
+    anything back). ``should_stop(history)`` ends the run early (e.g. a stalled trial that a
+    restart should replace).
     """
     if settings.iterations < 0:
         raise ConfigError("iterations must be >= 0")
@@ -127,7 +131,10 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
             if settings.langevin > 0:
                 with torch.no_grad():
                     for v in noisy:
-                        eta = torch.randn(v.shape, generator=generator, dtype=v.dtype, device="cpu").to(v.device)
+                        if noise is not None:
+                            eta = noise(v)
+                        else:
+                            eta = torch.randn(v.shape, generator=generator, dtype=v.dtype, device="cpu").to(v.device)
                         v.add_(eta, alpha=lr_t * settings.langevin)
             if after_step is not None:
                 with torch.no_grad():

@@ -1,0 +1,161 @@
+"""GradInversion's group consistency regularisation (Eq. 11-12).
+
+G candidate batches, one per seed, x [G, K, C, H, W], are optimised JOINTLY as one batched
+computation (``DummyGradient.batched`` maps the G axis with torch.func.vmap, so each candidate
+keeps its own batch gradient and its own BN statistics). They interact only through
+
+    R_group(x_g) = alpha_group * ||x_g - E(x_{g in G})||_2                          (Eq. 11)
+
+with the norm over candidate g's whole batch, and the consensus E either
+
+* "lazy":        the pixel-wise mean (1/G) sum_g x_g, or
+* "registered":  (1/G) sum_g F_{x_g -> mean}(x_g)                                  (Eq. 12)
+                 every candidate image warped by its registration onto the pixel-wise mean,
+                 then averaged.
+
+Choices (the paper leaves these open):
+
+* E is a *target*: it is computed from the detached candidates (no gradient flows through the
+  consensus), as DeepInversion-style regularisation targets are. With group "none" the G
+  candidates are therefore exactly independent, which is what lets G batched seeds reproduce G
+  separate runs.
+* F is not RANSAC-flow (the paper's choice, a large pretrained network we cannot ship) but a
+  similarity transform per image (translation, rotation, isotropic scale; 4 parameters) fitted
+  by a few Adam steps on the MSE between kornia's differentiable ``warp_affine`` of the
+  candidate and the pixel-wise mean, batched over all G*K images at once. Why: the drift the
+  paper describes between seeds is mostly "images shift around the ground truth" (Sec. 3.4);
+  a similarity captures shifts and small rotations/zooms, runs as one batched tensor program
+  (kornia's ``ImageRegistrator`` loops over image pairs with its own pyramid and is far slower),
+  and cannot hallucinate content the way a dense flow can. An image whose fit does not lower its
+  MSE to the mean keeps the identity.
+* Schedule: the consensus is recomputed at EVERY step from the current candidates; the
+  registration transforms are re-estimated (from the identity) only every
+  ``registration_every`` steps from ``registration_start`` on (paper: after 5k, every 100) and
+  reused in between. Before ``registration_start`` the registered mode uses the lazy mean
+  (identity transforms).
+* With repeated labels two slots of a seed may hold the same class and swap between seeds;
+  slots are not re-paired across seeds (the consensus assumes slot k is the same image in every
+  candidate, which holds for distinct restored labels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+
+GROUP_MODES = ("none", "lazy", "registered")
+
+# Parameter units of the similarity transform: a raw value of 1 means H/16 pixels of
+# translation, 0.25 rad of rotation and exp(0.25) of scale, so one Adam lr suits all four.
+_UNITS = (1.0 / 16, 1.0 / 16, 0.25, 0.25)
+
+
+def lazy_mean(x: torch.Tensor) -> torch.Tensor:
+    """Pixel-wise consensus: x [G, K, C, H, W] -> [K, C, H, W]."""
+    return x.mean(dim=0)
+
+
+def group_penalty(x: torch.Tensor, consensus: torch.Tensor) -> torch.Tensor:
+    """Eq. 11 without alpha_group: ||x_g - E||_2 over candidate g's batch. -> [G]."""
+    return (x - consensus.unsqueeze(0)).flatten(1).norm(dim=1)
+
+
+def similarity_matrices(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """theta [B, 4] raw (tx, ty, angle, log-scale) -> affine matrices [B, 2, 3] in pixel
+    coordinates, rotating and scaling about the image centre (kornia's warp_affine convention)."""
+    units = torch.tensor(_UNITS, dtype=theta.dtype, device=theta.device)
+    t = theta * units * torch.tensor([height, width, 1.0, 1.0], dtype=theta.dtype, device=theta.device)
+    tx, ty, angle, log_s = t.unbind(dim=-1)
+    s = log_s.exp()
+    cos, sin = s * angle.cos(), s * angle.sin()
+    cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
+    row0 = torch.stack([cos, -sin, tx + cx - cos * cx + sin * cy], dim=-1)
+    row1 = torch.stack([sin, cos, ty + cy - sin * cx - cos * cy], dim=-1)
+    return torch.stack([row0, row1], dim=-2)
+
+
+def warp(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """images [B, C, H, W] warped by theta [B, 4] (kornia.geometry.transform.warp_affine,
+    bilinear, border padding; differentiable in both)."""
+    from kornia.geometry.transform import warp_affine
+
+    h, w = images.shape[-2:]
+    return warp_affine(images, similarity_matrices(theta, h, w), (h, w), mode="bilinear",
+                       padding_mode="border", align_corners=True)
+
+
+class Registration:
+    """Similarity registration of every candidate image onto the pixel-wise mean (Eq. 12's F)."""
+
+    def __init__(self, shape: tuple[int, ...], *, steps: int = 40, lr: float = 0.05):
+        if len(shape) != 5:
+            raise ConfigError(f"registration expects candidates [G, K, C, H, W], got {list(shape)}")
+        self.shape = tuple(shape)
+        self.steps, self.lr = int(steps), float(lr)
+        self.theta: torch.Tensor | None = None  # [G*K, 4]; None = identity
+        self.fits = 0
+
+    def fit(self, x: torch.Tensor) -> None:
+        """Re-estimate the transforms from the identity for candidates x [G, K, C, H, W]."""
+        g, k, c, h, w = x.shape
+        src = x.detach().reshape(g * k, c, h, w)
+        target = lazy_mean(x.detach()).unsqueeze(0).expand(g, k, c, h, w).reshape(g * k, c, h, w)
+        theta = torch.zeros(g * k, 4, dtype=x.dtype, device=x.device, requires_grad=True)
+        opt = torch.optim.Adam([theta], lr=self.lr)
+        with torch.enable_grad():
+            for _ in range(self.steps):
+                err = (warp(src, theta) - target).pow(2).flatten(1).mean(dim=1)
+                opt.zero_grad(set_to_none=True)
+                theta.grad, = torch.autograd.grad(err.sum(), [theta])
+                opt.step()
+        with torch.no_grad():
+            before = (src - target).pow(2).flatten(1).mean(dim=1)
+            after = (warp(src, theta) - target).pow(2).flatten(1).mean(dim=1)
+            keep = (after < before).unsqueeze(1)
+            self.theta = torch.where(keep, theta.detach(), torch.zeros_like(theta))
+        self.fits += 1
+
+    def registered(self, x: torch.Tensor) -> torch.Tensor:
+        """Every candidate warped by its current transform, [G, K, C, H, W]."""
+        if self.theta is None:
+            return x
+        g, k, c, h, w = x.shape
+        return warp(x.reshape(g * k, c, h, w), self.theta).reshape(g, k, c, h, w)
+
+    def consensus(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 12: (1/G) sum_g F_g(x_g) -> [K, C, H, W]."""
+        return self.registered(x).mean(dim=0)
+
+
+class GroupConsistency:
+    """The consensus target and penalty of Eq. 11-12 for one attack run.
+
+    ``consensus(x)`` is recomputed from the detached candidates whenever asked;
+    ``maybe_register(step, x)`` re-estimates the registration on schedule.
+    """
+
+    def __init__(self, mode: str, shape: tuple[int, ...], *, start: int, every: int, steps: int = 40):
+        if mode not in GROUP_MODES:
+            raise ConfigError(f"group: unknown mode {mode!r}; known: {', '.join(GROUP_MODES)}")
+        if every < 1 or start < 0:
+            raise ConfigError("group: registration start must be >= 0 and every >= 1")
+        self.mode, self.start, self.every = mode, int(start), int(every)
+        self.registration = Registration(shape, steps=steps) if mode == "registered" else None
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    def maybe_register(self, step: int, x: torch.Tensor) -> bool:
+        """After step ``step`` (0-based): re-fit the transforms if due. True if it did."""
+        if self.registration is None or step + 1 < self.start or (step + 1 - self.start) % self.every:
+            return False
+        self.registration.fit(x)
+        return True
+
+    def consensus(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach()
+        if self.registration is not None:
+            return self.registration.consensus(x)
+        return lazy_mean(x)
