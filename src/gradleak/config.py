@@ -34,6 +34,12 @@ class AttackConfig(BaseModel):
     image_size: int | None = Field(None, ge=4, le=1024, description="input size (default: the model's)")
     num_classes: int | None = Field(None, ge=2, le=100000, description="classes (default: the data's)")
     share_bn_statistics: bool = Field(False, description="the client also shares its batch's BN statistics")
+    threat: Literal["fedsgd", "fedavg", "aggregate"] = Field("fedsgd", description="what the client shares")
+    local_steps: int = Field(1, ge=1, le=10000, description="fedavg: local SGD steps")
+    local_batch_size: int | None = Field(None, ge=1, description="fedavg: local mini-batch size (default: all)")
+    local_lr: float = Field(0.01, gt=0, description="fedavg: local learning rate")
+    clients: int = Field(1, ge=1, le=1024, description="aggregate: clients averaged (each --batch-size)")
+    inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     # the attack
     iterations: int | None = Field(None, ge=0, le=10_000_000, description="optimisation steps")

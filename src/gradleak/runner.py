@@ -24,7 +24,8 @@ from .attacks import AttackSettings, Reconstruction, attack_names, run_attack
 from .config import AttackConfig
 from .data import Batch, open_source, sample_batch
 from .errors import ConfigError, GradleakError, UnknownNameError
-from .fl import SharedUpdate, fedsgd, load_truth, load_update
+from .fl import SharedUpdate, load_truth, load_update
+from .fl.threats import ThreatModel, client_share, share
 from .metrics import evaluate, match, psnr
 from .models import ModelSpec, build_model, default_image_size
 
@@ -62,12 +63,21 @@ def check_attack_name(name: str) -> None:
         raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}")
 
 
+def threat_model(cfg: AttackConfig) -> ThreatModel:
+    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
+                       local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1,
+                       inner=cfg.inner)
+
+
 def simulate_client(cfg: AttackConfig) -> Case:
-    """Draw the client's batch, build the global model and compute what the client shares."""
+    """Draw the client's batch, build the global model and compute what the server receives.
+    Under ``aggregate`` the batch drawn holds all N clients' samples (N x --batch-size)."""
+    threat = threat_model(cfg)
     source = open_source(cfg.data, root=cfg.data_root, split=cfg.split)
     size = cfg.image_size or default_image_size(cfg.model)
     channels = source.native_channels
-    batch = sample_batch(source, cfg.batch_size, cfg.seed, image_size=size, channels=channels,
+    total = cfg.batch_size * threat.clients
+    batch = sample_batch(source, total, cfg.seed, image_size=size, channels=channels,
                          allow_repeats=cfg.allow_repeats)
     model = build_model(cfg.model, num_classes=cfg.num_classes or source.num_classes, channels=channels,
                         image_size=size, seed=cfg.model_seed, width=cfg.width)
@@ -77,13 +87,37 @@ def simulate_client(cfg: AttackConfig) -> Case:
 
 
 def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn_statistics: bool) -> SharedUpdate:
-    """The client's shared update for ``batch``, with the configured defenses applied."""
-    if not cfg.defense:
-        return fedsgd(model, batch, share_bn_statistics=share_bn_statistics)
-    from .defenses import client_update as defended_update, parse_defenses  # between client and attacker
+    """What the server receives for ``batch`` under the configured threat model, each client's
+    update defended as configured before any aggregation. The clients' private shuffling seed is
+    derived from --seed and never recorded."""
+    threat = threat_model(cfg)
+    private_seed = cfg.seed * 100_003 + 17
+    defenses = []
+    if cfg.defense:
+        from .defenses import parse_defenses, split_defenses  # defenses sit between client and attacker
 
-    return defended_update(model, batch, parse_defenses(cfg.defense), torch.Generator().manual_seed(cfg.seed),
-                           share_bn_statistics=share_bn_statistics)
+        defenses = parse_defenses(cfg.defense)
+        client_side, _ = split_defenses(defenses)
+        if client_side is not None and threat.client_threat != "fedsgd":
+            raise ConfigError("dpsgd is applied to FedSGD gradients; use it with --threat fedsgd (or --inner fedsgd)")
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def one_client(b: Batch, seed: int) -> SharedUpdate:
+        if defenses and threat.client_threat == "fedsgd":
+            from .defenses import client_update as defended_fedsgd
+
+            up = defended_fedsgd(model, b, defenses, gen, share_bn_statistics=share_bn_statistics)
+        else:
+            up = client_share(model, b, threat, private_seed=seed, share_bn_statistics=share_bn_statistics)
+            if defenses:
+                from .defenses import apply_defenses
+
+                up = apply_defenses(up, defenses, gen)
+        if threat.name != "aggregate":
+            up.meta.threat = threat.record(b.size)
+        return up
+
+    return share(model, batch, threat, private_seed=private_seed, client_fn=one_client)
 
 
 def load_case(cfg: AttackConfig) -> Case:

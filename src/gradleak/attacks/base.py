@@ -19,7 +19,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass(frozen=True)
 class AttackSettings:
-    """Options common to the image attacks. ``None`` means "the attack's own default"."""
+    """Options common to the image attacks. ``None`` means "the attack's own default".
+
+    The last five are read by the attacks that have them (DLG/iDLG ignore them):
+    preset: GradInversion's preset ("paper", "cpu"); seeds: GradInversion's G seeds, or
+    Inverting Gradients' restarts; group: "none" | "lazy" | "registered" (GradInversion Eq. 11-12);
+    bn: "exact" | "approx" | "none" (GradInversion Eq. 10 targets); labels: the label
+    restoration method ("gradinversion" Eq. 8, "sum" Eq. 7, "counts", "llg", "idlg").
+    """
 
     iterations: int | None = None
     lr: float | None = None
@@ -30,6 +37,11 @@ class AttackSettings:
     device: str = "cpu"
     log_every: int = 10
     progress: bool = False
+    preset: str | None = None
+    seeds: int | None = None
+    group: str | None = None
+    bn: str | None = None
+    labels: str | None = None
 
     def with_defaults(self, **defaults: object) -> "AttackSettings":
         """Fill every field that is None from ``defaults``."""

@@ -12,15 +12,15 @@ import math
 
 import torch
 
-from ..errors import ConfigError, GradleakError
+from ..errors import GradleakError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import AttackSettings, Observer, initial_images, to_pixels
-from .labels import fc_weight_gradient, gradinversion_labels, idlg_label
+from .labels import gradinversion_labels, idlg_label
 from .loop import LoopSettings, optimise
 from .objectives import squared_l2
 from .reconstruction import Reconstruction
-from .victim import DummyGradient
+from .simulate import UpdateSimulator, label_evidence
 
 # L-BFGS, lr 1 and torch's 20 evaluations per step are DLG's settings. float64: in float32 the
 # attack stalls around MSE 5e-5 (gradient differences drown in rounding); in float64 it reaches
@@ -29,12 +29,6 @@ LBFGS_LINE_SEARCH = None
 # A trial that stalls on a plateau is replaced by a fresh random start (at most DLG_RESTARTS times).
 DLG_RESTARTS = 3
 DLG_DEFAULTS = dict(iterations=200, lr=1.0, optimizer="lbfgs", dtype="float64")
-
-
-def _check_fedsgd(update: SharedUpdate, attack: str) -> None:
-    threat = update.meta.threat.get("name", "fedsgd")
-    if threat != "fedsgd":
-        raise ConfigError(f"attack {attack} matches FedSGD gradients; this update is {threat!r}")
 
 
 STALL_PATIENCE = 10        # L-BFGS steps without any change of the loss ...
@@ -53,16 +47,15 @@ def _stalled(history: list[dict[str, float]]) -> bool:
 
 def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None,
          *, restore_labels: bool, name: str, restarts: int) -> Reconstruction:
-    _check_fedsgd(update, name)
     s = settings.with_defaults(**DLG_DEFAULTS)
     dtype = s.torch_dtype()
     device = torch.device(s.device)
     k = update.meta.batch_size
-    victim = DummyGradient(model, update, dtype=dtype, device=device)
+    victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     labels: torch.Tensor | None = None
     label_method = "soft"
     if restore_labels:
-        fc = fc_weight_gradient(update.gradients, model.classifier_name)
+        fc = label_evidence(update, model.classifier_name)
         if k == 1:
             labels, label_method = torch.tensor([idlg_label(fc)]), "idlg"
         else:  # iDLG is defined for one sample; for batches use the batch rule (GradInversion Eq. 8)

@@ -1,0 +1,198 @@
+"""Threat models: what a client (or the server's view of several clients) really shares.
+
+- ``fedsgd``:    one gradient of the mean loss over the client's batch (FedSGD).
+- ``fedavg``:    S local SGD steps over the client's data in mini-batches of B with learning rate
+                 eta; the client shares the weight difference W_S - W_0 (FedAvg, McMahan et al.).
+                 Which samples went into which step stays private (the client shuffles with its
+                 own generator, reshuffling every epoch).
+- ``aggregate``: the server sees only the average update of N clients (secure aggregation);
+                 each client runs ``fedsgd`` or ``fedavg`` on its own batch.
+
+Each records its public hyper-parameters in ``UpdateMeta.threat``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from ..data.batch import Batch
+from ..errors import ConfigError
+from ..models import ModelSpec
+from .client import BNStatisticsRecorder, check_batch_fits, fedsgd, trainable_parameters
+from .update import SharedUpdate, UpdateMeta
+
+THREATS = ("fedsgd", "fedavg", "aggregate")
+
+
+@dataclass(frozen=True)
+class ThreatModel:
+    """Public hyper-parameters of what is shared (known to the server, hence to the attacker)."""
+
+    name: str = "fedsgd"
+    local_steps: int = 1
+    local_batch_size: int | None = None   # None: the whole client batch per step
+    local_lr: float = 0.01
+    clients: int = 1                      # aggregate: how many clients are averaged
+    inner: str = "fedsgd"                 # aggregate: what each client runs
+
+    def __post_init__(self) -> None:
+        if self.name not in THREATS:
+            raise ConfigError(f"threat: unknown {self.name!r}; known: {', '.join(THREATS)}")
+        if self.inner not in ("fedsgd", "fedavg"):
+            raise ConfigError("threat inner: each aggregated client runs fedsgd or fedavg")
+        if self.local_steps < 1 or (self.local_batch_size is not None and self.local_batch_size < 1):
+            raise ConfigError("local_steps and local_batch_size must be >= 1")
+        if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
+            raise ConfigError("local_lr must be a positive number")
+        if self.clients < 1:
+            raise ConfigError("clients must be >= 1")
+
+    @property
+    def client_threat(self) -> str:
+        return self.inner if self.name == "aggregate" else self.name
+
+    def record(self, batch_size: int) -> dict[str, Any]:
+        """The public record stored in UpdateMeta.threat."""
+        rec: dict[str, Any] = {"name": self.name}
+        if self.client_threat == "fedavg":
+            rec.update(local_steps=self.local_steps, local_batch_size=self.local_batch_size or batch_size,
+                       local_lr=self.local_lr)
+        if self.name == "aggregate":
+            rec.update(clients=self.clients, inner=self.inner, client_batch_size=batch_size)
+        return rec
+
+    @staticmethod
+    def from_record(rec: dict[str, Any]) -> "ThreatModel":
+        try:
+            return ThreatModel(name=str(rec.get("name", "fedsgd")), local_steps=int(rec.get("local_steps", 1)),
+                               local_batch_size=rec.get("local_batch_size"), local_lr=float(rec.get("local_lr", 0.01)),
+                               clients=int(rec.get("clients", 1)), inner=str(rec.get("inner", "fedsgd")))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"threat record {rec!r} is invalid: {exc}") from None
+
+
+def step_assignment(k: int, local_batch_size: int, steps: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Indices of the samples used in each local step: epochs over the K samples in mini-batches
+    of B (the last one of an epoch may be smaller), reshuffled each epoch with ``generator``
+    (None: the fixed order 0..K-1 every epoch, which is what an attacker who does not know the
+    client's shuffling assumes)."""
+    out: list[torch.Tensor] = []
+    while len(out) < steps:
+        order = torch.randperm(k, generator=generator) if generator is not None else torch.arange(k)
+        for start in range(0, k, local_batch_size):
+            out.append(order[start:start + local_batch_size])
+            if len(out) == steps:
+                break
+    return out
+
+
+def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int,
+           share_bn_statistics: bool = False) -> SharedUpdate:
+    """FedAvg client: ``threat.local_steps`` SGD steps (lr ``threat.local_lr``) over ``batch`` in
+    mini-batches of ``threat.local_batch_size``; shares W_S - W_0 for every trainable parameter.
+
+    The step order comes from ``private_seed`` and is not recorded. With ``share_bn_statistics``
+    the client also shares each BN layer's statistics over its whole local data (mean of the
+    per-step batch means and variances), the quantity global BN updates average.
+    """
+    check_batch_fits(model, batch)
+    module = model.module
+    global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    params = {n: p.detach().clone() for n, p in trainable_parameters(module).items()}
+    start = {n: p.clone() for n, p in params.items()}
+    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    b = threat.local_batch_size or batch.size
+    steps = step_assignment(batch.size, b, threat.local_steps, torch.Generator().manual_seed(private_seed))
+    x_all = model.normalize(batch.images.to(next(iter(params.values())).dtype))
+    was_training = module.training
+    module.train()
+    losses: list[float] = []
+    stats: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    try:
+        with BNStatisticsRecorder(module) as rec:
+            for idx in steps:
+                live = {n: p.requires_grad_(True) for n, p in params.items()}
+                logits = functional_call(module, (live, buffers), (x_all[idx],))
+                loss = F.cross_entropy(logits, batch.labels[idx])
+                grads = torch.autograd.grad(loss, list(live.values()))
+                params = {n: (p - threat.local_lr * g).detach() for (n, p), g in zip(live.items(), grads)}
+                losses.append(float(loss.detach()))
+                for name, (m, v) in rec.stats.items():
+                    stats.setdefault(name, []).append((m.detach(), v.detach()))
+    finally:
+        module.train(was_training)
+    delta = {n: params[n] - start[n] for n in params}
+    meta = UpdateMeta(model=model.name, num_classes=model.num_classes, input_shape=model.input_shape,
+                      mean=model.mean, std=model.std, batch_size=batch.size, loss=sum(losses) / len(losses),
+                      model_kwargs=dict(model.kwargs), threat=threat.record(batch.size),
+                      bn_statistics_shared=share_bn_statistics and bool(stats))
+    bn: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if share_bn_statistics:
+        bn = {k: (torch.stack([m for m, _ in v]).mean(0), torch.stack([s for _, s in v]).mean(0))
+              for k, v in stats.items()}
+    return SharedUpdate(gradients=delta, global_weights=global_weights, meta=meta, bn_statistics=bn)
+
+
+def client_share(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int = 0,
+                 share_bn_statistics: bool = False) -> SharedUpdate:
+    """One client's update under ``threat.client_threat``."""
+    if threat.client_threat == "fedavg":
+        return fedavg(model, batch, threat, private_seed=private_seed, share_bn_statistics=share_bn_statistics)
+    up = fedsgd(model, batch, share_bn_statistics=share_bn_statistics)
+    up.meta.threat = threat.record(batch.size) if threat.name != "aggregate" else up.meta.threat
+    return up
+
+
+def split_batch(batch: Batch, clients: int) -> list[Batch]:
+    """Split one drawn batch of N*K samples into N client batches of K (in order)."""
+    if batch.size % clients:
+        raise ConfigError(f"a batch of {batch.size} cannot be split evenly over {clients} clients")
+    k = batch.size // clients
+    return [Batch(images=batch.images[i * k:(i + 1) * k], labels=batch.labels[i * k:(i + 1) * k],
+                  names=batch.names[i * k:(i + 1) * k], source=batch.source, class_names=batch.class_names)
+            for i in range(clients)]
+
+
+def aggregate(updates: list[SharedUpdate], threat: ThreatModel) -> SharedUpdate:
+    """The average of N clients' updates, as the server sees it under secure aggregation.
+    Equal client batch sizes, so the plain mean is FedAvg's weighted mean. BN statistics, when
+    shared, are averaged too (a global BN update sees only their mean)."""
+    first = updates[0]
+    n = len(updates)
+    grads = {k: sum(u.gradients[k] for u in updates) / n for k in first.gradients}
+    bn = {}
+    if all(u.bn_statistics for u in updates):
+        bn = {k: (sum(u.bn_statistics[k][0] for u in updates) / n, sum(u.bn_statistics[k][1] for u in updates) / n)
+              for k in first.bn_statistics}
+    meta = UpdateMeta(**{**first.meta.__dict__})
+    meta.threat = threat.record(first.meta.batch_size)
+    meta.batch_size = first.meta.batch_size * n
+    meta.loss = sum(u.meta.loss for u in updates) / n
+    meta.bn_statistics_shared = bool(bn)
+    return SharedUpdate(gradients=grads, global_weights=first.global_weights, meta=meta, bn_statistics=bn)
+
+
+ClientFn = Callable[[Batch, int], SharedUpdate]
+
+
+def share(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int = 0,
+          share_bn_statistics: bool = False, client_fn: ClientFn | None = None) -> SharedUpdate:
+    """What the server receives for ``batch`` under ``threat`` (for ``aggregate``, ``batch`` holds
+    all N clients' samples, split evenly in order).
+
+    ``client_fn(batch, private_seed)`` computes one client's (possibly defended) update; by
+    default :func:`client_share`. Defenses therefore act on each client before aggregation.
+    """
+    if client_fn is None:
+        def client_fn(b: Batch, seed: int) -> SharedUpdate:
+            return client_share(model, b, threat, private_seed=seed, share_bn_statistics=share_bn_statistics)
+    if threat.name != "aggregate":
+        return client_fn(batch, private_seed)
+    parts = split_batch(batch, threat.clients)
+    return aggregate([client_fn(part, private_seed + 7919 * i) for i, part in enumerate(parts)], threat)
