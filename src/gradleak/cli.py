@@ -96,6 +96,51 @@ def cmd_share(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
+    from .experiments import ExperimentOptions
+
+    for name, info in ExperimentOptions.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        ann = info.annotation
+        args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
+        inner = args[0]
+        if inner is bool:
+            if info.default is True:
+                parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_false",
+                                    default=argparse.SUPPRESS, help=f"do not: {info.description}")
+            else:
+                parser.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS,
+                                    help=info.description)
+        elif typing.get_origin(inner) is list:
+            item = typing.get_args(inner)[0]
+
+            def parse_list(text: str, item: type = item) -> list[Any]:
+                try:
+                    return [item(v) for v in text.split(",") if v.strip()]
+                except ValueError:
+                    raise argparse.ArgumentTypeError(f"expected a comma-separated list of {item.__name__}") from None
+            parser.add_argument(flag, dest=name, type=parse_list, default=argparse.SUPPRESS, help=info.description)
+        else:
+            conv = {int: int, float: float}.get(inner, str)
+            parser.add_argument(flag, dest=name, type=conv, default=argparse.SUPPRESS,
+                                required=info.is_required(), help=info.description)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from .experiments import ExperimentOptions, make_options, run_experiment
+
+    values = {k: getattr(args, k) for k in ExperimentOptions.model_fields if hasattr(args, k)}
+    result, out = run_experiment(args.name, make_options(**values))
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from .experiments import markdown_table
+
+    Console().print(Markdown(f"**{result.title}**\n\n" + markdown_table(result.columns, result.rows)))
+    print(f"wrote {out}/results.csv, results.md" + "".join(f", {f}" for f in result.figures))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import render_report
 
@@ -114,6 +159,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"  {k:20s} {v}")
     print("data sources: " + ", ".join(SOURCE_NAMES) + ", or a folder (ImageFolder layout)")
     print("attacks: " + ", ".join(attack_names()))
+    from .experiments.base import EXPERIMENTS, experiment_names
+
+    print("experiments:")
+    for name in experiment_names():
+        print(f"  {name:20s} {EXPERIMENTS[name][1]}")
     return 0
 
 
@@ -166,7 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run folder")
     r.set_defaults(func=cmd_report)
 
-    m = sub.add_parser("list", help="list models, data sources and attacks")
+    e = sub.add_parser("experiment", help="run one of the papers' experiments (see `gradleak list`)")
+    e.add_argument("name", help="experiment name")
+    _add_experiment_flags(e)
+    e.set_defaults(func=cmd_experiment)
+
+    m = sub.add_parser("list", help="list models, data sources, attacks and experiments")
     m.set_defaults(func=cmd_models)
     return p
 
