@@ -74,7 +74,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
                 "allow_repeats", "image_size", "num_classes", "share_bn_statistics", "defense", "device",
-                "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner")
+                "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "checkpoint")
 
 
 def cmd_share(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ class AttackConfig(BaseModel):
     local_lr: float = Field(0.01, gt=0, description="fedavg: local learning rate")
     clients: int = Field(1, ge=1, le=1024, description="aggregate: clients averaged (each --batch-size)")
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
+    checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     # the attack
     iterations: int | None = Field(None, ge=0, le=10_000_000, description="optimisation steps")

@@ -81,6 +81,10 @@ def simulate_client(cfg: AttackConfig) -> Case:
                          allow_repeats=cfg.allow_repeats)
     model = build_model(cfg.model, num_classes=cfg.num_classes or source.num_classes, channels=channels,
                         image_size=size, seed=cfg.model_seed, width=cfg.width)
+    if cfg.checkpoint:
+        from .training import apply_checkpoint  # the global model is a trained checkpoint
+
+        apply_checkpoint(model, cfg.checkpoint)
     share_bn = cfg.share_bn_statistics or cfg.bn == "exact"
     update = client_update(cfg, model, batch, share_bn_statistics=share_bn)
     return Case(update=update, model=model, truth=batch, data=source.name)
