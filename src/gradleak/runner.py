@@ -143,16 +143,26 @@ def prepare(cfg: AttackConfig) -> Case:
     return load_case(cfg) if cfg.update else simulate_client(cfg)
 
 
+# Attack-specific options: passing one to an attack that ignores it is an error, not a no-op.
+ATTACK_OPTIONS_ALL = ("preset", "seeds", "group", "bn", "labels", "restarts")
+ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
+    "dlg": (), "idlg": (),
+    "gradinversion": ("preset", "seeds", "group", "bn", "labels"),
+    "ig": ("restarts", "labels"),
+}
+
+
 def attack_settings(cfg: AttackConfig, device: torch.device) -> AttackSettings:
     fields = dict(iterations=cfg.iterations, lr=cfg.lr, optimizer=cfg.optimizer, init=cfg.init, dtype=cfg.dtype,
                   seed=cfg.seed, device=str(device), log_every=cfg.log_every, progress=cfg.progress)
-    extra = {k: getattr(cfg, k) for k in ("preset", "seeds", "group", "bn", "labels", "restarts")}
+    extra = {k: getattr(cfg, k) for k in ATTACK_OPTIONS_ALL}
     known = set(AttackSettings.__dataclass_fields__)
+    allowed = ATTACK_OPTIONS.get(cfg.attack, ATTACK_OPTIONS_ALL)
     for k, v in extra.items():
         if v is None:
             continue
-        if k not in known:
-            raise ConfigError(f"config field {k!r} does not apply to attack {cfg.attack!r}")
+        if k not in known or k not in allowed:
+            raise ConfigError(f"option --{k} does not apply to attack {cfg.attack!r}")
         fields[k] = v
     return AttackSettings(**fields)
 

@@ -1,0 +1,660 @@
+"""Train a victim model under a defense, with checkpoints, so that "accuracy under a defense" and
+"attacks at a stage of training" are measured, not guessed.
+
+    cfg = TrainConfig(model="lenet-dlg", defense=("gaussian:0.01",), train_subset=2000)
+    result = train(cfg, "runs/train-lenet")
+    result.final_accuracy                      # test accuracy after training
+    spec, meta = load_checkpoint(result.checkpoints[1].path)   # the model at 30 % of training
+
+Every step is exactly a defended FedSGD client's step: the mini-batch's gradient is the one
+:func:`gradleak.defenses.client_update` shares (plain :func:`gradleak.fl.fedsgd` without
+defenses; DP-SGD's per-sample clipping and noise included), and ``torch.optim.SGD`` (with
+momentum) applies it to the model's parameters through ``p.grad``.
+
+BatchNorm running statistics. ``fedsgd`` runs the network through ``functional_call`` with
+*cloned* buffers, so the module's own running mean/variance would never move and an eval-mode
+model would normalise with its initial statistics (mean 0, var 1). After computing the gradient,
+the trainer therefore runs one extra forward pass of the same mini-batch through the module itself,
+in train mode under ``torch.no_grad``, with the parameters of that step (before the SGD update):
+BN normalises with the same batch statistics as the gradient's forward pass and updates its
+running statistics exactly as an ordinary ``loss.backward(); opt.step()`` loop would. The pass is
+skipped for models without BN running statistics (e.g. lenet-dlg, and every DP-SGD model, since
+DP-SGD refuses BN).
+
+Outputs in ``out``:
+  checkpoint-<f>.safetensors  the full state_dict at fraction f of the steps (f formatted "0.30"),
+                              JSON metadata under the key "meta" (format "gradleak.checkpoint").
+  training.json               config, checkpoints, accuracies, loss per step, timing, DP epsilon.
+  training.png                test accuracy vs fraction of training, and the training loss curve.
+
+Checkpoints are read back by :func:`load_checkpoint` like any untrusted file (no pickle, header
+and shapes checked before a tensor is read) and applied to an existing model with
+:func:`apply_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from .data import open_source
+from .data.batch import Batch
+from .data.sources import ImageSource
+from .defenses import DPSGD, Defense, client_update, dp_epsilon, parse_defenses
+from .errors import ConfigError, DataError, GradleakError, ModelMismatchError, NonFiniteError, UpdateFileError
+from .fl.client import fedsgd, trainable_parameters
+from .fl.update import atomic_write_bytes
+from .models import ModelSpec, build_model, default_image_size
+
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointInfo", "TrainConfig", "TrainResult", "apply_checkpoint",
+           "checkpoint_name", "evaluate_accuracy", "load_checkpoint", "read_checkpoint_meta", "train"]
+
+CHECKPOINT_FORMAT = "gradleak.checkpoint"
+CHECKPOINT_FORMAT_VERSION = "1"
+TRAINING_FORMAT = "gradleak.training"
+#: The test subset is drawn with this fixed seed, independent of ``TrainConfig.seed``, so runs with
+#: different seeds (or defenses) are scored on the same images.
+TEST_SUBSET_SEED = 0
+_MAX_HEADER = 64 * 1024 * 1024
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+_EVAL_BATCH = 1000
+
+
+# =========================================================================== configuration
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"training: {name} must be a number, got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"training: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise ConfigError(f"training: {name} must be finite, got {value!r}")
+    return x
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, on what, under which defense, and where to checkpoint.
+
+    model, width:   registry name (``build_model``) and optional width (convnet).
+    data:           a data source with a test split (``fashion-mnist`` or a folder of its IDX files);
+                    data_root overrides its folder.
+    image_size:     side of the model input; None = the model's default (32 for lenet-dlg).
+    epochs:         passes over the training images, fractions allowed (0.2 = a fifth of one).
+    batch_size, lr, momentum: SGD. Every step uses a full batch (the last partial batch of an
+                    epoch is dropped), so DP-SGD's sample rate is batch_size / train images.
+    defense:        defense specs (``parse_defenses`` grammar) applied to every gradient step.
+    checkpoints:    fractions of the total number of steps at which the model is saved and scored
+                    (0 = before the first step, 1 = the end).
+    train_subset:   only the first N images of a permutation of the train split seeded with ``seed``.
+    test_subset:    score on N test images drawn with the fixed seed TEST_SUBSET_SEED (None: all).
+    seed:           data subset, shuffling, defense noise, global RNG; model_seed: initial weights.
+    """
+
+    model: str = "lenet-dlg"
+    width: int | None = None
+    data: str = "fashion-mnist"
+    data_root: str | None = None
+    image_size: int | None = None
+    epochs: float = 1.0
+    batch_size: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    defense: tuple[str, ...] = ()
+    checkpoints: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
+    train_subset: int | None = None
+    test_subset: int | None = 2000
+    seed: int = 0
+    model_seed: int = 0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(f"training: model must be a model name, got {self.model!r}")
+        if not isinstance(self.data, str) or not self.data.strip():
+            raise ConfigError(f"training: data must be a data source name or folder, got {self.data!r}")
+        if self.width is not None and (not _is_int(self.width) or self.width < 1):
+            raise ConfigError(f"training: width must be a positive integer or None, got {self.width!r}")
+        if self.image_size is not None and (not _is_int(self.image_size) or not 4 <= self.image_size <= 1024):
+            raise ConfigError(f"training: image_size must be an integer in 4..1024 or None, got {self.image_size!r}")
+        epochs = _finite("epochs", self.epochs)
+        if epochs <= 0:
+            raise ConfigError(f"training: epochs must be > 0, got {self.epochs!r}")
+        set_(self, "epochs", epochs)
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ConfigError(f"training: batch_size must be an integer >= 1, got {self.batch_size!r}")
+        lr = _finite("lr", self.lr)
+        if lr <= 0:
+            raise ConfigError(f"training: lr must be > 0, got {self.lr!r}")
+        set_(self, "lr", lr)
+        momentum = _finite("momentum", self.momentum)
+        if not 0 <= momentum < 1:
+            raise ConfigError(f"training: momentum must be in [0, 1), got {self.momentum!r}")
+        set_(self, "momentum", momentum)
+        defense = (self.defense,) if isinstance(self.defense, str) else self.defense
+        try:
+            defense = tuple(defense)
+        except TypeError:
+            raise ConfigError(f"training: defense must be a list of spec strings, got {self.defense!r}") from None
+        if not all(isinstance(d, str) for d in defense):
+            raise ConfigError(f"training: defense must be a list of spec strings, got {self.defense!r}")
+        set_(self, "defense", defense)
+        cps = (self.checkpoints,) if isinstance(self.checkpoints, (int, float)) else self.checkpoints
+        try:
+            cps = tuple(_finite("checkpoints", c) for c in cps)
+        except TypeError:
+            raise ConfigError(f"training: checkpoints must be a list of fractions, got {self.checkpoints!r}") from None
+        bad = [c for c in cps if not 0.0 <= c <= 1.0]
+        if bad:
+            raise ConfigError(f"training: checkpoints are fractions of training in [0, 1], got {bad[0]!r}")
+        cps = tuple(sorted(set(cps)))
+        names = [checkpoint_name(c) for c in cps]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise ConfigError(f"training: checkpoints {list(cps)} give the same file name {clash[0]} "
+                              "(fractions are written with 2 decimals)")
+        set_(self, "checkpoints", cps)
+        for name in ("train_subset", "test_subset"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(f"training: {name} must be an integer >= 1 or None, got {v!r}")
+        for name in ("seed", "model_seed"):
+            if not _is_int(getattr(self, name)):
+                raise ConfigError(f"training: {name} must be an integer, got {getattr(self, name)!r}")
+        parse_defenses(list(defense))  # ConfigError / UnknownNameError for a bad spec, now
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["defense"], d["checkpoints"] = list(self.defense), list(self.checkpoints)
+        return d
+
+
+def checkpoint_name(fraction: float) -> str:
+    """``checkpoint-0.30.safetensors`` for fraction 0.3."""
+    return f"checkpoint-{fraction:.2f}.safetensors"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    fraction: float
+    step: int
+    path: Path
+    test_accuracy: float
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did. ``model`` is the trained network (eval mode)."""
+
+    config: TrainConfig
+    out: Path
+    model: ModelSpec
+    checkpoints: list[CheckpointInfo]
+    final_accuracy: float
+    total_steps: int
+    steps_per_epoch: int
+    train_images: int
+    test_images: int
+    losses: list[float]
+    wall_seconds: float
+    epsilon: float | None = None  # DP-SGD only, at the spec's delta (default 1e-5); inf -> None in JSON
+    summary_path: Path | None = None
+    plot_path: Path | None = None
+    defenses: list[str] = field(default_factory=list)
+
+
+# =========================================================================== data
+def _derive_seed(seed: int, purpose: str) -> int:
+    """Independent 63-bit seeds per purpose (shuffle, noise, ...) from one user seed."""
+    digest = hashlib.sha256(f"gradleak.training:{seed}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class _Images:
+    pixels: torch.Tensor  # [N, C, S, S] uint8 (exact: every source decodes to k/255)
+    labels: torch.Tensor  # [N] int64
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(self, idx: torch.Tensor, name: str) -> Batch:
+        return Batch(images=self.pixels[idx].to(torch.float32).div_(255.0), labels=self.labels[idx], source=name)
+
+
+def _decode(source: ImageSource, indices: list[int], size: int, channels: int) -> _Images:
+    pixels = torch.empty(len(indices), channels, size, size, dtype=torch.uint8)
+    for row, i in enumerate(indices):
+        pixels[row] = source.load(i, size, channels).mul_(255.0).round_().to(torch.uint8)
+    labels = torch.tensor([source.label(i) for i in indices], dtype=torch.int64)
+    return _Images(pixels, labels)
+
+
+def _open_split(cfg: TrainConfig, split: str) -> ImageSource:
+    source = open_source(cfg.data, root=cfg.data_root, split=split)
+    if getattr(source, "split", None) != split:
+        raise ConfigError(f"training: data {cfg.data!r} has no separate train/test splits (needed to measure "
+                          "test accuracy); use fashion-mnist or a folder holding its IDX files")
+    return source
+
+
+# =========================================================================== evaluation
+def evaluate_accuracy(model: ModelSpec, images: torch.Tensor, labels: torch.Tensor, *,
+                      batch_size: int = _EVAL_BATCH) -> float:
+    """Top-1 accuracy of ``model`` (eval mode) on pixels [N, C, H, W] in [0, 1] (float or uint8 * 255)."""
+    module = model.module
+    was_training = module.training
+    module.eval()
+    correct = 0
+    try:
+        with torch.no_grad():
+            for start in range(0, int(labels.shape[0]), batch_size):
+                x = images[start:start + batch_size]
+                x = x.to(torch.float32).div_(255.0) if x.dtype == torch.uint8 else x.to(torch.float32)
+                pred = module(model.normalize(x)).argmax(1)
+                correct += int((pred == labels[start:start + batch_size]).sum())
+    finally:
+        module.train(was_training)
+    return correct / max(1, int(labels.shape[0]))
+
+
+# =========================================================================== checkpoints
+def _checkpoint_bytes(model: ModelSpec, meta: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    # clone: safetensors refuses tensors sharing storage (tied weights); contiguous CPU copies
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.module.state_dict().items()}
+    return save(tensors, metadata={"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION,
+                                   "meta": json.dumps(meta, allow_nan=False)})
+
+
+def _open_safetensors(path: Path):  # noqa: ANN202 - a safetensors handle
+    if not path.is_file():
+        raise UpdateFileError(f"checkpoint file {path} does not exist")
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8:
+        raise UpdateFileError(f"checkpoint {path} is not a safetensors file (only {size} bytes)")
+    (n,) = struct.unpack("<Q", head)
+    if n > _MAX_HEADER or n + 8 > size:
+        raise UpdateFileError(f"checkpoint {path} is not a valid safetensors file "
+                              f"(declared header of {n} bytes, file has {size})")
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+        raise UpdateFileError(f"checkpoint {path} is not a valid safetensors file: {exc}") from None
+
+
+def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
+    md = md or {}
+    if md.get("format") != CHECKPOINT_FORMAT:
+        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak checkpoint "
+                              f"(format={md.get('format')!r})")
+    if md.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        raise UpdateFileError(f"{path}: unsupported checkpoint format version {md.get('format_version')!r}")
+    try:
+        meta = json.loads(md.get("meta", ""))
+    except json.JSONDecodeError as exc:
+        raise UpdateFileError(f"{path}: checkpoint metadata is not valid JSON ({exc.msg})") from None
+
+    def bad(field_: str, want: str) -> UpdateFileError:
+        value = meta.get(field_) if isinstance(meta, dict) else None
+        return UpdateFileError(f"{path}: checkpoint metadata field {field_!r} must be {want}, got {value!r}")
+
+    if not isinstance(meta, dict):
+        raise UpdateFileError(f"{path}: checkpoint metadata must be a JSON object")
+    if not isinstance(meta.get("model"), str) or not meta["model"]:
+        raise bad("model", "a model name")
+    if not isinstance(meta.get("model_kwargs", {}), dict):
+        raise bad("model_kwargs", "an object")
+    meta.setdefault("model_kwargs", {})
+    width = meta["model_kwargs"].get("width")
+    if width is not None and (not _is_int(width) or width < 1):
+        raise bad("model_kwargs", "an object with an integer width >= 1")
+    if not _is_int(meta.get("num_classes")) or meta["num_classes"] < 2:
+        raise bad("num_classes", "an integer >= 2")
+    shape = meta.get("input_shape")
+    if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(s) and s >= 1 for s in shape)):
+        raise bad("input_shape", "[C, H, W] positive integers")
+    if shape[1] != shape[2]:
+        raise bad("input_shape", "a square image shape")
+    for key in ("mean", "std"):
+        v = meta.get(key)
+        if (not isinstance(v, list) or len(v) != shape[0]
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)):
+            raise bad(key, f"{shape[0]} finite numbers (one per channel)")
+    if min(meta["std"]) <= 0:
+        raise bad("std", "positive numbers")
+    frac = meta.get("fraction")
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 <= frac <= 1:
+        raise bad("fraction", "a number in [0, 1]")
+    if not _is_int(meta.get("step")) or meta["step"] < 0:
+        raise bad("step", "an integer >= 0")
+    meta["input_shape"] = tuple(shape)
+    meta["mean"], meta["std"] = tuple(float(x) for x in meta["mean"]), tuple(float(x) for x in meta["std"])
+    return meta
+
+
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """Only the validated metadata of a checkpoint (no tensor is read)."""
+    p = Path(path)
+    with _open_safetensors(p) as f:
+        return _validate_meta(f.metadata(), p)
+
+
+def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
+    """Rebuild the checkpoint's model and load its weights: (ModelSpec in eval mode, metadata).
+
+    The file is treated as untrusted: it must exist and be safetensors (sane header length), its
+    metadata must be a gradleak checkpoint, and every tensor name, shape and dtype is checked
+    against the rebuilt model's state_dict before any tensor is read. Raises UpdateFileError
+    (missing, truncated, not a checkpoint), ModelMismatchError (tensors that do not fit the
+    model, or normalisation that differs from the registry's), NonFiniteError (NaN/Inf),
+    UnknownNameError (model name).
+    """
+    p = Path(path)
+    with _open_safetensors(p) as f:
+        meta = _validate_meta(f.metadata(), p)
+        c, h, _ = meta["input_shape"]
+        try:
+            spec = build_model(meta["model"], num_classes=meta["num_classes"], channels=c, image_size=h,
+                               width=meta["model_kwargs"].get("width"))
+        except ModelMismatchError as exc:
+            raise ModelMismatchError(f"{p}: cannot rebuild model {meta['model']}: {exc}") from None
+        if dict(spec.kwargs) != dict(meta["model_kwargs"]):
+            raise ModelMismatchError(f"{p}: model_kwargs {meta['model_kwargs']} are not what {meta['model']} "
+                                     f"is built with ({spec.kwargs})")
+        for key in ("mean", "std"):
+            if any(abs(a - b) > 1e-6 for a, b in zip(getattr(spec, key), meta[key])):
+                raise ModelMismatchError(f"{p}: checkpoint normalisation {key}={list(meta[key])} differs from "
+                                         f"model {meta['model']}'s {list(getattr(spec, key))}")
+        state = spec.module.state_dict()
+        keys = set(f.keys())
+        missing, unknown = sorted(set(state) - keys), sorted(keys - set(state))
+        if missing:
+            raise ModelMismatchError(f"{p}: checkpoint lacks {len(missing)} tensors of model {meta['model']} "
+                                     f"(first: {missing[0]})")
+        if unknown:
+            raise ModelMismatchError(f"{p}: checkpoint has tensors that model {meta['model']} does not have "
+                                     f"(first: {unknown[0]})")
+        for k, ref in state.items():
+            sl = f.get_slice(k)
+            shape, dtype = tuple(int(s) for s in sl.get_shape()), str(sl.get_dtype())
+            if shape != tuple(ref.shape):
+                raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {meta['model']} "
+                                         f"expects {list(ref.shape)}")
+            if ref.is_floating_point() != (dtype in _FLOAT_DTYPES):
+                want = "a float" if ref.is_floating_point() else "an integer"
+                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected {want} type")
+        tensors: dict[str, torch.Tensor] = {}
+        for k in state:
+            try:
+                tensors[k] = f.get_tensor(k)
+            except Exception as exc:  # noqa: BLE001 - truncated data section
+                raise UpdateFileError(f"{p}: cannot read tensor {k!r}: {exc}") from None
+    for k, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(f"{p}: checkpoint tensor {k!r} holds NaN or Inf")
+    try:
+        spec.module.load_state_dict({k: v.to(state[k].dtype) for k, v in tensors.items()})
+    except RuntimeError as exc:
+        raise ModelMismatchError(f"{p}: weights do not fit model {meta['model']}: {exc}") from None
+    spec.module.eval()
+    return spec, meta
+
+
+def apply_checkpoint(model: ModelSpec, path: str | Path) -> dict[str, Any]:
+    """Load the weights (and buffers) of checkpoint ``path`` into ``model.module``; returns its metadata.
+
+    The checkpoint must be of the same architecture: model name, model kwargs, num_classes and
+    input_shape, else ModelMismatchError (checked from the metadata before any tensor is read).
+    """
+    p = Path(path)
+    meta = read_checkpoint_meta(p)
+    ours = {"model": model.name, "model_kwargs": dict(model.kwargs), "num_classes": model.num_classes,
+            "input_shape": tuple(model.input_shape)}
+    for key, value in ours.items():
+        theirs = dict(meta[key]) if key == "model_kwargs" else meta[key]
+        if theirs != value:
+            raise ModelMismatchError(f"{p}: checkpoint is for {key}={theirs!r}, the model has {key}={value!r}")
+    spec, meta = load_checkpoint(p)
+    try:
+        model.module.load_state_dict(spec.module.state_dict())
+    except RuntimeError as exc:
+        raise ModelMismatchError(f"{p}: weights do not fit model {model.name}: {exc}") from None
+    return meta
+
+
+# =========================================================================== training
+def _has_bn_running_stats(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in module.modules())
+
+
+def _checkpoint_step(fraction: float, total_steps: int) -> int:
+    return min(total_steps, int(math.floor(fraction * total_steps + 0.5)))
+
+
+def _save_plot(path: Path, checkpoints: Sequence[CheckpointInfo], losses: Sequence[float], title: str) -> Path:
+    from matplotlib.figure import Figure
+
+    from .report.figures import _atomic_savefig
+
+    fig = Figure(figsize=(10.0, 4.0), dpi=100, facecolor="white", layout="constrained")
+    ax_acc, ax_loss = fig.subplots(1, 2)
+    ax_acc.plot([c.fraction for c in checkpoints], [c.test_accuracy for c in checkpoints], marker="o", ms=4, lw=1.4)
+    ax_acc.set_xlabel("fraction of training")
+    ax_acc.set_ylabel("test accuracy")
+    ax_acc.set_ylim(0.0, 1.0)
+    ax_acc.set_xlim(-0.02, 1.02)
+    ax_acc.set_title("test accuracy at checkpoints", fontsize=10)
+    ax_acc.grid(True, alpha=0.3)
+    steps = list(range(1, len(losses) + 1))
+    ax_loss.plot(steps, losses, lw=0.8, alpha=0.4, label="per step")
+    window = max(1, len(losses) // 50)
+    if window > 1:
+        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
+                  for i in range(len(losses))]
+        ax_loss.plot(steps, smooth, lw=1.6, label=f"mean of {window} steps")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("training loss (mini-batch cross-entropy)")
+    ax_loss.set_title("training loss", fontsize=10)
+    ax_loss.grid(True, alpha=0.3)
+    if losses:
+        ax_loss.legend(loc="best", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return _atomic_savefig(fig, path)
+
+
+def _json_float(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def train(cfg: TrainConfig, out: str | Path, *, progress: bool = False) -> TrainResult:
+    """Train ``cfg.model`` on ``cfg.data`` with every gradient step defended; write checkpoints,
+    ``training.json`` and ``training.png`` to ``out``. See the module docstring.
+
+    Raises ConfigError (bad values, dpsgd on a BN model, a data source without a test split,
+    subsets larger than the data), DataError / UnknownNameError (data, model),
+    NonFiniteError (the loss or the weights became NaN/Inf: lower lr).
+    """
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"train() needs a TrainConfig, got {type(cfg).__name__}")
+    started = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"training: output {out} exists and is not a folder")
+    defenses: list[Defense] = parse_defenses(list(cfg.defense))
+
+    train_src, test_src = _open_split(cfg, "train"), _open_split(cfg, "test")
+    if train_src.num_classes != test_src.num_classes:
+        raise DataError(f"train and test splits of {cfg.data} disagree on the number of classes")
+    channels = int(train_src.native_channels) if train_src.native_channels in (1, 3) else 3
+    size = cfg.image_size or default_image_size(cfg.model)
+    model = build_model(cfg.model, num_classes=train_src.num_classes, channels=channels, image_size=size,
+                        seed=cfg.model_seed, width=cfg.width)
+    dp = defenses[0] if defenses and isinstance(defenses[0], DPSGD) else None
+    if dp is not None:
+        from .defenses.dpsgd import _check_no_batchnorm
+
+        _check_no_batchnorm(model)  # ConfigError now, not after the first checkpoint
+
+    n_train_all = len(train_src)
+    if cfg.train_subset is not None and cfg.train_subset > n_train_all:
+        raise ConfigError(f"training: train_subset={cfg.train_subset} but {cfg.data} has {n_train_all} train images")
+    perm = torch.randperm(n_train_all, generator=torch.Generator().manual_seed(_derive_seed(cfg.seed, "subset")))
+    train_idx = perm[: cfg.train_subset or n_train_all].tolist()
+    if len(train_idx) < cfg.batch_size:
+        raise ConfigError(f"training: batch_size={cfg.batch_size} is larger than the {len(train_idx)} training images")
+    n_test_all = len(test_src)
+    n_test = n_test_all if cfg.test_subset is None else min(cfg.test_subset, n_test_all)
+    if n_test == n_test_all:
+        test_idx = list(range(n_test_all))
+    else:
+        test_perm = torch.randperm(n_test_all, generator=torch.Generator().manual_seed(TEST_SUBSET_SEED))
+        test_idx = sorted(test_perm[:n_test].tolist())
+    train_data = _decode(train_src, train_idx, size, channels)
+    test_data = _decode(test_src, test_idx, size, channels)
+
+    n_train = len(train_data)
+    steps_per_epoch = n_train // cfg.batch_size  # full batches only: a fixed batch size every step
+    total_steps = max(1, int(math.floor(cfg.epochs * steps_per_epoch + 0.5)))
+    plan: dict[int, list[float]] = {}
+    for frac in cfg.checkpoints:
+        plan.setdefault(_checkpoint_step(frac, total_steps), []).append(frac)
+
+    epsilon: float | None = None
+    privacy: dict[str, Any] | None = None
+    if dp is not None:
+        sample_rate = cfg.batch_size / n_train
+        epsilon = dp_epsilon(dp.noise, sample_rate=sample_rate, steps=total_steps, delta=dp.delta)
+        privacy = {"epsilon": _json_float(epsilon), "delta": dp.delta, "noise_multiplier": dp.noise,
+                   "clip": dp.clip, "sample_rate": sample_rate, "steps": total_steps,
+                   "accountant": "opacus RDP (assumes Poisson sampling; training uses shuffled fixed-size batches)"}
+
+    module = model.module
+    params = trainable_parameters(module)
+    optimizer = torch.optim.SGD(list(params.values()), lr=cfg.lr, momentum=cfg.momentum)
+    update_bn = _has_bn_running_stats(module)
+    noise_gen = torch.Generator().manual_seed(_derive_seed(cfg.seed, "defense"))
+    shuffle_gen = torch.Generator().manual_seed(_derive_seed(cfg.seed, "shuffle"))
+    data_meta = {"source": cfg.data, "train_images": n_train, "test_images": n_test,
+                 "image_size": size, "channels": channels}
+    specs = [d.spec for d in defenses]
+    out.mkdir(parents=True, exist_ok=True)
+
+    checkpoints: list[CheckpointInfo] = []
+    losses: list[float] = []
+
+    def save_checkpoints(step: int) -> None:
+        fracs = plan.get(step)
+        if not fracs:
+            return
+        acc = evaluate_accuracy(model, test_data.pixels, test_data.labels)
+        for frac in fracs:
+            path = out / checkpoint_name(frac)
+            meta = {"format": CHECKPOINT_FORMAT, "model": model.name, "model_kwargs": dict(model.kwargs),
+                    "num_classes": model.num_classes, "input_shape": list(model.input_shape),
+                    "mean": list(model.mean), "std": list(model.std), "fraction": frac, "step": step,
+                    "total_steps": total_steps, "epochs": step / steps_per_epoch, "test_accuracy": acc,
+                    "test_images": n_test, "defenses": specs, "data": data_meta, "seed": cfg.seed,
+                    "model_seed": cfg.model_seed}
+            atomic_write_bytes(path, _checkpoint_bytes(model, meta))
+            checkpoints.append(CheckpointInfo(fraction=frac, step=step, path=path, test_accuracy=acc))
+
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+        task = bar.add_task(f"{model.name} {' '.join(specs) or 'no defense'}", total=total_steps)
+        bar.start()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_derive_seed(cfg.seed, "global"))  # dropout etc. in user models
+            module.train()
+            save_checkpoints(0)
+            order = torch.empty(0, dtype=torch.int64)
+            for step in range(total_steps):
+                pos = step % steps_per_epoch
+                if pos == 0:
+                    order = torch.randperm(n_train, generator=shuffle_gen)
+                batch = train_data.batch(order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size], cfg.data)
+                if defenses:
+                    update = client_update(model, batch, defenses, noise_gen)
+                else:
+                    update = fedsgd(model, batch)
+                loss = float(update.meta.loss)
+                if not math.isfinite(loss):
+                    raise NonFiniteError(f"training diverged: the loss is {loss} at step {step + 1}/{total_steps}; "
+                                         f"lower lr (now {cfg.lr})")
+                if update_bn:  # fedsgd ran on cloned buffers: move the module's running stats here
+                    with torch.no_grad():
+                        module(model.normalize(batch.images))
+                for name, p in params.items():
+                    p.grad = update.gradients[name].to(dtype=p.dtype, device=p.device)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss)
+                if not all(bool(torch.isfinite(p).all()) for p in params.values()):
+                    raise NonFiniteError(f"training diverged: weights hold NaN/Inf after step {step + 1}/{total_steps}; "
+                                         f"lower lr (now {cfg.lr})")
+                save_checkpoints(step + 1)
+                if bar is not None:
+                    bar.update(task, advance=1, description=f"{model.name} loss {loss:.3f}")
+    finally:
+        if bar is not None:
+            bar.stop()
+    module.eval()
+    final = next((c.test_accuracy for c in checkpoints if c.step == total_steps), None)
+    if final is None:
+        final = evaluate_accuracy(model, test_data.pixels, test_data.labels)
+    checkpoints.sort(key=lambda c: c.fraction)
+    wall = time.perf_counter() - started
+
+    result = TrainResult(config=cfg, out=out, model=model, checkpoints=checkpoints, final_accuracy=final,
+                         total_steps=total_steps, steps_per_epoch=steps_per_epoch, train_images=n_train,
+                         test_images=n_test, losses=losses, wall_seconds=wall, epsilon=epsilon, defenses=specs)
+    title = f"{model.name} on {cfg.data}, {' + '.join(specs) or 'no defense'}"
+    try:
+        result.plot_path = _save_plot(out / "training.png", checkpoints, losses, title)
+    except GradleakError:
+        raise
+    except Exception:  # noqa: BLE001 - a figure must never lose a finished training run
+        result.plot_path = None
+    summary = {
+        "format": TRAINING_FORMAT, "config": cfg.to_dict(), "defenses": specs,
+        "model": {"name": model.name, "kwargs": dict(model.kwargs), "num_classes": model.num_classes,
+                  "input_shape": list(model.input_shape), "mean": list(model.mean), "std": list(model.std),
+                  "parameters": sum(p.numel() for p in params.values())},
+        "data": {**data_meta, "test_subset_seed": TEST_SUBSET_SEED},
+        "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+        "bn_running_stats": "updated by a no-grad train-mode forward per step" if update_bn else None,
+        "checkpoints": [{"fraction": c.fraction, "step": c.step, "path": c.path.name,
+                         "test_accuracy": c.test_accuracy} for c in checkpoints],
+        "final_test_accuracy": final, "wall_seconds": round(wall, 3),
+        "privacy": privacy, "loss": [_json_float(x) for x in losses],
+        "plot": result.plot_path.name if result.plot_path else None,
+    }
+    result.summary_path = out / "training.json"
+    atomic_write_bytes(result.summary_path, (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode())
+    return result
