@@ -151,3 +151,17 @@ def test_console_script_is_installed():
     res = subprocess.run([str(exe), "attack", "--model", "nope"], capture_output=True, text=True)
     assert res.returncode == 2
     assert res.stderr.strip().startswith("gradleak: error: unknown model 'nope'")
+
+
+def test_same_command_and_seed_give_identical_metrics(tmp_path, capsys):
+    args = ["attack", "--attack", "dlg", "--iterations", "8", "--no-progress", "--seed", "4"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    a = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    for m in (a, b):
+        m.pop("wall_seconds")
+    assert a == b
+    assert a["versions"]["torch"] and a["versions"]["gradleak"] and a["seed"] == 4
+    assert (tmp_path / "a" / "history.csv").read_text() == (tmp_path / "b" / "history.csv").read_text()

@@ -183,6 +183,14 @@ def test_bad_checkpoint_files_raise_typed_errors(trained, tmp_path):
     with pytest.raises(UnknownNameError):
         load_checkpoint(_rewrite(good, tmp_path / "model.safetensors", unknown_model))
 
+    def user_code(t, md):  # noqa: ANN001
+        meta = json.loads(md["meta"])
+        meta["model"] = "os:getcwd"
+        return {**md, "meta": json.dumps(meta)}
+
+    with pytest.raises(UpdateFileError, match="trust_model_code"):
+        load_checkpoint(_rewrite(good, tmp_path / "code.safetensors", user_code))
+
 
 def test_wrong_shape_missing_or_extra_tensor_is_a_model_mismatch(trained, tmp_path):
     good = trained.checkpoints[-1].path

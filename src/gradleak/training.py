@@ -54,7 +54,7 @@ from .defenses import DPSGD, Defense, client_update, dp_epsilon, parse_defenses
 from .errors import ConfigError, DataError, GradleakError, ModelMismatchError, NonFiniteError, UpdateFileError
 from .fl.client import fedsgd, trainable_parameters
 from .fl.update import atomic_write_bytes
-from .models import ModelSpec, build_model, default_image_size
+from .models import ModelSpec, build_model, default_image_size, model_names
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointInfo", "TrainConfig", "TrainResult", "apply_checkpoint",
            "checkpoint_name", "evaluate_accuracy", "load_checkpoint", "read_checkpoint_meta", "train"]
@@ -360,19 +360,24 @@ def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
         return _validate_meta(f.metadata(), p)
 
 
-def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
+def load_checkpoint(path: str | Path, *, trust_model_code: bool = False) -> tuple[ModelSpec, dict[str, Any]]:
     """Rebuild the checkpoint's model and load its weights: (ModelSpec in eval mode, metadata).
 
     The file is treated as untrusted: it must exist and be safetensors (sane header length), its
     metadata must be a gradleak checkpoint, and every tensor name, shape and dtype is checked
-    against the rebuilt model's state_dict before any tensor is read. Raises UpdateFileError
-    (missing, truncated, not a checkpoint), ModelMismatchError (tensors that do not fit the
-    model, or normalisation that differs from the registry's), NonFiniteError (NaN/Inf),
-    UnknownNameError (model name).
+    against the rebuilt model's state_dict before any tensor is read; no pickle is ever loaded.
+    A model named ``package.module:callable`` would import and run that code, so it is refused
+    unless ``trust_model_code`` is True. Raises UpdateFileError (missing, truncated, not a
+    checkpoint, user code not trusted), ModelMismatchError (tensors that do not fit the model, or
+    normalisation that differs from the registry's), NonFiniteError (NaN/Inf), UnknownNameError
+    (unknown model name).
     """
     p = Path(path)
     with _open_safetensors(p) as f:
         meta = _validate_meta(f.metadata(), p)
+        if ":" in meta["model"] and meta["model"] not in model_names() and not trust_model_code:
+            raise UpdateFileError(f"{p}: checkpoint names the user model {meta['model']!r}, which would import "
+                                  "and run its code; pass trust_model_code=True if you trust this file")
         c, h, _ = meta["input_shape"]
         try:
             spec = build_model(meta["model"], num_classes=meta["num_classes"], channels=c, image_size=h,
@@ -435,7 +440,7 @@ def apply_checkpoint(model: ModelSpec, path: str | Path) -> dict[str, Any]:
         theirs = dict(meta[key]) if key == "model_kwargs" else meta[key]
         if theirs != value:
             raise ModelMismatchError(f"{p}: checkpoint is for {key}={theirs!r}, the model has {key}={value!r}")
-    spec, meta = load_checkpoint(p)
+    spec, meta = load_checkpoint(p, trust_model_code=True)  # the caller already built this very model
     try:
         model.module.load_state_dict(spec.module.state_dict())
     except RuntimeError as exc:
