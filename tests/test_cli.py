@@ -165,3 +165,24 @@ def test_same_command_and_seed_give_identical_metrics(tmp_path, capsys):
     assert a == b
     assert a["versions"]["torch"] and a["versions"]["gradleak"] and a["seed"] == 4
     assert (tmp_path / "a" / "history.csv").read_text() == (tmp_path / "b" / "history.csv").read_text()
+
+
+def test_train_then_attack_a_checkpoint(tmp_path, capsys):
+    out = tmp_path / "train"
+    code = main(["train", "--train-subset", "640", "--test-subset", "200", "--epochs", "1", "--batch-size", "32",
+                 "--lr", "0.01", "--checkpoints", "0,1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    info = json.loads((out / "training.json").read_text())
+    assert [c["fraction"] for c in info["checkpoints"]] == [0.0, 1.0]
+    code = main(["attack", "--checkpoint", str(out / "checkpoint-1.00.safetensors"), "--data", "fashion-mnist",
+                 "--split", "test", "--attack", "idlg", "--iterations", "5", "--no-progress",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["label_accuracy"] == 1.0
+    # A checkpoint for another architecture is refused with one line.
+    code = main(["attack", "--checkpoint", str(out / "checkpoint-1.00.safetensors"), "--model", "convnet",
+                 "--data", "fashion-mnist", "--out", str(tmp_path / "bad")])
+    assert code == 2 and not (tmp_path / "bad").exists()
+    assert main(["train", "--epochs", "-1", "--out", str(tmp_path / "t2")]) == 2
+    assert not (tmp_path / "t2").exists()

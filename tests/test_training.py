@@ -339,3 +339,17 @@ def test_config_normalises_sequences():
     cfg = TrainConfig(defense="gaussian:0.1", checkpoints=[1.0, 0.0, 0.5, 0.5])
     assert cfg.defense == ("gaussian:0.1",) and cfg.checkpoints == (0.0, 0.5, 1.0)
     assert TrainConfig(**cfg.to_dict()) == cfg
+
+
+def test_user_model_checkpoint_needs_trust(tmp_path):
+    cfg = TrainConfig(model="gradleak.models.small:LeNetDLG", train_subset=64, test_subset=50, batch_size=32,
+                      checkpoints=(1.0,))
+    res = train(cfg, tmp_path)
+    path = res.checkpoints[0].path
+    with pytest.raises(UpdateFileError, match="trust_model_code"):
+        load_checkpoint(path)
+    spec, _ = load_checkpoint(path, trust_model_code=True)
+    _assert_same_state(_state(spec.module), _state(res.model.module))
+    other = build_model("gradleak.models.small:LeNetDLG", num_classes=10, channels=1, image_size=32, seed=5)
+    apply_checkpoint(other, path)
+    _assert_same_state(_state(other.module), _state(res.model.module))

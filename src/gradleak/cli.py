@@ -141,6 +141,53 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    import os
+    import shutil
+
+    import torch
+
+    from .errors import ConfigError
+    from .training import TrainConfig, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+    if "defense" in values:
+        values["defense"] = tuple(values["defense"])
+    if "checkpoints" in values:
+        try:
+            values["checkpoints"] = tuple(float(v) for v in values["checkpoints"].split(",") if v.strip())
+        except ValueError:
+            raise ConfigError("--checkpoints must be comma-separated fractions, e.g. 0,0.3,0.7,1.0") from None
+    try:
+        cfg = TrainConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        result = train(cfg, tmp, progress=args.progress)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for c in result.checkpoints:
+        print(f"checkpoint {c.fraction:.2f} (step {c.step}): test accuracy {c.test_accuracy:.3f} -> {out / Path(c.path).name}")
+    if result.epsilon is not None:
+        print(f"DP-SGD epsilon {result.epsilon:.3f}")
+    print(f"wrote {out}/training.json, training.png ({result.wall_seconds:.0f} s)")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import render_report
 
@@ -211,6 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="update file to write (.safetensors)")
     s.add_argument("--truth", help="also write the true batch here (for evaluation only)")
     s.set_defaults(func=cmd_share)
+
+    t = sub.add_parser("train", help="train a model (optionally under a defense) and save checkpoints")
+    t.add_argument("--model", default=None, help="model name (default lenet-dlg)")
+    t.add_argument("--width", type=int, default=None, help="model width (convnet)")
+    t.add_argument("--data", default=None, help="data source (default fashion-mnist)")
+    t.add_argument("--data-root", dest="data_root", default=None, help="folder overriding the source's location")
+    t.add_argument("--image-size", dest="image_size", type=int, default=None, help="input size")
+    t.add_argument("--epochs", type=float, default=None, help="epochs (fractions allowed)")
+    t.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="mini-batch size")
+    t.add_argument("--lr", type=float, default=None, help="SGD learning rate")
+    t.add_argument("--momentum", type=float, default=None, help="SGD momentum")
+    t.add_argument("--defense", action="append", default=None, help="defense applied to every gradient step")
+    t.add_argument("--checkpoints", default=None, help="fractions of training to save, e.g. 0,0.3,0.7,1.0")
+    t.add_argument("--train-subset", dest="train_subset", type=int, default=None, help="use N training images")
+    t.add_argument("--test-subset", dest="test_subset", type=int, default=None, help="score on N test images")
+    t.add_argument("--seed", type=int, default=None, help="seed")
+    t.add_argument("--model-seed", dest="model_seed", type=int, default=None, help="weight-init seed")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    t.add_argument("--out", required=True, help="output folder")
+    t.set_defaults(func=cmd_train)
 
     r = sub.add_parser("report", help="rebuild a run folder's report.html")
     r.add_argument("run", help="run folder")
