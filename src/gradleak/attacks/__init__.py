@@ -9,10 +9,13 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import AttackSettings, Observer
 from .dlg import dlg, idlg
+from .gradinversion import GradInversionSettings, gradinversion
+from .ig import inverting_gradients
+from .labels import LABEL_METHODS, restore_labels
 from .reconstruction import Reconstruction
 
 AttackFn = Callable[[SharedUpdate, ModelSpec, AttackSettings, "Observer | None"], Reconstruction]
-ATTACKS: dict[str, AttackFn] = {"dlg": dlg, "idlg": idlg}
+ATTACKS: dict[str, AttackFn] = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients}
 
 
 def attack_names() -> list[str]:
@@ -29,4 +32,5 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
     return fn(update, model, settings or AttackSettings(), observer)
 
 
-__all__ = ["ATTACKS", "AttackSettings", "Observer", "Reconstruction", "attack_names", "run_attack"]
+__all__ = ["ATTACKS", "AttackSettings", "GradInversionSettings", "LABEL_METHODS", "Observer", "Reconstruction",
+           "attack_names", "restore_labels", "run_attack"]

@@ -5,9 +5,11 @@
 
 * cosine similarity over all layers together (one flattened gradient vector), Eq. 4;
 * TV: the authors' anisotropic L1 total variation, mean |dx| + mean |dy| (priors.tv_l1_mean);
-  alpha_TV defaults to 1e-4 (``IG_ALPHA_TV``): the cosine term lives in [0, 2] while the TV of a
-  natural normalised 32 px image is ~0.1-0.3, so 1e-4 keeps TV a mild tie-breaker as in the
-  authors' CIFAR settings (their ImageNet default is 1e-1; pass ``alpha_tv`` to change it);
+  alpha_TV defaults to 1e-1 (``IG_ALPHA_TV``), the authors' code default (inversefed's
+  DEFAULT_CONFIG ``total_variation=1e-1``). The cosine term lives in [0, 2] and the TV of a
+  normalised natural 32 px image is ~0.1-0.3. We measured 1e-4 too (a batch of 4 CIFAR-10
+  images, convnet width 16, 300 steps): 11.3 dB PSNR at 1e-4, 11.9 at 1e-2, 15.7 at 1e-1; so the
+  baseline GradInversion is compared with uses the stronger value. Pass ``alpha_tv`` to change it;
 * Adam on the SIGN of the gradient (their ``signed=True``), lr 0.1, step decay x0.1 at 3/8, 5/8
   and 7/8 of the iterations (their MultiStepLR), 4800 iterations by default (their default
   ``max_iterations``), init N(0, I);
@@ -40,7 +42,7 @@ from .reconstruction import Reconstruction
 from .victim import DummyGradient
 
 IG_DEFAULTS = dict(iterations=4800, lr=0.1, optimizer="adam", dtype="float32")
-IG_ALPHA_TV = 1e-4
+IG_ALPHA_TV = 1e-1
 
 
 def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
@@ -98,7 +100,8 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
         label_method=method,
         extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
                "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
-               "alpha_tv": alpha_tv, "lr": s.lr, "seconds_per_iteration": result.wall_seconds / max(1, result.iterations)})
+               "alpha_tv": alpha_tv, "lr": s.lr,
+               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations)})
 
 
 ig = inverting_gradients
