@@ -54,7 +54,17 @@ def test_run_folder_contents_and_rerun_from_config(shared, tmp_path, capsys):
     for key in ("attack", "model", "batch_size", "iterations", "wall_seconds", "psnr_mean", "ssim_mean",
                 "mse_mean", "label_accuracy", "per_image"):
         assert key in m, key
-    assert set(m["per_image"][0]) >= {"psnr", "ssim", "mse", "label_true", "label_restored"}
+    assert set(m["per_image"][0]) >= {"psnr", "ssim", "mse", "label_true", "label_restored", "fft2d", "rpsnr",
+                                      "identified"}
+    # The GradInversion paper's metrics (Sec. 4): registration never lowers PSNR; FFT2D is a cosine
+    # distance; IIP searched the 20 real photos of the source; LPIPS only with real backbone weights.
+    from gradleak.metrics.paper import lpips_available
+
+    assert m["rpsnr_mean"] >= m["psnr_mean"] - 1e-9 and 0 <= m["fft2d_mean"] <= 1
+    assert m["iip"] in (0.0, 1.0) and m["iip_pool_size"] == 20 and "pixels" in m["iip_feature_space"]
+    assert (m["lpips_mean"] is None) == (not lpips_available())
+    if m["lpips_mean"] is None:
+        assert m["lpips_notice"] and "LPIPS not computed" in stdout
     rows = (out / "history.csv").read_text().splitlines()
     assert rows[0] == "iteration,loss,psnr" and len(rows) == 13
     cfg = json.loads((out / "config.json").read_text())

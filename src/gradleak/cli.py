@@ -229,14 +229,18 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
             return f"{v:.3e}" if (abs(v) < 1e-2 and v != 0) else f"{v:.3f}"
         return str(v)
 
-    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "iip",
-                "gradient_distance", "iterations", "wall_seconds"):
+    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "lpips_mean",
+                "iip", "gradient_distance", "iterations", "wall_seconds"):
+        if key == "lpips_mean" and metrics.get(key) is None:
+            continue  # the notice below says why
         if key in metrics:
             table.add_row(key, fmt(metrics[key]))
     if metrics.get("defenses"):
         table.add_row("defenses", ", ".join(metrics["defenses"]))
     console = Console()
     console.print(table)
+    if metrics.get("lpips_notice"):
+        console.print(metrics["lpips_notice"], markup=False)
     if run_dir is not None:
         console.print(f"run folder: {run_dir}  (report.html, reconstruction.png, metrics.json)")
 

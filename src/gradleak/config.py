@@ -61,6 +61,7 @@ class AttackConfig(BaseModel):
     device: str = Field("cpu", description="cpu | cuda | cuda:N | auto")
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (default: torch's choice)")
     log_every: int = Field(10, ge=1, description="observe PSNR every N iterations")
+    paper_metrics: bool = Field(True, description="compute the GradInversion paper's FFT2D, RPSNR, LPIPS and IIP")
     progress: bool = Field(True, description="show a progress bar")
 
     @field_validator("device")

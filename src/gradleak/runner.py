@@ -85,9 +85,19 @@ def simulate_client(cfg: AttackConfig) -> Case:
         from .training import apply_checkpoint  # the global model is a trained checkpoint
 
         apply_checkpoint(model, cfg.checkpoint)
-    share_bn = cfg.share_bn_statistics or cfg.bn == "exact"
+    share_bn = cfg.share_bn_statistics or attacker_bn_mode(cfg) == "exact"
     update = client_update(cfg, model, batch, share_bn_statistics=share_bn)
     return Case(update=update, model=model, truth=batch, data=source.name)
+
+
+def attacker_bn_mode(cfg: AttackConfig) -> str | None:
+    """The BN prior the attack will use (--bn, else its preset's): "exact" means the simulated
+    client is one that shares its BatchNorm batch statistics (GradInversion Sec. 3.3)."""
+    if cfg.bn is not None or cfg.attack != "gradinversion":
+        return cfg.bn
+    from .attacks import GradInversionSettings
+
+    return GradInversionSettings.preset(cfg.preset or "cpu").bn
 
 
 def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn_statistics: bool) -> SharedUpdate:
@@ -248,6 +258,14 @@ def build_metrics(cfg: AttackConfig, case: Case, recon: Reconstruction, device: 
     if case.truth is not None:
         ev = evaluate(recon, case.truth)
         metrics.update(ev.to_dict())
+        if cfg.paper_metrics:
+            from .metrics.summary import paper_metrics  # GradInversion Sec. 4: FFT2D, RPSNR, LPIPS, IIP
+
+            pool = iip_pool(cfg, case)
+            summary, per_image = paper_metrics(ev.paired_images, case.truth.images, pool)
+            metrics.update(summary)
+            for row, extra in zip(metrics["per_image"], per_image):
+                row.update(extra)
         metrics["class_names"] = list(case.truth.class_names)
         names = case.truth.names
         for row in metrics["per_image"]:
@@ -255,6 +273,24 @@ def build_metrics(cfg: AttackConfig, case: Case, recon: Reconstruction, device: 
                 row["name"] = names[row["index"]]
     metrics["versions"] = versions(device)
     return metrics
+
+
+IIP_POOL = 256  # real images searched besides the originals (evenly spaced over the source)
+
+
+def iip_pool(cfg: AttackConfig, case: Case) -> torch.Tensor | None:
+    """Other real images of the run's data source, at the batch's size, for IIP: up to IIP_POOL,
+    evenly spaced over the source (deterministic). None when the source cannot be opened (e.g.
+    an update file whose truth came from elsewhere): IIP then searches the originals only."""
+    assert case.truth is not None
+    try:
+        source = open_source(case.truth.source or cfg.data, root=cfg.data_root, split=cfg.split)
+    except GradleakError:
+        return None
+    _, c, h, _ = case.truth.images.shape
+    n = len(source)
+    idx = sorted({int(i) for i in torch.linspace(0, n - 1, steps=min(n, IIP_POOL)).round().long()})
+    return torch.stack([source.load(i, h, c) for i in idx]) if idx else None
 
 
 def _history_csv(history: list[dict[str, Any]]) -> str:

@@ -37,12 +37,15 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: metrics.json keys that get their own place on the page (everything else is listed generically).
 _SUMMARY_KEYS = (
     "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy",
+    "fft2d_mean", "rpsnr_mean", "lpips_mean", "iip",
     "iterations", "wall_seconds", "batch_size",
 )
 _PLACED_KEYS = frozenset(_SUMMARY_KEYS) | {
     "attack", "model", "data", "per_image", "threat", "defenses", "update", "versions", "class_names",
+    "iip_feature_space", "iip_pool_size", "lpips_notice",
 }
-_PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "label_true", "label_restored")
+_PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips", "identified",
+                      "label_true", "label_restored")
 _LABEL_COLUMNS = frozenset({"label_true", "label_restored"})
 
 _CSS = """
@@ -171,11 +174,19 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
         "psnr_mean": "PSNR (mean)", "ssim_mean": "SSIM (mean)", "mse_mean": "MSE (mean)",
         "label_accuracy": "Label accuracy", "iterations": "Iterations",
         "wall_seconds": "Wall time", "batch_size": "Batch size",
+        "fft2d_mean": "FFT2D cosine distance (mean)", "rpsnr_mean": "Registered PSNR (mean)",
+        "lpips_mean": "LPIPS (mean)", "iip": "IIP",
     }
     rows = "".join(
         f"<tr><th>{labels[k]}</th>{_cell(k, metrics.get(k))}</tr>" for k in _SUMMARY_KEYS
+        if k in metrics or k in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy")
     )
     out = f"<h2>Summary</h2><table>{rows}</table>"
+    if metrics.get("iip_feature_space"):
+        out += (f'<p class="sub">IIP: nearest neighbour in {escape(str(metrics["iip_feature_space"]))} among '
+                f'{escape(str(metrics.get("iip_pool_size")))} real images.</p>')
+    if metrics.get("lpips_notice"):
+        out += f'<p class="notice">{escape(str(metrics["lpips_notice"]))}</p>'
     if not has_truth:
         out += ('<p class="notice">No ground truth given: image similarity and label accuracy '
                 "could not be measured; only the attack's output is shown.</p>")
@@ -237,7 +248,7 @@ def _per_image(metrics: Mapping[str, Any], has_truth: bool) -> str:
         return f'<h2>Per image</h2><p class="muted">{msg}</p>'
     class_names = metrics.get("class_names")
     class_names = class_names if isinstance(class_names, list) else []
-    columns = list(_PER_IMAGE_COLUMNS)
+    columns = [c for c in _PER_IMAGE_COLUMNS if c in ("index", "psnr") or any(c in r for r in rows_in)]
     for r in rows_in:  # show every extra scalar column too (matched_slot, ...)
         columns += [k for k, v in r.items() if k not in columns and _is_scalar(v)]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
