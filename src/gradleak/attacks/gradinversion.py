@@ -53,7 +53,7 @@ from .labels import LABEL_METHODS, restore_labels
 from .loop import LoopSettings, optimise
 from .priors import BN_MODES, bn_prior, bn_targets, l2_norm, total_variation
 from .reconstruction import Reconstruction
-from .victim import DummyGradient
+from .simulate import UpdateSimulator
 
 FINAL_CHOICES = ("best", "consensus")
 
@@ -180,12 +180,6 @@ def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None 
     return replace(base, **changes).validate() if changes else base.validate()
 
 
-def _check_fedsgd(update: SharedUpdate, attack: str) -> None:
-    threat = update.meta.threat.get("name", "fedsgd")
-    if threat != "fedsgd":
-        raise ConfigError(f"attack {attack} matches FedSGD gradients; this update is {threat!r}")
-
-
 def seed_generators(seed: int, count: int) -> list[torch.Generator]:
     """One generator per candidate g, seeded seed + g (initial pixels, then its Langevin noise)."""
     return [torch.Generator().manual_seed(int(seed) + g) for g in range(count)]
@@ -193,14 +187,18 @@ def seed_generators(seed: int, count: int) -> list[torch.Generator]:
 
 def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
                   observer: Observer | None = None, gi: GradInversionSettings | None = None) -> Reconstruction:
-    """GradInversion on a FedSGD update. Returns the final answer, every seed's candidate batch
-    ([G, K, C, H, W] in ``candidates``) and the restored labels."""
-    _check_fedsgd(update, "gradinversion")
+    """GradInversion on a shared update. Returns the final answer, every seed's candidate batch
+    ([G, K, C, H, W] in ``candidates``) and the restored labels.
+
+    Under FedSGD this is the paper's attack. Under the fedavg and aggregate threat models
+    (beyond the paper) Eq. 3 compares the update the candidates would produce, simulated by
+    UpdateSimulator (local steps unrolled, clients averaged), and R_BN compares the BN
+    statistics as the client shares them there (the mean over its local steps / over clients)."""
     cfg = resolve_settings(settings, gi)
     dtype, device = settings.torch_dtype(), torch.device(settings.device)
     k = int(update.meta.batch_size)
     labels = restore_labels(update, model, k, cfg.labels).to(device)
-    victim = DummyGradient(model, update, dtype=dtype, device=device)
+    victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     targets = bn_targets(update, victim.bn_names, cfg.bn, dtype=dtype, device=device) if cfg.alpha_bn > 0 else None
     gens = seed_generators(settings.seed, cfg.seeds)
     shape = (k, *model.input_shape)
@@ -214,7 +212,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
         """Per-candidate loss terms [G] (scaled by their alphas; "distance" = Eq. 3 without
         alpha_G), from one forward/backward."""
         grads, stats = victim.batched(images, labels)
-        distance = victim.layer_l2(grads)
+        distance = victim.gradient.layer_l2(grads)
         out = {"distance": distance, "grad": cfg.alpha_g * distance}              # Eq. 3
         fid = cfg.alpha_tv * total_variation(images) + cfg.alpha_l2 * l2_norm(images)   # Eq. 9
         if targets is not None:

@@ -24,6 +24,9 @@
   candidates.
 
 The model runs in training mode like the client (BN with batch statistics), as in our FedSGD.
+Under the fedavg and aggregate threat models the cosine compares the update the candidate batch
+would produce (UpdateSimulator: local steps unrolled, clients averaged), as Geiping et al. do
+for multi-step updates (their Sec. 5, "fedavg" with known hyper-parameters).
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import AttackSettings, Observer, initial_images, to_pixels
-from .gradinversion import _check_fedsgd, seed_generators
+from .gradinversion import seed_generators
 from .labels import restore_labels
 from .loop import LoopSettings, optimise
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
-from .victim import DummyGradient
+from .simulate import UpdateSimulator
 
 IG_DEFAULTS = dict(iterations=4800, lr=0.1, optimizer="adam", dtype="float32")
 IG_ALPHA_TV = 1e-1
@@ -48,7 +51,6 @@ IG_ALPHA_TV = 1e-1
 def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
                         observer: Observer | None = None, *, alpha_tv: float = IG_ALPHA_TV) -> Reconstruction:
     """Inverting Gradients with R = ``settings.seeds`` (default 1) batched restarts."""
-    _check_fedsgd(update, "ig")
     s = settings.with_defaults(**IG_DEFAULTS)
     if not alpha_tv >= 0:
         raise ConfigError(f"alpha_tv must be >= 0, got {alpha_tv}")
@@ -59,7 +61,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
     k = int(update.meta.batch_size)
     method = s.labels or "gradinversion"
     labels = restore_labels(update, model, k, method).to(device)
-    victim = DummyGradient(model, update, dtype=dtype, device=device)
+    victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     gens = seed_generators(s.seed, restarts)
     shape = (k, *model.input_shape)
     x = torch.stack([initial_images(model, shape, s.init, g, dtype) for g in gens]).to(device).requires_grad_(True)
@@ -69,7 +71,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
 
     def per_restart(images: torch.Tensor) -> torch.Tensor:
         grads, _ = victim.batched(images, labels)
-        return victim.cosine(grads) + alpha_tv * tv_l1_mean(images)              # IG Eq. 4
+        return victim.gradient.cosine(grads) + alpha_tv * tv_l1_mean(images)              # IG Eq. 4
 
     def objective() -> torch.Tensor:
         values = per_restart(x)
@@ -93,7 +95,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
     best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
     with torch.no_grad():
         grads, _ = victim.batched(x.detach()[best:best + 1], labels)
-        l2 = float(victim.layer_l2(grads)[0])
+        l2 = float(victim.gradient.layer_l2(grads)[0])
     return Reconstruction(
         images=to_pixels(model, x.detach()[best]), labels=labels.cpu().long(), candidates=to_pixels(model, x),
         history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,

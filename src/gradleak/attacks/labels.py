@@ -43,6 +43,23 @@ def gradinversion_labels(fc_grad: torch.Tensor, k: int) -> torch.Tensor:
 LABEL_METHODS = ("gradinversion", "sum", "counts", "llg", "idlg")
 
 
+def label_gradients(update: "SharedUpdate", classifier_name: str) -> dict[str, torch.Tensor]:
+    """The shared tensors label restoration reads, signed like gradients: the gradients for
+    FedSGD (and an aggregate of FedSGD clients), and for FedAvg the classifier's -(W_S - W_0)
+    (local SGD moves the weights against the sum of the step gradients, so the signs and the
+    relative magnitudes the rules use are those of a sum of gradients)."""
+    from ..fl.threats import ThreatModel
+
+    if ThreatModel.from_record(update.meta.threat).client_threat != "fedavg":
+        return update.gradients
+    prefix = f"{classifier_name}." if classifier_name else ""
+    out = dict(update.gradients)
+    for key in (f"{prefix}weight", f"{prefix}bias"):
+        if key in out:
+            out[key] = -out[key]
+    return out
+
+
 def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = None,
                    method: str = "gradinversion") -> torch.Tensor:
     """The batch's labels [K] (int64, sorted) from the shared classifier gradient, no optimisation.
@@ -61,7 +78,8 @@ def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = N
     k = int(update.meta.batch_size if k is None else k)
     if k < 1:
         raise ConfigError(f"labels: batch size must be >= 1, got {k}")
-    fc = fc_weight_gradient(update.gradients, model.classifier_name).detach()
+    gradients = label_gradients(update, model.classifier_name)
+    fc = fc_weight_gradient(gradients, model.classifier_name).detach()
     if k > fc.shape[0] and method in ("gradinversion", "sum"):
         raise ConfigError(f"labels: method {method!r} returns distinct classes but the batch has {k} "
                           f"samples and the model only {fc.shape[0]} classes; use 'counts'")
@@ -70,7 +88,7 @@ def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = N
     elif method == "sum":
         out = sum_rule_labels(fc, k)
     elif method in ("counts", "llg"):
-        signal = classifier_signal(update.gradients, model.classifier_name)[0]
+        signal = classifier_signal(gradients, model.classifier_name)[0]
         rule = count_labels if method == "counts" else llg_counts
         out = rule(signal, k, presence=fc.min(dim=1).values)
     elif method == "idlg":

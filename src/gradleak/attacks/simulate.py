@@ -15,11 +15,12 @@ approximation.
 from __future__ import annotations
 
 import torch
+from torch.func import grad, vmap
 
 from ..fl.threats import ThreatModel, step_assignment
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .victim import DummyGradient
+from .victim import BNStats, DummyGradient
 
 
 class UpdateSimulator:
@@ -31,6 +32,7 @@ class UpdateSimulator:
         self.gradient = DummyGradient(model, update, dtype=dtype, device=device)
         self.threat = ThreatModel.from_record(update.meta.threat)
         self.names, self.target = self.gradient.names, self.gradient.target
+        self.bn_names = self.gradient.bn_names
         self.batch_size = update.meta.batch_size
         self.clients = self.threat.clients if self.threat.name == "aggregate" else 1
         self.client_batch = self.batch_size // self.clients
@@ -55,6 +57,49 @@ class UpdateSimulator:
             grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
             params = {n: p - self.threat.local_lr * d for (n, p), d in zip(params.items(), grads)}
         return [params[n] - start[n] for n in self.names]
+
+    # ------------------------------------------------------------------ G candidates at once
+    def _client_batched(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], BNStats]:
+        """One candidate's one client: (update by parameter name, BN statistics of its input).
+        FedAvg unrolls the local steps with torch.func.grad (differentiable w.r.t. x by the
+        caller's autograd); its BN statistics are the mean over the steps of each step's batch
+        statistics, as the client shares them (fl.threats.fedavg)."""
+        g = self.gradient
+        step_grad = grad(g._loss_and_stats, has_aux=True)
+        if self.threat.client_threat == "fedsgd":
+            return step_grad(params, x, labels)
+        p, per_step = params, []
+        for idx in self.steps:
+            d, stats = step_grad(p, x[idx], labels[idx])
+            p = {n: p[n] - self.threat.local_lr * d[n] for n in p}
+            per_step.append(stats)
+        stats = [(torch.stack([s[i][0] for s in per_step]).mean(0), torch.stack([s[i][1] for s in per_step]).mean(0))
+                 for i in range(len(per_step[0]))] if per_step and per_step[0] else []
+        return {n: p[n] - params[n] for n in p}, stats
+
+    def _candidate(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                   labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], BNStats]:
+        if self.clients == 1:
+            return self._client_batched(params, x, labels)
+        k = self.client_batch
+        parts = [self._client_batched(params, x[i * k:(i + 1) * k], labels[i * k:(i + 1) * k])
+                 for i in range(self.clients)]
+        update = {n: sum(u[n] for u, _ in parts) / self.clients for n in parts[0][0]}
+        stats = [(sum(st[i][0] for _, st in parts) / self.clients, sum(st[i][1] for _, st in parts) / self.clients)
+                 for i in range(len(parts[0][1]))]
+        return update, stats
+
+    def batched(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[list[torch.Tensor], BNStats]:
+        """x [G, K, C, H, W] -> (one tensor [G, *param.shape] per name in ``names``: candidate g's
+        simulated update under the threat model; per BN layer (mean [G, C], var [G, C]) as the
+        client would share them). One vmap over the G candidates, as DummyGradient.batched
+        does for FedSGD (which this equals under fedsgd with one client)."""
+        if self.is_fedsgd:
+            return self.gradient.batched(x, labels)
+        params = {n: p.detach() for n, p in self.gradient.params.items()}
+        update, stats = vmap(self._candidate, in_dims=(None, 0, None))(params, x, labels)
+        return [update[n] for n in self.names], stats
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor, *, create_graph: bool = True) -> list[torch.Tensor]:
         if self.clients == 1:
