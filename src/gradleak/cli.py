@@ -214,6 +214,30 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import load_spec, run_sweep
+
+    spec = load_spec(args.spec)
+    if args.workers is not None and args.workers < 1:
+        raise GradleakError("--workers must be >= 1")
+    if args.address and args.executor != "ray":
+        raise GradleakError("--address applies to --executor ray only")
+    try:
+        summary = run_sweep(spec, Path(args.out), executor=args.executor, workers=args.workers,
+                            address=args.address, retry_failed=args.retry_failed, save_runs=args.save_runs,
+                            progress=args.progress)
+    except KeyboardInterrupt:
+        print(f"gradleak: sweep interrupted; finished cells are in {args.out}/results.sqlite, "
+              "rerun the same command to continue", file=sys.stderr)
+        return 130
+    failed = f", {len(summary.failed)} failed" if summary.failed else ""
+    lost = f", {len(summary.lost)} lost (rerun to redo)" if summary.lost else ""
+    print(f"sweep: {summary.done}/{summary.total} cells done ({summary.skipped} skipped, "
+          f"{len(summary.computed)} run{failed}{lost}) in {summary.wall_seconds:.0f} s; "
+          f"wrote {args.out}/results.sqlite, results.csv")
+    return 0
+
+
 def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -295,6 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("list", help="list models, data sources, attacks and experiments")
     m.set_defaults(func=cmd_models)
+
+    w = sub.add_parser("sweep", help="run a grid of attacks (SPEC.yaml: base + grid) on a process pool or Ray")
+    w.add_argument("spec", help="sweep spec (YAML/JSON): base: {fields}, grid: {field: [values]}")
+    w.add_argument("--out", required=True, help="results folder (results.sqlite, results.csv); rerun to resume")
+    w.add_argument("--executor", choices=("local", "ray", "inline"), default="local",
+                   help="local: process pool (default); ray: Ray tasks; inline: this process")
+    w.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    w.add_argument("--workers", type=int, default=None, help="parallel cells (default: the CPUs available)")
+    w.add_argument("--retry-failed", dest="retry_failed", action="store_true", help="rerun cells that failed")
+    w.add_argument("--save-runs", dest="save_runs", action="store_true", help="also write DIR/runs/<cell>/ run folders")
+    w.add_argument("--no-progress", dest="progress", action="store_false", help="one line per cell, no bar")
+    w.set_defaults(func=cmd_sweep)
     return p
 
 
