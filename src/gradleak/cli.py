@@ -67,6 +67,12 @@ def cmd_attack(args: argparse.Namespace) -> int:
     from .runner import run
 
     cfg = _config_from(args)
+    if cfg.modality == "text":  # token-level leakage: its own runner (gradleak.text)
+        from .text.runner import print_text_summary, run_text
+
+        text_result = run_text(cfg)
+        print_text_summary(text_result.metrics, text_result.run_dir)
+        return 0
     result = run(cfg)
     _print_summary(result.metrics, result.run_dir)
     return 0
@@ -74,7 +80,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
                 "allow_repeats", "image_size", "num_classes", "share_bn_statistics", "defense", "device",
-                "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "checkpoint")
+                "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "checkpoint",
+                "modality", "text")
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -85,6 +92,11 @@ def cmd_share(args: argparse.Namespace) -> int:
     out, truth_path = Path(args.out), Path(args.truth) if args.truth else None
     if out.is_dir() or (truth_path is not None and truth_path.is_dir()):
         raise GradleakError("--out and --truth must be file paths, not folders")
+    if cfg.modality == "text":
+        from .text.runner import share_text
+
+        print(share_text(cfg, out, truth_path))
+        return 0
     case = simulate_client(cfg)
     save_update(case.update, out)
     if truth_path is not None and case.truth is not None:
@@ -188,9 +200,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from .report import render_report
+def _is_text_run(run: Path) -> bool:
+    import json
 
+    try:
+        return json.loads((run / "metrics.json").read_text(encoding="utf-8")).get("modality") == "text"
+    except (OSError, ValueError, AttributeError):
+        return False  # the image report gives the error
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if _is_text_run(Path(args.run)):
+        from .text.report import render_text_report as render_report
+    else:
+        from .report import render_report
     path = render_report(Path(args.run))
     print(f"wrote {path}")
     return 0

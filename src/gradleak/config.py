@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -21,7 +21,8 @@ class AttackConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what is attacked
-    attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig")
+    modality: Literal["image", "text"] = Field("image", description="what the client trains on: image | text")
+    attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig (text: dlg | dlg-free | bow)")
     model: str = Field("lenet-dlg", description="victim model name, or package.module:callable")
     width: int | None = Field(None, ge=1, le=4096, description="model width (convnet)")
     data: str = Field("cifar10-samples", description="data source name or an ImageFolder / IDX folder")
@@ -42,6 +43,7 @@ class AttackConfig(BaseModel):
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
+    text: list[str] = Field(default_factory=list, description="text: one sentence of the client's data, repeatable")
     # the attack
     iterations: int | None = Field(None, ge=0, le=10_000_000, description="optimisation steps")
     lr: float | None = Field(None, gt=0, description="learning rate")
@@ -70,6 +72,12 @@ class AttackConfig(BaseModel):
         if v not in ("cpu", "auto", "cuda") and not (v.startswith("cuda:") and v[5:].isdigit()):
             raise ValueError("must be cpu, cuda, cuda:N or auto")
         return v
+
+    @model_validator(mode="after")
+    def _text_needs_text_modality(self) -> "AttackConfig":
+        if self.text and self.modality != "text":
+            raise ValueError("--text needs --modality text")
+        return self
 
 
 def config_error(exc: ValidationError) -> ConfigError:

@@ -1,0 +1,568 @@
+"""Token-level leakage: rebuild a client's sentences from its shared update.
+
+Three attacks, each a composition of the parts below:
+
+* ``bow`` (bag of words): the word-embedding layer maps token t to row t of W, so the gradient of
+  W is non-zero exactly in the rows of the tokens that occur in the batch (embedding backward is an
+  index-add). The non-zero rows name the batch's token set; the non-zero rows of the
+  position-embedding gradient give the longest sentence's length L. No optimisation. Under FedAvg
+  the same holds for W_S - W_0 (plain SGD never moves a row whose gradient is zero).
+* ``dlg`` (DLG for text, Zhu et al. 2019 Sec. 4.2, restricted): K x L dummy positions, each a
+  softmax over the leaked tokens, whose embedding is the mixture of their rows of W; dummy soft
+  labels. Both are optimised so that the simulated update (the rows of W of the leaked tokens
+  included) matches the shared one. Each position then takes its most probable token. Beyond
+  DLG, a greedy search over discrete sentences (swap two positions, move one, replace one by
+  another leaked token, change a label) keeps every move that lowers the gradient distance, so
+  the order is the one the gradients prefer.
+* ``dlg-free``: plain DLG for text: free dummy embeddings (no token set), each position mapped to
+  its nearest row of W, then the same search among each position's nearest tokens.
+
+[CLS] at position 0 and [SEP] at L - 1 are the tokenizer's public convention and are fixed;
+every dummy sentence has the length L leaked by the position gradient (exact for one sentence,
+or for K sentences of equal length; shorter sentences of a batch are then rebuilt as L tokens).
+
+The attack receives the update and the model only: never the sentences, never the labels.
+Progress (optimisation loss, then each accepted search move) is recorded per iteration like the
+image attacks; an observer may watch the current tokens (the runner scores them against the
+truth it holds; nothing flows back).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..attacks.loop import LoopSettings, optimise
+from ..attacks.objectives import squared_l2
+from ..errors import ConfigError, GradleakError, UnknownNameError
+from ..fl.threats import ThreatModel, step_assignment
+from ..fl.update import SharedUpdate
+from .models import TextModel
+
+# observer(iteration, token ids per sentence [CLS] ... [SEP]); for watching only.
+TextObserver = Callable[[int, list[list[int]]], None]
+TEXT_ATTACKS = {
+    "dlg": "DLG restricted to the leaked bag of words, plus a search over orders (default)",
+    "dlg-free": "DLG on free token embeddings, nearest tokens, plus the search",
+    "bow": "bag of words only: the token set from the word-embedding gradient's non-zero rows",
+}
+LABEL_MODES = ("soft", "bias")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DEFAULTS = {
+    "tiny-transformer": dict(iterations=200, lr=0.1, optimizer="adam", dtype="float64", search_evaluations=4000),
+    "minilm": dict(iterations=100, lr=0.1, optimizer="adam", dtype="float32", search_evaluations=600),
+}
+
+
+def text_attack_names() -> list[str]:
+    return list(TEXT_ATTACKS)
+
+
+@dataclass(frozen=True)
+class TextAttackSettings:
+    """``None`` means the attack's default for the model (see DEFAULTS).
+
+    labels: "soft" (DLG: optimised soft labels) or "bias" (one sentence: the class whose
+    classifier-bias gradient is negative, exact). search_evaluations: budget of discrete
+    sentences the order search may score (0: no search).
+    """
+
+    iterations: int | None = None
+    lr: float | None = None
+    optimizer: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    device: str = "cpu"
+    log_every: int = 10
+    progress: bool = False
+    labels: str | None = None
+    search_evaluations: int | None = None
+
+    def resolved(self, model: TextModel) -> "TextAttackSettings":
+        d = DEFAULTS.get(model.name, DEFAULTS["tiny-transformer"])
+        return replace(self, **{k: v for k, v in d.items() if getattr(self, k) is None})
+
+
+@dataclass
+class BagOfWords:
+    """What the word- and position-embedding gradients give away without any optimisation.
+
+    token_ids:  the tokens of the batch, sorted by id (special tokens included).
+    row_norms:  L2 norm of each of those gradient rows.
+    length:     the longest sentence's token count L ([CLS] and [SEP] included), or None.
+    exact:      True when the rows were selected as exactly non-zero (a clean or pruned update);
+                False when noise made every row non-zero and the largest rows were kept.
+    """
+
+    token_ids: list[int]
+    row_norms: list[float]
+    length: int | None
+    exact: bool
+
+
+@dataclass
+class TextReconstruction:
+    """The attack's output: token ids per sentence ([CLS] ... [SEP]), labels [K], progress."""
+
+    token_ids: list[list[int]]
+    labels: torch.Tensor
+    bag: BagOfWords
+    history: list[dict[str, float]] = field(default_factory=list)
+    iterations: int = 0
+    wall_seconds: float = 0.0
+    label_method: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- bag of words
+def _nonzero_rows(g: torch.Tensor) -> torch.Tensor:
+    return g.reshape(g.shape[0], -1).abs().amax(dim=1) > 0
+
+
+def _noise_threshold(norms: torch.Tensor, dim: int) -> float:
+    """A row-norm threshold above pure-noise rows: the median row (most rows carry no token, so
+    the median is noise) times 1 + 5 / sqrt(2 dim) (a chi distribution with ``dim`` degrees of
+    freedom rarely exceeds that, even over 30,000 rows)."""
+    return float(norms.median()) * (1 + 5 / (2 * dim) ** 0.5)
+
+
+def leaked_length(update: SharedUpdate, model: TextModel) -> tuple[int | None, bool]:
+    """(L, exact): 1 + the last non-zero row of the position-embedding gradient. Padded
+    positions get exactly zero gradient, so L is the longest sentence's length. When noise made
+    every row non-zero, the last row that stands out above the noise is used."""
+    g = update.gradients.get(model.position_embedding)
+    if g is None:
+        return None, False
+    nz = _nonzero_rows(g).nonzero().flatten()
+    if len(nz) == 0:
+        return None, False
+    if len(nz) < g.shape[0]:
+        return int(nz.max()) + 1, True
+    norms = g.reshape(g.shape[0], -1).double().norm(dim=1)
+    big = (norms > _noise_threshold(norms, g.shape[1])).nonzero().flatten()
+    return (int(big.max()) + 1 if len(big) else None), False
+
+
+def bag_of_words(update: SharedUpdate, model: TextModel) -> BagOfWords:
+    """The batch's token set from the non-zero rows of the word-embedding gradient.
+
+    A batch of K sentences of at most L tokens holds at most K * L distinct tokens. When more
+    rows than that are non-zero (noise), the rows standing out above the noise level are kept,
+    at most the K * L largest (approximate: weak rows of real tokens may drown)."""
+    if model.word_embedding not in update.gradients:
+        raise GradleakError(f"the update holds no gradient for the word embedding {model.word_embedding!r}")
+    g = update.gradients[model.word_embedding]
+    norms = g.reshape(g.shape[0], -1).double().norm(dim=1)
+    nz = _nonzero_rows(g)
+    length, length_exact = leaked_length(update, model)
+    # under noise the length is only a lower bound: allow the model's longest sentences
+    budget = update.meta.batch_size * (length if length_exact and length else model.max_length)
+    if int(nz.sum()) <= budget:
+        ids, exact = nz.nonzero().flatten(), True
+    else:
+        above = norms > _noise_threshold(norms, g.shape[1])
+        top = torch.topk(norms, min(budget, max(1, int(above.sum())))).indices
+        ids, exact = top.sort().values, False
+    ids = ids.tolist()
+    return BagOfWords(token_ids=ids, row_norms=[float(norms[i]) for i in ids], length=length, exact=exact)
+
+
+def bias_labels(update: SharedUpdate, model: TextModel) -> torch.Tensor:
+    """One sentence: the classifier bias gradient is softmax(z) - onehot(y), negative only at y
+    (iDLG's observation, exact for any classifier with a bias). FedAvg shares -lr * sum of
+    gradients, so the sign is flipped first."""
+    g = update.gradients[model.classifier_bias].double()
+    if ThreatModel.from_record(update.meta.threat).client_threat == "fedavg":
+        g = -g
+    return g.argmin().reshape(1)
+
+
+# --------------------------------------------------------------------------- simulation
+class TextSimulator:
+    """The attacker's simulation of the client: dummy inputs -> the update they would produce.
+
+    ``rows``: token ids whose embedding rows are variables (restricted mode): inputs are then
+    probabilities [K, L, len(rows)] over those tokens, the embeddings P @ W[rows], and the rows
+    W[rows] of the shared update are matched too. ``rows=None``: inputs are free embeddings
+    [K, L, dim]; the word-embedding gradient is not matched (free vectors do not touch W).
+
+    FedAvg is unrolled functionally (local steps over the dummy batch in the fixed order 0..K-1,
+    as the image attacks assume); aggregate averages N simulated clients.
+    """
+
+    def __init__(self, model: TextModel, update: SharedUpdate, *, rows: list[int] | None,
+                 dtype: torch.dtype, device: torch.device):
+        self.model, self.dtype, self.device = model, dtype, device
+        trainable = [n for n, p in model.module.named_parameters() if p.requires_grad]
+        self.params = {n: update.global_weights[n].to(device=device, dtype=dtype) for n in trainable}
+        self.buffers = {n: b.to(device) for n, b in model.module.named_buffers()}
+        self.threat = ThreatModel.from_record(update.meta.threat)
+        self.batch_size = update.meta.batch_size
+        self.clients = self.threat.clients if self.threat.name == "aggregate" else 1
+        self.client_batch = self.batch_size // self.clients
+        w = model.word_embedding
+        self.rows = rows
+        self.names = [n for n in trainable if n != w]
+        target = [update.gradients[n].to(device=device, dtype=dtype) for n in self.names]
+        if rows is not None:
+            idx = torch.tensor(rows, dtype=torch.long, device=device)
+            self.row_index = idx
+            target.append(update.gradients[w].to(device=device, dtype=dtype)[idx])
+        self.target = target
+        if self.threat.client_threat == "fedavg":
+            b = self.threat.local_batch_size or self.client_batch
+            self.steps = step_assignment(self.client_batch, b, self.threat.local_steps, None)
+
+    def _embed(self, inputs: torch.Tensor, w_rows: torch.Tensor | None) -> torch.Tensor:
+        return inputs @ w_rows if w_rows is not None else inputs
+
+    def _client(self, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                create_graph: bool) -> list[torch.Tensor]:
+        base = {n: p for n, p in self.params.items()}
+        w_rows = None
+        if self.rows is not None:
+            w_rows = self.params[self.model.word_embedding][self.row_index].clone().requires_grad_(True)
+        params = {n: base[n].clone().requires_grad_(True) for n in self.names}
+        full = {**base, **params}
+        variables = list(params.values()) + ([w_rows] if w_rows is not None else [])
+        if self.threat.client_threat == "fedsgd":
+            logits = self.model.logits(full, self.buffers, self._embed(inputs, w_rows), mask)
+            loss = _loss(logits, labels)
+            return list(torch.autograd.grad(loss, variables, create_graph=create_graph))
+        start = variables
+        current = list(variables)
+        lr = self.threat.local_lr
+        for idx in self.steps:
+            cur = dict(zip(self.names, current[:len(self.names)]))
+            rows = current[-1] if w_rows is not None else None
+            logits = self.model.logits({**base, **cur}, self.buffers, self._embed(inputs[idx], rows), mask[idx])
+            grads = torch.autograd.grad(_loss(logits, labels[idx]), current, create_graph=True)
+            current = [p - lr * g for p, g in zip(current, grads)]
+        return [c - s for c, s in zip(current, start)]
+
+    def __call__(self, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, *,
+                 create_graph: bool = True) -> list[torch.Tensor]:
+        """inputs [K, L, len(rows)] probabilities (restricted) or [K, L, dim] embeddings;
+        mask [K, L]; labels [K] ints or [K, C] probabilities -> tensors in target order."""
+        with torch.enable_grad():
+            if self.clients == 1:
+                return self._client(inputs, mask, labels, create_graph)
+            k = self.client_batch
+            parts = [self._client(inputs[i * k:(i + 1) * k], mask[i * k:(i + 1) * k], labels[i * k:(i + 1) * k],
+                                  create_graph) for i in range(self.clients)]
+            return [sum(p[j] for p in parts) / self.clients for j in range(len(self.target))]
+
+    def distance(self, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> float:
+        """Squared L2 gradient distance of fixed inputs (no graph kept)."""
+        got = self(inputs, mask, labels, create_graph=False)
+        return float(squared_l2([g.detach() for g in got], self.target))
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)  # labels: [K] classes or [K, C] probabilities
+
+
+# --------------------------------------------------------------------------- discrete search
+@dataclass
+class _State:
+    ids: torch.Tensor      # [K, n] content: indices into the leaked tokens (restricted) or token ids
+    lengths: list[int]     # content tokens per sentence (<= n); the rest is padding
+    labels: torch.Tensor   # [K]
+    loss: float
+
+
+Move = tuple  # ("swap", s1, p1, s2, p2) | ("move", s, p, q) | ("replace", s, p, c) | ("label", s, c) | ("length", s, n)
+
+
+class OrderSearch:
+    """Greedy search over discrete sentences that lowers the gradient distance.
+
+    Moves: swap two content positions (within or across sentences); move one token to another
+    position (the others shift); replace a position's token by another candidate; change a
+    sentence's label; (K > 1) change a sentence's length, the longest staying L. The move list
+    is scanned cyclically and every move that lowers the distance is kept at once; the search
+    stops after a full cycle without improvement or after ``budget`` scored sentences.
+    """
+
+    def __init__(self, score: Callable[[torch.Tensor, list[int], torch.Tensor], float],
+                 candidates: list[list[int]], k: int, n: int, num_classes: int, budget: int, lengths: bool):
+        self.score, self.candidates, self.budget, self.evaluations = score, candidates, budget, 0
+        self.n = n
+        slots = [(a, p) for a in range(k) for p in range(n)]
+        moves: list[Move] = [("swap", *slots[i], *slots[j]) for i in range(len(slots)) for j in range(i + 1, len(slots))]
+        moves += [("move", a, p, q) for a in range(k) for p in range(n) for q in range(n) if abs(p - q) >= 2]
+        moves += [("replace", a, p, c) for a in range(k) for p in range(n) for c in candidates[a * n + p]]
+        moves += [("label", a, c) for a in range(k) for c in range(num_classes)]
+        if lengths:
+            moves += [("length", a, m) for a in range(k) for m in range(1, n + 1)]
+        self.moves = moves
+
+    def apply(self, st: _State, move: Move) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
+        """The sentences after ``move``, or None where it is not applicable or changes nothing."""
+        kind = move[0]
+        ids, lengths, labels = st.ids, st.lengths, st.labels
+        if kind == "swap":
+            _, a, p, b, q = move
+            if p >= lengths[a] or q >= lengths[b] or ids[a, p] == ids[b, q]:
+                return None
+            ids = ids.clone()
+            ids[a, p], ids[b, q] = st.ids[b, q], st.ids[a, p]
+        elif kind == "move":
+            _, a, p, q = move
+            if p >= lengths[a] or q >= lengths[a]:
+                return None
+            row = ids[a].tolist()
+            row.insert(q, row.pop(p))
+            ids = ids.clone()
+            ids[a] = torch.tensor(row, dtype=ids.dtype)
+        elif kind == "replace":
+            _, a, p, c = move
+            if p >= lengths[a] or int(ids[a, p]) == c:
+                return None
+            ids = ids.clone()
+            ids[a, p] = c
+        elif kind == "label":
+            _, a, c = move
+            if int(labels[a]) == c:
+                return None
+            labels = labels.clone()
+            labels[a] = c
+        else:
+            _, a, m = move
+            new = list(lengths)
+            new[a] = m
+            if m == lengths[a] or max(new) != self.n:
+                return None
+            lengths = new
+        return ids, lengths, labels
+
+    def run(self, state: _State, on_accept: Callable[[_State], None]) -> _State:
+        i, since = 0, 0
+        total = len(self.moves)
+        while since < total and self.evaluations < self.budget:
+            move = self.moves[i % total]
+            i += 1
+            since += 1
+            cand = self.apply(state, move)
+            if cand is None:
+                continue
+            self.evaluations += 1
+            loss = self.score(*cand)
+            if loss < state.loss:
+                state = _State(cand[0], cand[1], cand[2], loss)
+                since = 0
+                on_accept(state)
+        return state
+
+
+# --------------------------------------------------------------------------- DLG for text
+def _progress(description: str, total: int, enabled: bool):  # noqa: ANN202
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn(f"[bold]{description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.3e}"), TimeElapsedColumn(), disable=not enabled)
+
+
+def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
+             observer: TextObserver | None = None, *, restrict: bool = True) -> TextReconstruction:
+    """DLG for text (see the module docstring). Returns [CLS] ... [SEP] ids per sentence."""
+    s = settings.resolved(model)
+    if s.labels is not None and s.labels not in LABEL_MODES:
+        raise ConfigError(f"labels: text attacks restore labels as {' or '.join(LABEL_MODES)}, got {s.labels!r}")
+    try:
+        dtype = DTYPES[str(s.dtype)]
+    except KeyError:
+        raise ConfigError(f"dtype: unknown {s.dtype!r}; known: {', '.join(DTYPES)}") from None
+    device = torch.device(s.device)
+    tok = model.tokenizer
+    k = update.meta.batch_size
+    bag = bag_of_words(update, model)
+    length = bag.length
+    if length is None or length < 3:
+        raise GradleakError("the update does not reveal a sentence length (position-embedding gradient zero, "
+                            "or hidden by noise)" if length is None or not bag.exact else
+                            f"the update reveals sentences of {length} tokens: nothing between [CLS] and [SEP]")
+    n_content = length - 2
+    content_ids = [t for t in bag.token_ids if t not in tok.special_ids]
+    if restrict and not content_ids:
+        raise GradleakError("the word-embedding gradient names no content token; try --attack dlg-free")
+    label_mode = s.labels or ("bias" if k == 1 else "soft")
+    if label_mode == "bias" and k != 1:
+        raise ConfigError("labels 'bias' restores the label of one sentence; use soft labels for batches")
+    gen = torch.Generator().manual_seed(s.seed)
+    mask = torch.ones((k, length), dtype=torch.long, device=device)
+    fixed_labels = bias_labels(update, model).to(device) if label_mode == "bias" else None
+    y_soft = None
+    if fixed_labels is None:
+        y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
+
+    if restrict:
+        rows = [tok.cls_id, tok.sep_id] + content_ids      # W rows that are variables
+        sim = TextSimulator(model, update, rows=rows, dtype=dtype, device=device)
+        n_rows = len(rows)
+        z = torch.randn((k, n_content, len(content_ids)), generator=gen, dtype=dtype).to(device).requires_grad_(True)
+        edge = torch.zeros((k, 1, n_rows), dtype=dtype, device=device)
+        cls_row, sep_row = edge.clone(), edge.clone()
+        cls_row[..., 0], sep_row[..., 1] = 1.0, 1.0
+        pad = torch.zeros((k, n_content, 2), dtype=dtype, device=device)
+
+        def inputs() -> torch.Tensor:
+            return torch.cat([cls_row, torch.cat([pad, torch.softmax(z, dim=-1)], dim=-1), sep_row], dim=1)
+
+        def current_ids() -> torch.Tensor:  # indices into content_ids [K, n_content]
+            return z.detach().argmax(dim=-1)
+        variables = [z]
+    else:
+        sim = TextSimulator(model, update, rows=None, dtype=dtype, device=device)
+        w = sim.params[model.word_embedding].detach()
+        scale = float(w.std())
+        x = (torch.randn((k, n_content, w.shape[1]), generator=gen, dtype=dtype) * scale).to(device).requires_grad_(True)
+        cls_e = w[tok.cls_id].expand(k, 1, -1)
+        sep_e = w[tok.sep_id].expand(k, 1, -1)
+        allowed = torch.ones(w.shape[0], dtype=torch.bool, device=device)
+        allowed[list(tok.special_ids)] = False
+
+        def inputs() -> torch.Tensor:
+            return torch.cat([cls_e, x, sep_e], dim=1)
+
+        def current_ids() -> torch.Tensor:  # token ids [K, n_content]: nearest rows of W
+            d = torch.cdist(x.detach().reshape(-1, w.shape[1]), w)
+            d[:, ~allowed] = float("inf")
+            return d.argmin(dim=1).reshape(k, n_content)
+        variables = [x]
+    if y_soft is not None:
+        variables.append(y_soft)
+
+    def target_labels() -> torch.Tensor:
+        return torch.softmax(y_soft, dim=-1) if y_soft is not None else fixed_labels  # type: ignore[return-value]
+
+    def objective() -> torch.Tensor:
+        return squared_l2(sim(inputs(), mask, target_labels()), sim.target)
+
+    def to_tokens(idx: torch.Tensor, lengths: list[int] | None = None) -> list[list[int]]:
+        out = []
+        for a, row in enumerate(idx.tolist()):
+            row = row[:lengths[a]] if lengths is not None else row
+            body = [content_ids[i] for i in row] if restrict else row
+            out.append([tok.cls_id, *body, tok.sep_id])
+        return out
+
+    log = None
+    if observer is not None:
+        def log(t: int) -> None:
+            observer(t, to_tokens(current_ids()))
+    loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
+                        progress=s.progress, description="dlg (text)" if restrict else "dlg-free (text)")
+    res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every)
+    history: list[dict[str, float]] = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"}
+                                       for h in res.history]
+    done = res.iterations
+
+    # ---- discrete sentences: each position's most probable token, then the order search
+    start = time.perf_counter()
+    if restrict:
+        candidates = [list(range(len(content_ids)))] * (k * n_content)
+    else:
+        # candidates: the 8 nearest non-special tokens of each position's optimised embedding
+        d = torch.cdist(x.detach().reshape(-1, w.shape[1]), w)
+        d[:, ~allowed] = float("inf")
+        candidates = [r.tolist() for r in d.topk(8, largest=False).indices]
+
+    def inputs_from(idx: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[CLS] content [SEP] then padding (masked; its embedding is irrelevant, [SEP]'s)."""
+        m = torch.zeros((k, length), dtype=torch.long, device=device)
+        if restrict:
+            full = torch.ones((k, length), dtype=torch.long, device=device)  # row 1: [SEP]
+            full[:, 0] = 0
+        else:
+            full = torch.full((k, length), tok.sep_id, dtype=torch.long, device=device)
+            full[:, 0] = tok.cls_id
+        for a, n in enumerate(lengths):
+            full[a, 1:n + 1] = idx[a, :n] + 2 if restrict else idx[a, :n]
+            m[a, :n + 2] = 1
+        if restrict:
+            return F.one_hot(full, n_rows).to(dtype), m
+        return w[full], m
+    with torch.no_grad():
+        labels0 = (y_soft.detach().argmax(dim=-1) if y_soft is not None else fixed_labels).clone()  # type: ignore[union-attr]
+
+    def score(idx: torch.Tensor, lengths: list[int], labels: torch.Tensor) -> float:
+        inp, m = inputs_from(idx, lengths)
+        return sim.distance(inp, m, labels)
+
+    ids0 = current_ids().clone()
+    full_lengths = [n_content] * k
+    first = _State(ids0, full_lengths, labels0, score(ids0, full_lengths, labels0))
+    dlg_tokens = to_tokens(ids0)
+    history.append({"iteration": done + 1, "loss": first.loss, "phase": "discrete"})
+    done += 1
+    if observer is not None:
+        observer(done, dlg_tokens)
+    # One sentence: its length is the leaked L. K sentences: only the longest is known to be L.
+    search = OrderSearch(score, candidates, k, n_content, model.num_classes if fixed_labels is None else 0,
+                         int(s.search_evaluations), lengths=k > 1)
+    with _progress("order search", 1, s.progress) as bar:
+        task = bar.add_task("order search", total=None, loss=first.loss)
+
+        def accept(st: _State) -> None:
+            nonlocal done
+            done += 1
+            history.append({"iteration": done, "loss": st.loss, "phase": "search"})
+            bar.update(task, advance=1, loss=st.loss)
+            if observer is not None and (done % max(1, s.log_every) == 0):
+                observer(done, to_tokens(st.ids, st.lengths))
+        final = search.run(first, accept) if s.search_evaluations > 0 else first
+    if observer is not None:
+        observer(done, to_tokens(final.ids, final.lengths))
+    search_seconds = time.perf_counter() - start
+    return TextReconstruction(
+        token_ids=to_tokens(final.ids, final.lengths), labels=final.labels.cpu().long(), bag=bag, history=history,
+        iterations=done, wall_seconds=res.wall_seconds + search_seconds,
+        label_method=label_mode if fixed_labels is not None else "soft",
+        extra={"gradient_distance": final.loss, "gradient_distance_dlg": first.loss,
+               "dlg_token_ids": dlg_tokens, "search_evaluations": search.evaluations,
+               "search_moves": len([h for h in history if h.get("phase") == "search"]),
+               "dlg_iterations": res.iterations, "search_seconds": round(search_seconds, 3),
+               "restricted_to_bag": restrict, "sentence_length": length,
+               "resolved": {"iterations": s.iterations, "lr": s.lr, "optimizer": s.optimizer, "dtype": s.dtype,
+                            "labels": label_mode}})
+
+
+def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
+               observer: TextObserver | None = None) -> TextReconstruction:
+    """Bag of words only: the token set, no order. The 'sentence' returned for evaluation lists
+    the leaked content tokens in id order (token-set metrics are what it is judged on)."""
+    t0 = time.perf_counter()
+    bag = bag_of_words(update, model)
+    tok = model.tokenizer
+    content = [t for t in bag.token_ids if t not in tok.special_ids]
+    k = update.meta.batch_size
+    labels = bias_labels(update, model) if k == 1 else torch.zeros(k, dtype=torch.long)
+    # K sentences: the leaked tokens are dealt round-robin (which sentence holds which is unknown)
+    rows = [[tok.cls_id, *content[i::k], tok.sep_id] for i in range(k)]
+    if observer is not None:
+        observer(1, rows)
+    wall = time.perf_counter() - t0
+    return TextReconstruction(token_ids=rows, labels=labels, bag=bag,
+                              history=[{"iteration": 1, "loss": float("nan"), "phase": "bow"}],
+                              iterations=1, wall_seconds=wall, label_method="bias" if k == 1 else "none",
+                              extra={"sentence_length": bag.length, "resolved": {}})
+
+
+def run_text_attack(name: str, update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
+                    observer: TextObserver | None = None) -> TextReconstruction:
+    if name == "bow":
+        return bow_attack(update, model, settings, observer)
+    if name == "dlg":
+        return dlg_text(update, model, settings, observer, restrict=True)
+    if name == "dlg-free":
+        return dlg_text(update, model, settings, observer, restrict=False)
+    raise UnknownNameError(f"unknown text attack {name!r}; known: {', '.join(TEXT_ATTACKS)}")
+
+
+__all__ = ["BagOfWords", "TEXT_ATTACKS", "TextAttackSettings", "TextReconstruction", "TextSimulator",
+           "bag_of_words", "bias_labels", "dlg_text", "leaked_length", "run_text_attack", "text_attack_names"]

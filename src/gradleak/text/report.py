@@ -1,0 +1,253 @@
+"""The self-contained HTML report of a text run folder: original and recovered sentences side by
+side, word pieces coloured by match.
+
+Like the image report (:mod:`gradleak.report.html`), the page loads nothing: CSS inline, the one
+figure a ``data:`` URI, a Content-Security-Policy that forbids anything else, and every string
+from the run folder (sentences are user data) passed through :func:`html.escape`.
+
+Run folder contract: metrics.json (required; ``modality: "text"``, ``per_sentence`` rows with
+``tokens_true``, ``tokens_recovered``, ``match``, ``recovered_in_set``), config.json and
+history.csv (iteration,loss,phase,token_accuracy) optional.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: .2em; }
+h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+h3 { font-size: 1em; margin: 1em 0 .3em; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: .4em 0; font-size: .92em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f5f5f7; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
+.tok { display: inline-block; margin: 1px; padding: 0 .3em; border-radius: 3px; font-family: ui-monospace,
+       SFMono-Regular, Menlo, monospace; font-size: .9em; border: 1px solid transparent; }
+.hit { background: #d9f2d9; border-color: #8fd18f; }
+.near { background: #fff0c2; border-color: #e8c766; }
+.miss { background: #fbdada; border-color: #e79b9b; }
+.plain { background: #eef0f3; border-color: #d5d9df; }
+figure { margin: 0 0 1.2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: .9em; }
+pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
+.muted { color: #888; }
+"""
+
+_SUMMARY = (("token_accuracy", "Token accuracy (position-wise)"), ("token_set_precision", "Token-set precision"),
+            ("token_set_recall", "Token-set recall"), ("bleu", "BLEU (sacrebleu, 0-100)"), ("rouge1", "ROUGE-1 F1"),
+            ("rouge2", "ROUGE-2 F1"), ("rougeL", "ROUGE-L F1"), ("label_accuracy", "Label accuracy"),
+            ("gradient_distance", "Gradient distance"), ("iterations", "Iterations"), ("wall_seconds", "Wall time"))
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None:
+        return '<span class="muted">n/a</span>'
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return escape(str(v))
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return escape(str(v))
+        if key in ("token_accuracy", "label_accuracy", "token_set_precision", "token_set_recall"):
+            return f"{100 * v:.1f} %"
+        if key == "wall_seconds":
+            return f"{v:.1f} s"
+        if key == "bleu":
+            return f"{v:.1f}"
+        return escape(f"{v:.4g}")
+    if isinstance(v, str):
+        return escape(v)
+    return escape(json.dumps(v, default=str, ensure_ascii=False))
+
+
+def _table(items: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+    rows = []
+    for k, v in items.items():
+        cls = ' class="num"' if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
+        rows.append(f"<tr><th>{escape((labels or {}).get(k, str(k)))}</th><td{cls}>{_fmt(k, v)}</td></tr>")
+    return f"<table>{''.join(rows)}</table>"
+
+
+def _tokens(tokens: list[Any], classes: list[str]) -> str:
+    return "".join(f'<span class="tok {c}">{escape(str(t))}</span>' for t, c in zip(tokens, classes)) or \
+        '<span class="muted">(none)</span>'
+
+
+def _sentences(metrics: Mapping[str, Any]) -> str:
+    rows = metrics.get("per_sentence")
+    if not isinstance(rows, list) or not rows:
+        recovered = metrics.get("recovered_sentences") or []
+        items = "".join(f"<li>{escape(str(s))}</li>" for s in recovered)
+        return ('<h2>Sentences</h2><p class="notice">No ground truth given: only the reconstruction is shown.</p>'
+                f"<ol>{items}</ol>")
+    out = ["<h2>Sentences</h2><table><tr><th>#</th><th>original</th><th>recovered</th><th>token acc.</th>"
+           "<th>BLEU</th><th>ROUGE-L</th><th>label true / restored</th></tr>"]
+    for r in rows:
+        if not isinstance(r, Mapping):
+            continue
+        t_tok = list(r.get("tokens_true") or [])
+        r_tok = list(r.get("tokens_recovered") or [])
+        match = list(r.get("match") or [])
+        in_set = list(r.get("recovered_in_set") or [])
+        t_cls = ["hit" if i < len(match) and match[i] else "plain" for i in range(len(t_tok))]
+        r_cls = []
+        for j in range(len(r_tok)):
+            hit = j < len(t_tok) and j < len(match) and match[j]
+            r_cls.append("hit" if hit else ("near" if j < len(in_set) and in_set[j] else "miss"))
+        out.append(
+            f"<tr><td class=\"num\">{_fmt('index', r.get('index'))}</td>"
+            f"<td>{escape(str(r.get('original', '')))}<br>{_tokens(t_tok, t_cls)}</td>"
+            f"<td>{escape(str(r.get('recovered', '')))}<br>{_tokens(r_tok, r_cls)}</td>"
+            f"<td class=\"num\">{_fmt('token_accuracy', r.get('token_accuracy'))}</td>"
+            f"<td class=\"num\">{_fmt('bleu', r.get('bleu'))}</td>"
+            f"<td class=\"num\">{_fmt('rougeL', r.get('rougeL'))}</td>"
+            f"<td>{_fmt('label', r.get('label_true'))} / {_fmt('label', r.get('label_restored'))}</td></tr>")
+    out.append("</table><p class=\"muted\">Word pieces: <span class=\"tok hit\">same position</span> "
+               "<span class=\"tok near\">in the sentence, other position</span> "
+               "<span class=\"tok miss\">not in the sentence</span> "
+               "<span class=\"tok plain\">true token not recovered at its position</span></p>")
+    return "".join(out)
+
+
+def _bag(metrics: Mapping[str, Any]) -> str:
+    bag = metrics.get("bag_of_words")
+    if not isinstance(bag, Mapping):
+        return ""
+    tokens = [str(t) for t in bag.get("tokens", [])]
+    how = "exactly non-zero rows" if bag.get("exact") else "largest rows (the update is noisy: approximate)"
+    return (f"<h2>Bag of words</h2><p>{len(tokens)} tokens from the word-embedding gradient ({escape(how)}); "
+            f"longest sentence: {_fmt('length', bag.get('length'))} tokens.</p>"
+            f"<p>{_tokens(tokens, ['plain'] * len(tokens))}</p>")
+
+
+def _history_png(history: list[dict[str, str]]) -> bytes | None:
+    if not history:
+        return None
+    from matplotlib.figure import Figure
+
+    def num(v: str | None) -> float:
+        try:
+            return float(v) if v not in (None, "") else float("nan")
+        except ValueError:
+            return float("nan")
+    fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for phase, colour in (("dlg", "C0"), ("discrete", "C1"), ("search", "C1"), ("bow", "C2")):
+        pts = [(num(h.get("iteration")), num(h.get("loss"))) for h in history if h.get("phase") == phase]
+        pts = [(x, y) for x, y in pts if y > 0 and math.isfinite(y)]
+        if pts:
+            ax.plot(*zip(*pts), ".-" if phase != "dlg" else "-", color=colour, ms=3, lw=1.2,
+                    label={"dlg": "optimisation", "search": "order search"}.get(phase))
+    ax.set_yscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("gradient distance")
+    acc = [(num(h.get("iteration")), num(h.get("token_accuracy"))) for h in history]
+    acc = [(x, y) for x, y in acc if math.isfinite(y)]
+    if acc:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*acc), "o", color="C2", ms=3, label="token accuracy")
+        ax2.set_ylim(-0.02, 1.02)
+        ax2.set_ylabel("token accuracy")
+    handles = [h for h in ax.get_legend_handles_labels()[0]]
+    if handles:
+        ax.legend(loc="upper right", fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _read_history(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return [dict(r) for r in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path} is not a readable CSV file: {exc}") from None
+
+
+def render_text_report(run_dir: str | os.PathLike[str]) -> Path:
+    """Write ``run_dir/report.html`` for a text run folder and return its path."""
+    run_dir = Path(run_dir)
+    mpath = run_dir / "metrics.json"
+    if not mpath.is_file():
+        raise DataError(f"{mpath} not found: a run folder needs metrics.json to be reported")
+    try:
+        metrics = json.loads(mpath.read_text(encoding="utf-8"))
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8")) \
+            if (run_dir / "config.json").is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{run_dir} holds invalid JSON: {exc}") from None
+    if not isinstance(metrics, dict):
+        raise DataError(f"{mpath} must hold a JSON object")
+    png = _history_png(_read_history(run_dir / "history.csv"))
+    title = " ".join(escape(str(metrics.get(k, "?"))) for k in ("attack",)) + \
+        f" on {escape(str(metrics.get('model', '?')))}, {escape(str(metrics.get('data', '?')))}"
+    summary = {k: metrics.get(k) for k, _ in _SUMMARY}
+    attacked = {"model": metrics.get("model"), "data": metrics.get("data"), "batch size": metrics.get("batch_size"),
+                "attack": metrics.get("attack"), "threat": metrics.get("threat"),
+                "defenses": ", ".join(str(d) for d in metrics.get("defenses") or []) or "none",
+                "label method": metrics.get("label_method")}
+    before = ""
+    if metrics.get("token_accuracy_dlg") is not None:
+        before = (f"<p>Before the order search (each position's most probable token after optimisation): token "
+                  f"accuracy {_fmt('token_accuracy', metrics.get('token_accuracy_dlg'))}, gradient distance "
+                  f"{_fmt('x', metrics.get('gradient_distance_dlg'))}.</p>")
+    figure = ""
+    if png is not None:
+        figure = (f'<h2>Progress</h2><figure><img alt="progress" src="data:image/png;base64,'
+                  f'{base64.b64encode(png).decode("ascii")}"><figcaption>Gradient distance per iteration '
+                  "(optimisation, then each accepted search move) and token accuracy where observed."
+                  "</figcaption></figure>")
+    versions = metrics.get("versions")
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>gradleak: {title}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p class="sub">gradleak text run report &middot; {escape(run_dir.name.split('.partial-')[0].lstrip('.'))}</p>
+<h2>Summary</h2>{_table(summary, dict(_SUMMARY))}{before}
+<h2>What was attacked</h2>{_table(attacked)}
+{_sentences(metrics)}
+{_bag(metrics)}
+{figure}
+{"<h2>Versions</h2>" + _table(versions) if isinstance(versions, Mapping) else ""}
+<h2>Config</h2><pre>{escape(json.dumps(config, indent=2, ensure_ascii=False)) if config is not None else "none"}</pre>
+</body>
+</html>
+"""
+    out = run_dir / "report.html"
+    tmp = run_dir / "report.html.tmp"
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+__all__ = ["render_text_report"]
