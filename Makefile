@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch 2.14.1 / torchvision 0.29.1 come from this machine's local wheels via pip.
-	$(BIN)/python -m pip install -q -c requirements.lock -e ".[pretrained,test,text]"
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[pretrained,test,fl,text]"
 	# foolbox is installed only for the real sample photos in foolbox/data/; its own
 	# dependencies (eagerpy, ...) are not needed because gradleak never imports it.
 	$(BIN)/python -m pip install -q --no-deps foolbox==3.3.4

@@ -1,0 +1,115 @@
+"""Run a sweep: expand the spec, skip the cells already in the store, run the rest on an
+executor, and commit each finished cell at once (store row, then results.csv rewritten)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .executors import EXECUTORS, available_cpus, run_cells
+from .spec import SweepSpec
+from .store import FolderLock, ResultStore
+
+
+@dataclass
+class SweepSummary:
+    out: Path
+    total: int                       # cells in the spec
+    skipped: int                     # already in the store when the sweep started
+    computed: list[str] = field(default_factory=list)   # cell ids finished by this run
+    failed: list[str] = field(default_factory=list)     # of those, the failed ones
+    lost: list[str] = field(default_factory=list)       # lost to the infrastructure (not recorded)
+    wall_seconds: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return self.skipped + len(self.computed)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the sweep like Ctrl-C does (finished cells kept, running ones stopped)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA --:--"
+    s = int(round(seconds))
+    return f"ETA {s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"ETA {s // 60:02d}:{s % 60:02d}"
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", workers: int | None = None,
+              address: str | None = None, retry_failed: bool = False, save_runs: bool = False,
+              progress: bool = True, console: Any = None) -> SweepSummary:
+    """Run every cell of ``spec`` not yet finished in ``out``; return what happened.
+
+    Finished cells (ok, and failed unless ``retry_failed``) are skipped. Each cell that
+    finishes is committed to DIR/results.sqlite at once and DIR/results.csv is rewritten
+    atomically. KeyboardInterrupt (Ctrl-C, or SIGTERM) stops the workers and propagates; the
+    store then holds every cell that finished.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out = Path(out)
+    console = console or Console(stderr=True)
+    t0 = time.perf_counter()
+    with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():
+        finished = store.finished(include_failed=not retry_failed)
+        pending = [c for c in spec.cells if c.cell_id not in finished]
+        summary = SweepSummary(out=out, total=len(spec.cells), skipped=len(spec.cells) - len(pending))
+        n_workers = workers or (available_cpus() if executor == "local" else None)
+        store.record_sweep(spec.to_dict(), executor, n_workers, len(spec.cells), len(pending))
+        store.write_csv()
+        run_dirs = {c.cell_id: str(out / "runs" / c.cell_id) for c in pending} if save_runs else {}
+        columns = [TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
+        with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+            task = bar.add_task("sweep", total=summary.total, completed=summary.skipped, eta=_eta(None),
+                                note=f"{summary.skipped} already done" if summary.skipped else "")
+            started = time.perf_counter()
+            if not progress and pending:
+                console.print(f"sweep: {len(pending)} of {summary.total} cells to run on {executor}"
+                              + (f" ({n_workers} workers)" if n_workers else ""), highlight=False)
+            for cell, result in run_cells(pending, executor, workers=workers, address=address, run_dirs=run_dirs):
+                if result is None:
+                    summary.lost.append(cell.cell_id)
+                    continue
+                store.add(cell.cell_id, cell.grid, cell.config, result)
+                store.write_csv()
+                summary.computed.append(cell.cell_id)
+                if result.get("status") != "ok":
+                    summary.failed.append(cell.cell_id)
+                n = len(summary.computed)
+                left = len(pending) - n - len(summary.lost)
+                eta = (time.perf_counter() - started) / n * left
+                note = f"{len(summary.failed)} failed" if summary.failed else ""
+                bar.update(task, advance=1, eta=_eta(eta), note=note)
+                if not progress:
+                    psnr = (result.get("metrics") or {}).get("psnr_mean")
+                    shown = f"psnr {psnr:.2f} dB" if isinstance(psnr, (int, float)) else result.get("error") or ""
+                    console.print(f"[{summary.done}/{summary.total}] {cell.cell_id} "
+                                  + " ".join(f"{k}={v}" for k, v in cell.grid.items()) + f": {shown} {_eta(eta)}",
+                                  highlight=False, markup=False)
+    summary.wall_seconds = time.perf_counter() - t0
+    return summary
+
+
+__all__ = ["EXECUTORS", "SweepSummary", "run_sweep"]

@@ -1,0 +1,149 @@
+"""Executors: run cells somewhere and hand back (cell, result) as each finishes.
+
+* ``local``:  a process pool (concurrent.futures, spawn context) of ``workers`` processes, one
+              torch thread each; default workers = the CPUs this process may use.
+* ``ray``:    Ray tasks (``ray.remote(num_cpus=1)``) on a local Ray instance started for the
+              sweep (``num_cpus=workers``), or on the cluster at ``address``; a Ray instance
+              that is already initialised in this process is used as is and left running.
+* ``inline``: in this process, one cell after another (debugging, tiny sweeps).
+
+At most ``2 x workers`` cells are submitted ahead, so an interrupted sweep has little queued
+work to cancel, and nothing but the running cells is lost. Each executor is a generator: when
+the consumer stops (Ctrl-C, SIGTERM, an error), its ``finally`` cancels queued cells and stops
+the workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import ConfigError, GradleakError
+from .spec import Cell
+from .worker import init_worker, run_cell
+
+EXECUTORS = ("local", "ray", "inline")
+Result = dict[str, Any]
+# An executor yields (cell, None) for a cell lost to the infrastructure (a Ray worker or node
+# died): it is not recorded, so the next run of the sweep computes it again.
+
+
+def available_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_cells(cells: Iterable[Cell], executor: str, *, workers: int | None = None, address: str | None = None,
+              run_dirs: dict[str, str] | None = None) -> Iterator[tuple[Cell, Result | None]]:
+    if executor == "local":
+        return _local(cells, workers or available_cpus(), run_dirs or {})
+    if executor == "ray":
+        return _ray(cells, workers, address, run_dirs or {})
+    if executor == "inline":
+        return _inline(cells, run_dirs or {})
+    raise ConfigError(f"executor: unknown {executor!r}; known: {', '.join(EXECUTORS)}")
+
+
+def _inline(cells: Iterable[Cell], run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
+    for cell in cells:
+        yield cell, run_cell(cell.config, run_dirs.get(cell.cell_id))
+
+
+def _local(cells: Iterable[Cell], workers: int, run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=init_worker)
+    todo = iter(cells)
+    in_flight: dict[Future[Result], Cell] = {}
+
+    def fill() -> None:
+        while len(in_flight) < 2 * workers:
+            cell = next(todo, None)
+            if cell is None:
+                return
+            in_flight[pool.submit(run_cell, cell.config, run_dirs.get(cell.cell_id))] = cell
+
+    clean = False
+    try:
+        fill()
+        while in_flight:
+            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                cell = in_flight.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    raise GradleakError(f"a worker process died while running cell {cell.cell_id} (out of memory?); "
+                                        "finished cells are saved, rerun the same command to continue") from None
+                yield cell, result
+            fill()
+        clean = True
+    finally:
+        if clean:
+            pool.shutdown(wait=True)
+        else:  # interrupted: drop queued cells and stop the running ones now
+            processes = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in processes:
+                p.join(timeout=5)
+
+
+def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
+         run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave the GPU env alone
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'gradleak[fl]'") from None
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if address:
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: {exc}") from None
+        else:
+            ray.init(address="local", num_cpus=workers or available_cpus(), **kwargs)
+        started = True
+    slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
+    todo = iter(cells)
+    in_flight: dict[Any, Cell] = {}
+
+    def fill() -> None:
+        while len(in_flight) < 2 * slots:
+            cell = next(todo, None)
+            if cell is None:
+                return
+            in_flight[task.remote(cell.config, run_dirs.get(cell.cell_id))] = cell
+
+    try:
+        fill()
+        while in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in ready:
+                cell = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError:  # worker died, node lost: not recorded, rerun redoes it
+                    result = None
+                yield cell, result
+            fill()
+    finally:
+        for ref in in_flight:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if started:
+            ray.shutdown()

@@ -1,0 +1,207 @@
+"""Sweeps: spec validation, cell identity, the SQLite store and results.csv, Ray = local, and a
+sweep killed midway that resumes with only the missing cells."""
+
+import csv
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gradleak.cli import main
+from gradleak.errors import ConfigError
+from gradleak.sweep import ResultStore, cell_identity, load_spec, parse_spec, run_sweep
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# Tiny cells: DLG on the paper's LeNet, a few L-BFGS steps, no IIP pool.
+BASE = {"attack": "dlg", "model": "lenet-dlg", "iterations": 5, "paper_metrics": False, "threads": 1}
+# Metrics that legitimately differ between two runs of the same cell.
+VOLATILE = {"wall_seconds", "versions"}
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def stable_metrics(store_dir: Path) -> dict[str, dict]:
+    with ResultStore(store_dir, create=False) as store:
+        return {r.cell_id: {k: v for k, v in r.metrics.items() if k not in VOLATILE} for r in store.records()}
+
+
+def assert_close(a, b, where=""):
+    """Equal JSON values, floats within 1e-9 relative (same code, same seed, one thread each)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12), where
+    else:
+        assert a == b, where
+
+
+# ------------------------------------------------------------------ spec validation
+@pytest.mark.parametrize("raw, field", [
+    ({"base": {"atack": "dlg"}, "grid": {"seed": [0]}}, "base.atack"),
+    ({"base": BASE, "grid": {"sed": [0, 1]}}, "grid.sed"),
+    ({"base": BASE, "grid": {"seed": []}}, "grid.seed"),
+    ({"base": BASE, "grid": {"seed": 3}}, "grid.seed"),
+    ({"base": BASE, "grid": {}}, "grid"),
+    ({"base": BASE}, "grid"),
+    ({"base": BASE, "grid": {"batch_size": [1, "two"]}}, "grid.batch_size[1]"),
+    ({"base": BASE, "grid": {"batch_size": [1, 0]}}, "grid.batch_size[1]"),
+    ({"base": {**BASE, "threat": "fedprox"}, "grid": {"seed": [0]}}, "base.threat"),
+    ({"base": BASE, "grid": {"iterations": [1, 2]}}, "grid.iterations"),          # also in base
+    ({"base": BASE, "grid": {"seed": [1, 1]}}, "grid.seed[1]"),                    # duplicate
+    ({"base": {**BASE, "out": "x"}, "grid": {"seed": [0]}}, "base.out"),
+    ({"base": BASE, "grid": {"seed": [0]}, "extra": 1}, "extra"),
+    ([1, 2], "sweep spec"),
+])
+def test_bad_spec_names_the_field(raw, field):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(raw)
+    assert field in str(err.value)
+
+
+def test_bad_spec_on_the_cli_is_one_line_exit_2(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {attack: dlg}\ngrid:\n  batch_size: [1, two]\n")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "grid.batch_size[1]" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cells_and_identity(tmp_path):
+    spec = parse_spec({"base": BASE, "grid": {"batch_size": [1, 2], "seed": [0, 1, 2], "defense": [[], "gaussian:0.001"]}})
+    assert len(spec.cells) == 12 and len({c.cell_id for c in spec.cells}) == 12
+    cell = spec.cells[-1]
+    assert cell.grid == {"batch_size": 2, "seed": 2, "defense": ["gaussian:0.001"]}
+    assert cell.config["progress"] is False and cell.config["model_seed"] == 0   # defaults resolved
+    # Identity depends on the resolved config only: the same cell spelt differently, with the
+    # field in base instead of grid, or a default written out, has the same id.
+    other = parse_spec({"base": {**BASE, "seed": 2, "model_seed": 0, "defense": ["gaussian:0.001"]},
+                        "grid": {"batch_size": [2]}})
+    assert other.cells[0].cell_id == cell.cell_id
+    assert cell_identity({**cell.config, "progress": True, "out": "elsewhere"}) == cell.cell_id
+    assert cell_identity({**cell.config, "iterations": 6}) != cell.cell_id
+    # YAML file round trip
+    path = tmp_path / "s.yaml"
+    path.write_text("base:\n  attack: dlg\n  model: lenet-dlg\ngrid:\n  seed: [0, 1]\n")
+    assert [c.grid for c in load_spec(path).cells] == [{"seed": 0}, {"seed": 1}]
+
+
+# ------------------------------------------------------------------ store, csv, rerun, failures
+def test_inline_sweep_store_csv_rerun_and_failures(tmp_path):
+    spec = parse_spec({"base": {k: v for k, v in BASE.items() if k != "attack"},
+                       "grid": {"attack": ["dlg", "no-such-attack"], "seed": [0]}})
+    out = tmp_path / "sw"
+    s1 = run_sweep(spec, out, executor="inline", progress=False)
+    assert (s1.total, s1.skipped, len(s1.computed), len(s1.failed)) == (2, 0, 2, 1)
+    rows = read_csv(out / "results.csv")
+    assert len(rows) == 2 and {r["attack"] for r in rows} == {"dlg", "no-such-attack"}
+    ok = next(r for r in rows if r["cell_status"] == "ok")
+    bad = next(r for r in rows if r["cell_status"] == "failed")
+    assert float(ok["psnr_mean"]) > 0 and ok["label_accuracy"] and ok["seed"] == "0"
+    assert "unknown attack" in bad["cell_error"] and bad["psnr_mean"] == ""
+    with ResultStore(out, create=False) as store:
+        recs = {r.cell_id: r for r in store.records()}
+    good = recs[next(c.cell_id for c in spec.cells if c.grid["attack"] == "dlg")]
+    assert good.config == next(c.config for c in spec.cells if c.grid["attack"] == "dlg")   # full config
+    assert good.metrics["per_image"] and good.metrics["versions"]                             # full metrics
+    # Rerun: nothing to do; with retry_failed only the failed cell runs again.
+    s2 = run_sweep(spec, out, executor="inline", progress=False)
+    assert (s2.skipped, s2.computed) == (2, [])
+    s3 = run_sweep(spec, out, executor="inline", progress=False, retry_failed=True)
+    assert s3.computed == s1.failed
+    assert len(read_csv(out / "results.csv")) == 2
+
+
+# ------------------------------------------------------------------ executors agree
+CELLS = {"base": BASE, "grid": {"batch_size": [1, 2], "seed": [0, 1]}}
+
+
+@pytest.mark.timeout(240)
+def test_ray_sweep_matches_local_executor(tmp_path):
+    import ray
+
+    spec = parse_spec(CELLS)
+    s_local = run_sweep(spec, tmp_path / "local", executor="local", workers=2, progress=False)
+    assert len(s_local.computed) == 4 and not s_local.failed
+    try:
+        s_ray = run_sweep(spec, tmp_path / "ray", executor="ray", workers=2, progress=False)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    assert not ray.is_initialized()          # the sweep shut down the Ray it started
+    assert len(s_ray.computed) == 4 and not s_ray.failed
+    local, remote = stable_metrics(tmp_path / "local"), stable_metrics(tmp_path / "ray")
+    assert local.keys() == remote.keys() == {c.cell_id for c in spec.cells}
+    for cid in local:
+        assert_close(local[cid], remote[cid], cid)
+    for name in ("local", "ray"):
+        rows = read_csv(tmp_path / name / "results.csv")
+        assert sorted((r["batch_size"], r["seed"]) for r in rows) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+
+
+# ------------------------------------------------------------------ killed midway, resumed
+def _count(db: Path) -> int:
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.timeout(240)
+def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(
+        "base: {attack: dlg, model: lenet-dlg, iterations: 12, paper_metrics: false, threads: 1}\n"
+        "grid:\n  seed: [0, 1, 2, 3]\n")
+    spec = load_spec(spec_path)
+    out = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "gradleak.cli", "sweep", str(spec_path), "--out", str(out),
+           "--executor", "local", "--workers", "1", "--no-progress"]
+    # Own session: the kill reaches the sweep and its pool worker, nothing else.
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _count(out / "results.sqlite") < 1:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no cell finished in time"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)      # a crash: no chance to clean up
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc.stderr.close()
+    done_before = _count(out / "results.sqlite")
+    assert 1 <= done_before < 4
+    assert len(read_csv(out / "results.csv")) == done_before     # the csv matches the store
+    with ResultStore(out, create=False) as store:
+        before = {r.cell_id: r.finished_at for r in store.records()}
+    summary = run_sweep(spec, out, executor="inline", progress=False)
+    assert summary.skipped == done_before
+    assert sorted(summary.computed) == sorted(set(c.cell_id for c in spec.cells) - set(before))
+    rows = read_csv(out / "results.csv")
+    assert sorted(r["cell_id"] for r in rows) == sorted(c.cell_id for c in spec.cells)   # one row per cell
+    assert sorted(r["seed"] for r in rows) == ["0", "1", "2", "3"]
+    with ResultStore(out, create=False) as store:
+        after = {r.cell_id: r.finished_at for r in store.records()}
+    assert all(after[c] == t for c, t in before.items())      # finished cells were not recomputed
