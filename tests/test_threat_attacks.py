@@ -71,3 +71,15 @@ def test_attacks_run_against_fedavg_and_aggregate(attack, threat):
     assert sorted(rec.labels.tolist()) == sorted(case.truth.labels.tolist())
     losses = [h["loss"] for h in rec.history]
     assert losses[-1] < 0.7 * losses[0]  # the simulated update moves towards the shared one
+
+
+def test_ig_restarts_option_reaches_the_attack():
+    """--restarts R for Inverting Gradients arrives as R batched restarts; other attacks refuse it."""
+    import torch as _torch
+
+    from gradleak.errors import ConfigError
+    from gradleak.runner import attack_settings
+
+    assert attack_settings(make_config(attack="ig", restarts=3), _torch.device("cpu")).seeds == 3
+    with pytest.raises(ConfigError, match="restarts"):
+        attack_settings(make_config(attack="dlg", restarts=3), _torch.device("cpu"))

@@ -171,9 +171,12 @@ def attack_settings(cfg: AttackConfig, device: torch.device) -> AttackSettings:
     for k, v in extra.items():
         if v is None:
             continue
-        if k not in known or k not in allowed:
+        if k not in allowed:
             raise ConfigError(f"option --{k} does not apply to attack {cfg.attack!r}")
-        fields[k] = v
+        # Inverting Gradients' restarts travel in AttackSettings.seeds (one batched computation,
+        # like GradInversion's seeds).
+        fields["seeds" if k == "restarts" else k] = v
+    assert set(fields) <= known
     return AttackSettings(**fields)
 
 
