@@ -1,0 +1,117 @@
+"""Reviewer 2 of DLG: FL clients do not share one gradient but an update computed over several
+local steps and mini-batches (FedAvg), so is the attack still effective? The authors answered with
+rebuttal Table 1 (MSE 3.3e-6, 3.5e-3, 3.0e-3, 1.8e-2 after 1..4 local iterations). Here, on real
+photos and with every sample reported:
+
+- sweep ``local_steps``: one photo (K = 1), FedAvg with 1..4 full-batch local SGD steps; the
+  attacker (DLG: images and soft labels, float64 L-BFGS, no labels given) unrolls the same steps
+  and matches the shared weight difference W_S - W_0 (rebuttal Table 1).
+- sweep ``local_batch_size``: K photos (4; 2 in the smoke setting), one local epoch in
+  mini-batches of B (K/B steps): the update averages over several batches, reviewer 2's question.
+  The attacker knows the public hyper-parameters (steps, B, learning rate) but not the client's
+  shuffling. DLG here too: its dummy slots carry their own soft labels, so which photo went into
+  which step does not matter (see the note on iDLG below).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..report import save_line_plot
+from .base import ExperimentOptions, ExperimentResult, experiment
+from .common import attack_once
+
+# PSNR at which a reconstruction counts as recovered (MSE 0.01 on [0, 1] pixels: an RMS error of a
+# tenth of the pixel range; the object and its colours are plainly recognisable, while failed runs
+# on these photos stay at 5-12 dB).
+THRESHOLD_DB = 20.0
+# Local learning rate of the client. 0.1 is an ordinary SGD rate for fine-tuning a small network;
+# it moves the sigmoid LeNet's weights enough that the steps are not one gradient in disguise.
+LOCAL_LR = 0.1
+# The attacker's start: mid-grey pixels. DLG's N(0, 1) pixel start saturates the sigmoid LeNet on
+# many photos (the attack then sits on a plateau at ~5 dB); the grey start is a legitimate attacker
+# choice (no ground truth) and made the runs far more reliable in our measurements.
+INIT = "zeros"
+# Smoke: 1 vs 2 steps, the smallest multi-step update (and the same x positions as the batch sweep).
+STEPS, SMOKE_STEPS = (1, 2, 3, 4), (1, 2)
+BATCH, LOCAL_BATCH_SIZES = 4, (1, 2, 4)
+# Smoke: two photos, B = 1 (two steps, one photo each) vs B = 2 (one step on both).
+SMOKE_BATCH, SMOKE_LOCAL_BATCH_SIZES = 2, (1, 2)
+# Attack iterations (float64 L-BFGS, up to 20 evaluations each): smoke, full.
+ITERATIONS = (40, 300)
+
+
+@experiment("local-iterations", "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size")
+def local_iterations(opt: ExperimentOptions, out: Path) -> ExperimentResult:
+    model = opt.model or "lenet-dlg"
+    data = opt.data or "cifar10-samples"
+    attack = (opt.attacks or ["dlg"])[0]
+    samples = opt.samples or (1 if opt.smoke else 4)
+    n_iter = opt.iterations or ITERATIONS[0 if opt.smoke else 1]
+    steps_list = SMOKE_STEPS if opt.smoke else STEPS
+    batch = SMOKE_BATCH if opt.smoke else BATCH
+    local_bs = [b for b in (opt.batch_sizes or (SMOKE_LOCAL_BATCH_SIZES if opt.smoke else LOCAL_BATCH_SIZES))
+                if b <= batch]
+    rows: list[dict[str, Any]] = []
+
+    def one(sweep: str, batch_size: int, steps: int, local_batch_size: int, s: int) -> None:
+        res = attack_once(attack=attack, model=model, width=opt.width, data=data, batch_size=batch_size,
+                          seed=opt.seed + s, threat="fedavg", local_steps=steps, local_batch_size=local_batch_size,
+                          local_lr=LOCAL_LR, iterations=n_iter, dtype="float64", init=INIT,
+                          log_every=max(1, n_iter // 20), progress=opt.progress)
+        m = res.metrics
+        rows.append({"sweep": sweep, "local_steps": steps, "local_batch_size": local_batch_size,
+                     "batch_size": batch_size, "sample": s, "seed": opt.seed + s, "attack": attack,
+                     "mse": m["mse_mean"], "psnr": m["psnr_mean"], "ssim": m["ssim_mean"],
+                     "psnr_min": min(r["psnr"] for r in m["per_image"]),
+                     "label_accuracy": m["label_accuracy"], "recovered": m["psnr_mean"] >= THRESHOLD_DB,
+                     "iterations": res.reconstruction.iterations,
+                     "wall_seconds": round(res.reconstruction.wall_seconds, 2)})
+
+    for steps in steps_list:
+        for s in range(samples):
+            one("local_steps", 1, steps, 1, s)
+    for b in local_bs:
+        for s in range(samples):
+            one("local_batch_size", batch, math.ceil(batch / b), b, s)
+
+    xs = sorted({r["local_steps"] for r in rows})
+    figs = {"psnr_vs_local_steps.png": ("psnr", "PSNR (dB)", False), "mse_vs_local_steps.png": ("mse", "MSE", True)}
+    for fig, (key, label, logy) in figs.items():
+        series = {f"K=1, full-batch steps ({attack})": _means(rows, "local_steps", xs, key),
+                  f"K={batch}, one epoch, B=K/steps ({attack})": _means(rows, "local_batch_size", xs, key)}
+        save_line_plot(out / fig, xs, series, xlabel="local SGD steps in the shared update",
+                       ylabel=f"{label}, mean of {samples} sample(s)", logy=logy,
+                       title=f"FedAvg leakage, {model}, local lr {LOCAL_LR}")
+    return ExperimentResult(
+        name="local-iterations", title="Leakage vs FedAvg local iterations and local batch size",
+        columns=["sweep", "local_steps", "local_batch_size", "batch_size", "sample", "seed", "attack", "mse", "psnr",
+                 "ssim", "psnr_min", "label_accuracy", "recovered", "iterations", "wall_seconds"],
+        rows=rows, figures=list(figs),
+        setup={"data": f"{data} (real photos; a batch holds distinct labels)", "model": f"{model}, random weights "
+               "(model seed 0)", "threat": f"fedavg, local lr {LOCAL_LR}, the client shares W_S - W_0",
+               "sweep local_steps": f"K=1 photo, local steps {list(steps_list)} on the full batch",
+               "sweep local_batch_size": f"K={batch} photos, one epoch, local batch sizes {list(local_bs)} "
+                                         f"(steps {[math.ceil(batch / b) for b in local_bs]}), client's order private",
+               "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT} = mid-grey pixels; "
+                         "no labels given: DLG optimises soft labels), unrolling the local steps",
+               "samples": samples,
+               "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn, client's shuffling, attack start)",
+               "success threshold": f"recovered = mean PSNR >= {THRESHOLD_DB} dB", "smoke": opt.smoke},
+        notes=["Every sample attacked is a row; the figures show means.",
+               "psnr, ssim, mse are means over the batch's photos after optimal pairing; psnr_min is the worst photo.",
+               "Why not iDLG for the batch sweep: iDLG fixes the restored labels to the dummy slots in sorted order, "
+               "so with B < K the attacker's assumed step order pins which label's photo is in which step. When the "
+               "client's private order differs, iDLG fails (measured, seed 0, K=2, B=1, 80 iterations: 5.4 dB; "
+               "with the orders matching, seed 3: 19.4 dB), while DLG, whose slots carry free soft labels, reaches "
+               "20.0 dB on seed 0."])
+
+
+def _means(rows: list[dict], sweep: str, xs: list[int], key: str) -> list[float | None]:
+    out: list[float | None] = []
+    for x in xs:
+        vals = [r[key] for r in rows if r["sweep"] == sweep and r["local_steps"] == x]
+        out.append(sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else None)
+    return out
