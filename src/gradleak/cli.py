@@ -354,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--save-runs", dest="save_runs", action="store_true", help="also write DIR/runs/<cell>/ run folders")
     w.add_argument("--no-progress", dest="progress", action="store_false", help="one line per cell, no bar")
     w.set_defaults(func=cmd_sweep)
+
+    from .audit.command import add_audit_flower_parser  # imports no flwr until it runs
+
+    add_audit_flower_parser(sub)
     return p
 
 

@@ -1,0 +1,114 @@
+"""A privacy audit inside a Flower federation (flwr >= 1.20 message API; tested with 1.41).
+
+:class:`AuditedStrategy` wraps any ``flwr.serverapp.strategy.Strategy`` (FedAvg, FedProx, a DP
+wrapper, your own): it keeps the global model it sends in ``configure_train``, and in
+``aggregate_train`` hands every client's reply (its weights, ``num-examples``, and the round's
+public FedAvg hyper-parameters from the train config) to a :class:`LeakageAuditor` before the
+wrapped strategy aggregates. Everything else is delegated unchanged, so the federation trains
+exactly as it would without the audit.
+
+    from gradleak.audit import AuditSettings, AuditedStrategy, LeakageAuditor
+    auditor = LeakageAuditor(model_spec, AuditSettings(attack={"attack": "idlg", "iterations": 100}, out="audit"))
+    strategy = AuditedStrategy(FedAvg(...), auditor)
+    strategy.start(grid=grid, initial_arrays=..., num_rounds=3, train_config=ConfigRecord({"lr": 0.01, ...}))
+
+Client identity in the rows: a ``ConfigRecord`` named ``client-info`` with ``partition-id`` in
+the reply when the client sends one (the example does), else the Flower node id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .auditor import FedAvgKeys, LeakageAuditor
+
+try:
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+    from flwr.serverapp import Grid
+    from flwr.serverapp.strategy import Strategy
+except ImportError as exc:  # pragma: no cover - the fl extra is missing
+    from ..errors import ConfigError
+
+    raise ConfigError("the Flower audit needs flwr: pip install 'gradleak[fl]'") from exc
+
+CLIENT_INFO = "client-info"
+
+
+def client_name(msg: Message) -> str:
+    """The client's name for the audit rows: its partition id if it reports one, else its node id."""
+    content = msg.content
+    info = content.config_records.get(CLIENT_INFO) if hasattr(content, "config_records") else None
+    if info is not None and "partition-id" in info:
+        return str(info["partition-id"])
+    for rec in content.metric_records.values():
+        if "partition-id" in rec:
+            return str(int(rec["partition-id"]))
+    return str(msg.metadata.src_node_id)
+
+
+class AuditedStrategy(Strategy):
+    """Wrap ``strategy``; audit each client's update each (audited) round, then delegate."""
+
+    def __init__(self, strategy: Strategy, auditor: LeakageAuditor, *, keys: FedAvgKeys | None = None,
+                 arrayrecord_key: str | None = None, num_examples_key: str | None = None):
+        self.strategy = strategy
+        self.auditor = auditor
+        self.keys = keys or FedAvgKeys()
+        self.arrayrecord_key = arrayrecord_key or getattr(strategy, "arrayrecord_key", "arrays")
+        self.num_examples_key = num_examples_key or getattr(strategy, "weighted_by_key", "num-examples")
+        self._global: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # anything else the wrapped strategy offers
+        if name == "strategy":
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+    def summary(self) -> None:
+        self.strategy.summary()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        if self.auditor.should_audit(server_round):
+            # The global model and the public config exactly as sent (a strategy may alter both).
+            sent = messages[0].content if messages else None
+            arr = sent.array_records.get(self.arrayrecord_key, arrays) if sent is not None else arrays
+            cfg = next(iter(sent.config_records.values()), config) if sent is not None and sent.config_records else config
+            self._global = {server_round: (arr.to_torch_state_dict(), dict(cfg))}
+        return messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        sent = self._global.pop(server_round, None)
+        if sent is not None:
+            global_weights, train_config = sent
+            threat = self.auditor.threat(train_config, self.keys)
+            for msg in replies:
+                if msg.has_error():
+                    continue
+                self._audit_reply(server_round, msg, global_weights, threat)
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def _audit_reply(self, server_round: int, msg: Message, global_weights: dict[str, Any], threat: Any) -> None:
+        content = msg.content
+        arrays = content.array_records.get(self.arrayrecord_key) or next(iter(content.array_records.values()), None)
+        metrics = next(iter(content.metric_records.values()), None)
+        name = client_name(msg)
+        if arrays is None or metrics is None or self.num_examples_key not in metrics:
+            self.auditor._add({"round": server_round, "client": name, "node_id": msg.metadata.src_node_id,
+                               "attack": self.auditor.cfg.attack, "status": "failed",
+                               "error": f"reply lacks an ArrayRecord or {self.num_examples_key!r}"})
+            return
+        loss = next((float(metrics[k]) for k in ("train_loss", "train-loss", "loss") if k in metrics), float("nan"))
+        self.auditor.audit(server_round, name, global_weights, arrays.to_torch_state_dict(),
+                           num_examples=int(metrics[self.num_examples_key]), threat=threat, loss=loss,
+                           node_id=msg.metadata.src_node_id)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
