@@ -111,8 +111,8 @@ def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "epsilon": "DP-SGD training run's epsilon at delta 1e-5 (Opacus RDP accountant)",
                "smoke": opt.smoke},
         notes=[_rotate_note, "psnr, ssim, mse are means over the samples; every sample's PSNR is in psnr_per_sample.",
-               "accuracy is one training run per setting with a short budget: differences of a few points between "
-               "settings are within what another training seed would give; only large drops are a defense's cost."]
+               "accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
+               "was not measured, so read differences of a few points with care."]
         + (["Smoke setting: the weakest and strongest Gaussian noise and the strongest setting of every other "
             "defense; the training budget is too short for the accuracies to mean more than 'trains / does not'."]
            if opt.smoke else []))
