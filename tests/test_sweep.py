@@ -205,3 +205,28 @@ def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
     with ResultStore(out, create=False) as store:
         after = {r.cell_id: r.finished_at for r in store.records()}
     assert all(after[c] == t for c, t in before.items())      # finished cells were not recomputed
+
+
+# ------------------------------------------------------------------ dashboard
+def test_dashboard_is_self_contained_and_escaped(tmp_path):
+    from gradleak.sweep.dashboard import render_dashboard
+
+    evil = '<script>alert(1)</script>'
+    spec = parse_spec({"base": {"model": "lenet-dlg", "data": "/tmp/" + evil},
+                       "grid": {"attack": ["dlg", "idlg"], "batch_size": [1, 2, 4], "defense": [[], "gaussian:0.01"]}})
+    with ResultStore(tmp_path) as store:
+        for i, cell in enumerate(spec.cells):
+            k, noisy = cell.config["batch_size"], bool(cell.config["defense"])
+            metrics = {"psnr_mean": 30.0 / k - 5 * noisy + i * 0.01, "label_accuracy": 1.0, "iip": 1.0 / k,
+                       "ssim_mean": 0.5, "model_accuracy": 0.9 - 0.1 * noisy, "name": evil}
+            store.add(cell.cell_id, cell.grid, cell.config, {"status": "ok", "metrics": metrics, "wall_seconds": 1.0})
+        store.add("f" * 16, {"attack": evil}, {"attack": evil, "batch_size": 1},
+                  {"status": "failed", "error": f"UnknownNameError: {evil}"})
+    page = render_dashboard(tmp_path).read_text()
+    assert evil not in page and "&lt;script&gt;" in page
+    assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
+    assert page.count("data:image/png;base64,") >= 6          # psnr, label acc, ssim, IIP, defense bars, trade-off
+    for section in ("Leakage vs batch size", "IIP curve", "Defense trade-off", "All cells", "Failed cells"):
+        assert section in page
+    with pytest.raises(Exception, match="no sweep results"):
+        render_dashboard(tmp_path / "empty")

@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .audit.command import add_audit_flower_parser  # imports no flwr until it runs
 
     add_audit_flower_parser(sub)
+    from .sweep.dashboard import add_dashboard_parser
+
+    add_dashboard_parser(sub)
     return p
 
 

@@ -32,6 +32,7 @@ from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes
 from ..models import ModelSpec
+from ..sweep.store import readable_by_umask
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
@@ -211,6 +212,7 @@ class LeakageAuditor:
             w.writerow({k: _csv(row.get(k)) for k in CSV_COLUMNS})
         path = self.out / "audit.csv"
         atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+        readable_by_umask(path)
         return path
 
     def write_summary(self, extra: Mapping[str, Any] | None = None) -> Path:
@@ -220,6 +222,7 @@ class LeakageAuditor:
                "rows": self.rows, **dict(extra or {})}
         path = self.out / "audit.json"
         atomic_write_bytes(path, (json.dumps(doc, indent=2, default=str) + "\n").encode("utf-8"))
+        readable_by_umask(path)
         return path
 
 
