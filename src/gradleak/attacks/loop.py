@@ -3,18 +3,25 @@
 It minimises ``objective()`` over ``variables`` with L-BFGS, Adam or SGD, an optional learning-rate
 schedule (cosine with warm-up, or Inverting Gradients' step decay), signed gradients, Langevin
 noise (GradInversion Sec. 3.5) and a hook after each step (box constraints, group consensus).
+It also makes every attack resumable and recovers from divergence, once for all attacks: see
+``optimise`` and state.py.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import logging
+import typing
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import ConfigError
+from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, current_session, pack, unpack
+
+_log = logging.getLogger("gradleak")
 
 Objective = Callable[[], torch.Tensor]
 OPTIMIZERS = ("lbfgs", "adam", "sgd")
@@ -45,6 +52,8 @@ class LoopResult:
     iterations: int = 0
     wall_seconds: float = 0.0
     final_loss: float = float("nan")
+    recoveries: list[dict[str, Any]] = field(default_factory=list)   # divergences recovered from
+    diverged: dict[str, Any] | None = None   # set when the retries ran out (the variables are the last good state)
 
 
 def learning_rate(settings: LoopSettings, step: int) -> float:
@@ -75,13 +84,164 @@ def _progress(settings: LoopSettings):  # noqa: ANN202
                     transient=False, disable=not settings.progress)
 
 
+def _make_optimizer(variables: list[torch.Tensor], settings: LoopSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "lbfgs":
+        return torch.optim.LBFGS(
+            variables, lr=settings.lr, max_iter=settings.lbfgs_max_iter,
+            history_size=settings.lbfgs_history, line_search_fn=settings.lbfgs_line_search,
+            tolerance_grad=settings.lbfgs_tolerance_grad, tolerance_change=settings.lbfgs_tolerance_change)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(variables, lr=settings.lr)
+    return torch.optim.SGD(variables, lr=settings.lr, momentum=0.9)
+
+
+def _all_finite(variables: Sequence[torch.Tensor]) -> bool:
+    with torch.no_grad():
+        return bool(torch.stack([torch.isfinite(v).all() for v in variables]).all())
+
+
+class _Run:
+    """The loop's own state (what a snapshot's "loop" section holds) and snapshot/restore."""
+
+    def __init__(self, variables: list[torch.Tensor], opt: torch.optim.Optimizer, settings: LoopSettings,
+                 generator: torch.Generator | None, hooks: StateHooks | None, session: Session, phase: str):
+        self.variables, self.opt, self.settings, self.generator = variables, opt, settings, generator
+        self.hooks, self.session, self.phase = hooks, session, phase
+        self.result = LoopResult()
+        self.lr_scale = 1.0
+        self.retries_used = 0
+
+    def snapshot(self) -> Snapshot:
+        tensors: dict[str, torch.Tensor] = {}
+        r = self.result
+        with torch.no_grad():
+            loop = {
+                "variables": list(self.variables),
+                "optimizer": self.opt.state_dict()["state"],
+                "generator": self.generator.get_state() if self.generator is not None else None,
+                "rng": torch.get_rng_state(),
+                "history_loss": torch.tensor([h["loss"] for h in r.history], dtype=torch.float64),
+                "iterations": r.iterations, "final_loss": r.final_loss, "wall_seconds": r.wall_seconds,
+                "lr_scale": self.lr_scale, "retries_used": self.retries_used,
+                "recoveries": [dict(e) for e in r.recoveries],
+                "optimizer_name": self.settings.optimizer, "total": self.settings.iterations,
+            }
+            tree = {"loop": pack(loop, tensors, "loop"),
+                    "attack": pack(self.hooks.get_state(), tensors, "attack") if self.hooks is not None else None,
+                    "providers": {name: pack(h.get_state(), tensors, f"providers/{name}")
+                                  for name, h in self.session.providers.items()},
+                    "session": pack(self.session.record(), tensors, "session")}
+        return Snapshot(phase=self.phase, step=r.iterations, tree=tree, tensors=tensors)
+
+    def restore(self, snap: Snapshot, *, from_disk: bool) -> None:
+        """Put ``snap`` back. From disk every part is checked against this run first and any
+        mismatch is a StateFileError; in memory (divergence) the session record is kept."""
+        tree = snap.tree
+        if not isinstance(tree, dict) or not isinstance(tree.get("loop"), dict):
+            raise StateFileError("the saved state has no loop section")
+        loop = unpack(tree["loop"], snap.tensors, clone=True)
+        if from_disk:
+            self._check(loop)
+        with torch.no_grad():
+            for v, saved in zip(self.variables, loop["variables"]):
+                v.copy_(saved.to(v.device))
+            state = {int(k): v for k, v in loop["optimizer"].items()}
+            self.opt.load_state_dict({"state": state, "param_groups": self.opt.state_dict()["param_groups"]})
+            if self.generator is not None:
+                self.generator.set_state(loop["generator"])
+            torch.set_rng_state(loop["rng"])
+        r = self.result
+        losses = loop["history_loss"].tolist()
+        r.history = [{"iteration": i + 1, "loss": float(v)} for i, v in enumerate(losses)]
+        r.iterations, r.final_loss = int(loop["iterations"]), float(loop["final_loss"])
+        r.wall_seconds = float(loop["wall_seconds"])
+        r.recoveries = list(loop["recoveries"])
+        self.lr_scale, self.retries_used = float(loop["lr_scale"]), int(loop["retries_used"])
+        attack = unpack(tree.get("attack"), snap.tensors, clone=True)
+        if self.hooks is not None:
+            if not isinstance(attack, dict):
+                raise StateFileError("the saved state lacks the attack's own state")
+            with torch.no_grad():
+                self.hooks.set_state(attack)
+        providers = tree.get("providers") or {}
+        if not isinstance(providers, dict):
+            raise StateFileError("the saved state's providers section is malformed")
+        for name, h in self.session.providers.items():
+            if name in providers:
+                h.set_state(unpack(providers[name], snap.tensors, clone=True))
+        if from_disk:
+            self.session.restore_record(unpack(tree.get("session"), snap.tensors, clone=True))
+
+    def _check(self, loop: dict[str, Any]) -> None:
+        """Everything a saved loop section must satisfy before any of it is used."""
+        def fail(what: str) -> typing.NoReturn:
+            raise StateFileError(f"the saved state does not fit this run: {what}")
+
+        need = ("variables", "optimizer", "generator", "rng", "history_loss", "iterations", "final_loss",
+                "wall_seconds", "lr_scale", "retries_used", "recoveries", "optimizer_name", "total")
+        missing = [k for k in need if k not in loop]
+        if missing:
+            fail(f"missing {', '.join(missing)}")
+        if loop["optimizer_name"] != self.settings.optimizer or loop["total"] != self.settings.iterations:
+            fail(f"saved for {loop['optimizer_name']!r} x {loop['total']} steps, this run is "
+                 f"{self.settings.optimizer!r} x {self.settings.iterations}")
+        saved = loop["variables"]
+        if not isinstance(saved, list) or len(saved) != len(self.variables):
+            fail("wrong number of optimised variables")
+        for i, (v, s) in enumerate(zip(self.variables, saved)):
+            if not isinstance(s, torch.Tensor) or s.shape != v.shape or s.dtype != v.dtype:
+                got = f"{list(s.shape)} {s.dtype}" if isinstance(s, torch.Tensor) else type(s).__name__
+                fail(f"variable {i} is {got}, expected {list(v.shape)} {v.dtype}")
+        numel = sum(v.numel() for v in self.variables)
+        opt_state = loop["optimizer"]
+        if not isinstance(opt_state, dict):
+            fail("optimizer state is not a mapping")
+        for k, st in opt_state.items():
+            if not (isinstance(k, (int, str)) and str(k).isdigit() and int(k) < len(self.variables)) \
+                    or not isinstance(st, dict):
+                fail(f"optimizer state for an unknown parameter {k!r}")
+            shape = self.variables[int(k)].shape
+
+            def check(value: Any, where: str) -> None:
+                if isinstance(value, torch.Tensor):
+                    ok = value.ndim == 0 or value.shape == shape or (value.ndim == 1 and value.numel() == numel)
+                    if not ok or not (value.is_floating_point() or value.dtype in (torch.int64, torch.int32)):
+                        fail(f"optimizer tensor {where} has shape {list(value.shape)} {value.dtype}")
+                elif isinstance(value, (list, tuple)):
+                    for j, item in enumerate(value):
+                        check(item, f"{where}[{j}]")
+                elif not (value is None or isinstance(value, (int, float))):
+                    fail(f"optimizer value {where} is a {type(value).__name__}")
+            for name, value in st.items():
+                check(value, f"{k}.{name}")
+        gen_size = torch.Generator().get_state().numel()
+        for name, g in (("generator", loop["generator"]), ("rng", loop["rng"])):
+            if name == "generator" and (g is None) != (self.generator is None):
+                fail("generator present in one of state and run only")
+            if g is not None and (not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != (gen_size,)):
+                fail(f"{name} state is not a CPU generator state")
+        hist = loop["history_loss"]
+        if not isinstance(hist, torch.Tensor) or hist.dtype != torch.float64 or hist.ndim != 1:
+            fail("history is not a float64 vector")
+        it = loop["iterations"]
+        if not (isinstance(it, int) and 0 <= it <= self.settings.iterations and hist.numel() == it):
+            fail(f"step {it!r} does not fit {self.settings.iterations} iterations and {hist.numel()} history entries")
+        for key in ("final_loss", "wall_seconds", "lr_scale"):
+            if not isinstance(loop[key], (int, float)) or isinstance(loop[key], bool):
+                fail(f"{key} is not a number")
+        if not (0 < loop["lr_scale"] <= 1) or not isinstance(loop["retries_used"], int) \
+                or not isinstance(loop["recoveries"], list):
+            fail("divergence record is malformed")
+
+
 def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: LoopSettings, *,
              generator: torch.Generator | None = None,
              after_step: Callable[[int], None] | None = None,
              noise_targets: Sequence[torch.Tensor] | None = None,
              noise: Callable[[torch.Tensor], torch.Tensor] | None = None,
              on_log: Callable[[int], None] | None = None, log_every: int = 0,
-             should_stop: Callable[[list[dict[str, float]]], bool] | None = None) -> LoopResult:
+             should_stop: Callable[[list[dict[str, float]]], bool] | None = None,
+             state: StateHooks | None = None, phase: str = "main") -> LoopResult:
     """Minimise ``objective()`` w.r.t. ``variables`` (leaf tensors with requires_grad).
 
     ``after_step(t)`` runs after step t under no_grad. ``noise_targets`` get Langevin noise
@@ -91,6 +251,19 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     every ``log_every`` steps and after the last one (used to observe candidates, never to feed
     anything back). ``should_stop(history)`` ends the run early (e.g. a stalled trial that a
     restart should replace).
+
+    Resumable state (state.py): ``state`` is the attack's own part of a snapshot (everything the
+    remaining steps depend on that is not a variable, the optimizer, ``generator`` or the global
+    RNG); ``phase`` names this call when an attack calls ``optimise`` several times (unique per
+    run). Under an active Session the loop saves a checkpoint every ``session.every`` steps, and
+    after the step in progress when SIGINT/SIGTERM arrives (then raises Interrupted); a pending
+    state of this phase is restored before the first step.
+
+    Divergence: a non-finite loss or variable after a step is caught at once; the loop goes back
+    to its last good snapshot (taken every SNAPSHOT_EVERY steps and at every checkpoint; all
+    variables, i.e. every seed of a batched attack together) and continues with the learning
+    rate times ``session.backoff``, at most ``session.retries`` times per phase. After that it
+    stops at the last good state with ``result.diverged`` (and ``session.diverged``) set.
     """
     if settings.iterations < 0:
         raise ConfigError("iterations must be >= 0")
@@ -99,16 +272,11 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     if settings.lr <= 0 or not math.isfinite(settings.lr):
         raise ConfigError(f"lr must be a positive number, got {settings.lr}")
     variables = list(variables)
-    if settings.optimizer == "lbfgs":
-        opt: torch.optim.Optimizer = torch.optim.LBFGS(
-            variables, lr=settings.lr, max_iter=settings.lbfgs_max_iter,
-            history_size=settings.lbfgs_history, line_search_fn=settings.lbfgs_line_search,
-            tolerance_grad=settings.lbfgs_tolerance_grad, tolerance_change=settings.lbfgs_tolerance_change)
-    elif settings.optimizer == "adam":
-        opt = torch.optim.Adam(variables, lr=settings.lr)
-    else:
-        opt = torch.optim.SGD(variables, lr=settings.lr, momentum=0.9)
+    opt = _make_optimizer(variables, settings)
     noisy = list(noise_targets) if noise_targets is not None else variables
+    session = current_session() or Session()
+    run = _Run(variables, opt, settings, generator, state, session, phase)
+    result = run.result
 
     def closure() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -118,12 +286,30 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
             v.grad = g.sign() if settings.signed else g
         return loss.detach()
 
-    result = LoopResult()
-    start = time.perf_counter()
+    pending = session.take_pending(phase)
+    if pending is not None:
+        where = f"saved state {session.directory}: " if session.directory is not None else ""
+        try:
+            run.restore(pending, from_disk=True)
+        except StateFileError as exc:
+            raise StateFileError(f"{where}{exc}") from None
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+            raise StateFileError(f"{where}it does not fit this run: {exc}") from None
+        session.resumed_at.append({"phase": phase, "iteration": result.iterations})
+    good = run.snapshot()
+    every = max(0, int(session.every))
+    start = time.perf_counter() - result.wall_seconds
     with _progress(settings) as bar:
-        task = bar.add_task(settings.description, total=settings.iterations, loss=float("nan"))
-        for t in range(settings.iterations):
-            lr_t = learning_rate(settings, t)
+        task = bar.add_task(settings.description, total=settings.iterations, completed=result.iterations,
+                            loss=result.final_loss)
+        t = result.iterations
+        while t < settings.iterations:
+            if session.interrupted is not None:
+                result.wall_seconds = time.perf_counter() - start
+                if session.directory is not None:
+                    session.save(run.snapshot())
+                raise Interrupted(session.interrupted, phase, t, session.directory, session.resume_hint)
+            lr_t = learning_rate(settings, t) * run.lr_scale
             for group in opt.param_groups:
                 group["lr"] = lr_t
             loss = opt.step(closure)
@@ -139,16 +325,47 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
             if after_step is not None:
                 with torch.no_grad():
                     after_step(t)
+            if not (math.isfinite(value) and _all_finite(variables)):
+                event = {"phase": phase, "iteration": t + 1, "loss": value if math.isfinite(value) else None,
+                         "restored_to": good.step}
+                used, scale = run.retries_used, run.lr_scale
+                run.restore(good, from_disk=False)
+                if used < session.retries:
+                    run.retries_used, run.lr_scale = used + 1, scale * session.backoff
+                    event["lr_scale"] = run.lr_scale
+                    result.recoveries.append(event)
+                    session.recoveries.append(dict(event))
+                    _log.warning("gradleak: non-finite %s at iteration %d%s; restarting from iteration %d with "
+                                 "lr x%g (retry %d of %d)", "loss" if event["loss"] is None else "candidates",
+                                 t + 1, "" if phase == "main" else f" of {phase}", good.step, run.lr_scale,
+                                 run.retries_used, session.retries)
+                    good = run.snapshot()  # same state, new lr scale and retry count
+                    t = result.iterations
+                    bar.update(task, completed=t)
+                    continue
+                run.retries_used, run.lr_scale = used, scale
+                event.update(retries=used, message=(
+                    f"non-finite {'loss' if event['loss'] is None else 'candidates'} at iteration {t + 1}"
+                    f"{'' if phase == 'main' else ' of ' + phase} after {used} restart(s) with the learning rate "
+                    f"x{session.backoff:g} each; kept the last good state (iteration {good.step})"))
+                result.diverged = event
+                session.diverged = dict(event)
+                break
             result.history.append({"iteration": t + 1, "loss": value})
             result.final_loss = value
             result.iterations = t + 1
-            bar.update(task, advance=1, loss=value)
+            bar.update(task, completed=t + 1, loss=value)
             if on_log is not None and log_every > 0 and ((t + 1) % log_every == 0 or t + 1 == settings.iterations):
                 with torch.no_grad():
                     on_log(t + 1)
-            if not math.isfinite(value):
-                break  # diverged: keep what we have; the caller reports it
+            t += 1
             if should_stop is not None and should_stop(result.history):
                 break
+            checkpoint = every > 0 and t % every == 0 and t < settings.iterations
+            if checkpoint or t % SNAPSHOT_EVERY == 0:
+                result.wall_seconds = time.perf_counter() - start
+                good = run.snapshot()
+                if checkpoint:
+                    session.save(good)
     result.wall_seconds = time.perf_counter() - start
     return result
