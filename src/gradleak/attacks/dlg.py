@@ -9,6 +9,7 @@ weight gradient first, then optimise the image alone.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -21,6 +22,7 @@ from .loop import LoopSettings, optimise
 from .objectives import squared_l2
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
+from .state import StateFileError, StateHooks, resume_phase
 
 # L-BFGS, lr 1 and torch's 20 evaluations per step are DLG's settings. float64: in float32 the
 # attack stalls around MSE 5e-5 (gradient differences drown in rounding); in float64 it reaches
@@ -66,11 +68,37 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
                         progress=s.progress, description=name, lbfgs_line_search=LBFGS_LINE_SEARCH,
                         lbfgs_tolerance_grad=1e-14 if tight else 1e-7,
                         lbfgs_tolerance_change=1e-16 if tight else 1e-9)
-    history: list[dict[str, float]] = []
-    best: tuple[float, torch.Tensor, torch.Tensor] | None = None
-    wall, done, trials = 0.0, 0, 0
-    for trial in range(restarts + 1):
-        trials += 1
+    # Everything outside the current trial (resumable runs, state.py): earlier trials' history,
+    # steps and time, the best trial so far, and the trial index (the phase "trial-<r>").
+    outer: dict[str, object] = {"history": [], "best": None, "wall": 0.0, "done": 0, "trials": 0}
+
+    def get_state() -> dict[str, object]:
+        best = outer["best"]
+        return {**outer, "best": None if best is None else {"distance": best[0], "images": best[1], "labels": best[2]}}
+
+    def set_state(state: dict[str, object]) -> None:
+        best = state.get("best")
+        ok = (isinstance(state.get("history"), list) and isinstance(state.get("wall"), float)
+              and isinstance(state.get("done"), int) and isinstance(state.get("trials"), int))
+        if best is not None:
+            ok = ok and isinstance(best, dict) and isinstance(best.get("distance"), float) \
+                and isinstance(best.get("images"), torch.Tensor) and best["images"].shape == (k, *model.input_shape) \
+                and isinstance(best.get("labels"), torch.Tensor) and best["labels"].shape == (k,)
+        if not ok:
+            raise ValueError("DLG's saved trial state is malformed")
+        outer.update(history=list(state["history"]), wall=state["wall"], done=state["done"], trials=state["trials"],
+                     best=None if best is None else (best["distance"], best["images"].to(device, dtype),
+                                                     best["labels"].to(device)))
+
+    first = 0
+    resuming = resume_phase()
+    if resuming is not None:
+        match = re.fullmatch(r"trial-(\d+)", resuming)
+        if match is None or int(match.group(1)) > restarts:
+            raise StateFileError(f"the saved state belongs to phase {resuming!r}, not to a {name} trial")
+        first = int(match.group(1))
+    for trial in range(first, restarts + 1):
+        outer["trials"] = int(outer["trials"]) + 1  # type: ignore[call-overload]
         # Trial r draws its start from seed (s.seed, r): reproducible, and trial 0 is plain DLG.
         gen = torch.Generator().manual_seed(s.seed + 1_000_003 * trial)
         x = initial_images(model, (k, *model.input_shape), s.init, gen, dtype).to(device).requires_grad_(True)
@@ -86,23 +114,30 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
 
         log = None
         if observer is not None:
-            offset = done
-
             def log(t: int) -> None:
-                observer(offset + t, to_pixels(model, x))
+                observer(int(outer["done"]) + t, to_pixels(model, x))  # type: ignore[call-overload]
         res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every,
-                       should_stop=_stalled if trial < restarts else None)
-        history += [{"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial} for h in res.history]
-        done += res.iterations
-        wall += res.wall_seconds
+                       should_stop=_stalled if trial < restarts else None,
+                       state=StateHooks(get_state, set_state), phase=f"trial-{trial}")
+        done = int(outer["done"])  # type: ignore[call-overload]
+        outer["history"] = [*outer["history"],  # type: ignore[misc]
+                            *({"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial}
+                              for h in res.history)]
+        outer["done"] = done + res.iterations
+        outer["wall"] = float(outer["wall"]) + res.wall_seconds  # type: ignore[arg-type]
         with torch.enable_grad():
             dist = float(squared_l2([g.detach() for g in victim(x.detach(), target_labels.detach(), create_graph=False)],
                                     victim.target))
         trial_labels = y_soft.detach().argmax(dim=-1) if y_soft is not None else labels
-        if best is None or (math.isfinite(dist) and not dist >= best[0]):
-            best = (dist, x.detach().clone(), trial_labels.clone())
+        best = outer["best"]
+        if best is None or (math.isfinite(dist) and not dist >= best[0]):  # type: ignore[index]
+            outer["best"] = (dist, x.detach().clone(), trial_labels.clone())
+        if res.diverged is not None:
+            break  # the loop gave up on this trial: the run stops here (the runner reports it)
         if not _stalled(res.history) and math.isfinite(res.final_loss):
             break
+    best = outer["best"]
+    history, done, wall, trials = outer["history"], outer["done"], outer["wall"], outer["trials"]
     assert best is not None
     dist, x_best, labels_best = best
     return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,

@@ -54,6 +54,7 @@ from .loop import LoopSettings, optimise
 from .priors import BN_MODES, bn_prior, bn_targets, l2_norm, total_variation
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
+from .state import StateHooks
 
 FINAL_CHOICES = ("best", "consensus")
 
@@ -236,6 +237,22 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     def after_step(t: int) -> None:
         group.maybe_register(t, x)
 
+    def get_state() -> dict[str, object]:  # resumable runs (state.py): per-seed RNGs + registration
+        return {"generators": [g.get_state() for g in gens], "group": group.get_state()}
+
+    def set_state(state: dict[str, object]) -> None:
+        saved = state.get("generators")
+        if not isinstance(saved, list) or len(saved) != len(gens):
+            raise ValueError(f"saved state has {len(saved) if isinstance(saved, list) else 'no'} seed generators, "
+                             f"this run {len(gens)}")
+        for g, st in zip(gens, saved):
+            g.set_state(st)
+        grp = state.get("group")
+        if isinstance(grp, dict) and isinstance(grp.get("registration"), dict) \
+                and isinstance(grp["registration"].get("theta"), torch.Tensor):
+            grp["registration"]["theta"] = grp["registration"]["theta"].to(device=device, dtype=dtype)
+        group.set_state(grp if isinstance(grp, dict) else {})
+
     def answer() -> torch.Tensor:
         if cfg.final == "consensus" and group.active:
             return group.consensus(x)
@@ -251,7 +268,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
                         progress=settings.progress, description="gradinversion")
     result = optimise([x], objective, loop, after_step=after_step, noise=noise, on_log=log,
-                      log_every=settings.log_every)
+                      log_every=settings.log_every, state=StateHooks(get_state, set_state))
     # Final scores of every candidate on the final images (no noise, no group term).
     with torch.no_grad():
         final = terms(x.detach())

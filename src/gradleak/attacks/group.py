@@ -116,6 +116,21 @@ class Registration:
             self.theta = torch.where(keep, theta.detach(), torch.zeros_like(theta))
         self.fits += 1
 
+    def get_state(self) -> dict[str, object]:
+        """The transforms and fit count (for resumable runs, see state.py)."""
+        return {"theta": self.theta, "fits": self.fits}
+
+    def set_state(self, state: dict[str, object]) -> None:
+        theta, fits = state.get("theta"), state.get("fits")
+        g, k = self.shape[:2]
+        if theta is not None and not (isinstance(theta, torch.Tensor) and theta.shape == (g * k, 4)
+                                      and theta.is_floating_point()):
+            raise ValueError(f"registration transforms must be [{g * k}, 4], got "
+                             f"{list(theta.shape) if isinstance(theta, torch.Tensor) else type(theta).__name__}")
+        if not isinstance(fits, int) or fits < 0:
+            raise ValueError("registration fit count must be an integer >= 0")
+        self.theta, self.fits = theta, fits
+
     def registered(self, x: torch.Tensor) -> torch.Tensor:
         """Every candidate warped by its current transform, [G, K, C, H, W]."""
         if self.theta is None:
@@ -153,6 +168,19 @@ class GroupConsistency:
             return False
         self.registration.fit(x)
         return True
+
+    def get_state(self) -> dict[str, object]:
+        """What the next steps depend on: the registration's transforms (state.py)."""
+        return {"registration": self.registration.get_state() if self.registration is not None else None}
+
+    def set_state(self, state: dict[str, object]) -> None:
+        saved = state.get("registration")
+        if (saved is None) != (self.registration is None):
+            raise ValueError("group mode differs between the saved state and this run")
+        if self.registration is not None:
+            if not isinstance(saved, dict):
+                raise ValueError("registration state is malformed")
+            self.registration.set_state(saved)
 
     def consensus(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach()
