@@ -63,9 +63,45 @@ def _config_from(args: argparse.Namespace, fields: Sequence[str] | None = None):
 
 
 # ---------------------------------------------------------------- commands
+# Flags that may accompany --resume (they do not change the numbers, or only where stated).
+RESUME_OVERRIDES = ("threads", "progress", "checkpoint_every", "device")
+
+
+def _attack_status(metrics: dict[str, Any], run_dir: Path | None) -> int:
+    """0, or 2 with one error line when the attack diverged beyond its retries (results kept)."""
+    if metrics.get("status") != "diverged":
+        return 0
+    where = f"; partial results in {run_dir} (metrics.json status \"diverged\")" if run_dir is not None else ""
+    print(f"gradleak: error: the attack diverged: {metrics.get('divergence', {}).get('message', '')}{where}",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """`gradleak attack --resume RUN`: continue an interrupted run with its saved config."""
+    from .attacks.state import find_state, read_saved_config
+    from .config import AttackConfig, make_config
+    from .errors import ConfigError
+    from .runner import run
+
+    given = [n for n in AttackConfig.model_fields if hasattr(args, n) and n not in RESUME_OVERRIDES]
+    if getattr(args, "config", None) or given:
+        flag = "--config" if getattr(args, "config", None) else "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag} cannot be given with --resume (the run continues with its saved config; "
+                          f"allowed: --threads, --no-progress, --checkpoint-every, --device)")
+    state_dir = find_state(args.resume)
+    values = read_saved_config(state_dir)
+    values.update({n: getattr(args, n) for n in RESUME_OVERRIDES if hasattr(args, n)})
+    result = run(make_config(**values), resume=state_dir)
+    _print_summary(result.metrics, result.run_dir)
+    return _attack_status(result.metrics, result.run_dir)
+
+
 def cmd_attack(args: argparse.Namespace) -> int:
     from .runner import run
 
+    if getattr(args, "resume", None):
+        return cmd_resume(args)
     cfg = _config_from(args)
     if cfg.modality == "text":  # token-level leakage: its own runner (gradleak.text)
         from .text.runner import print_text_summary, run_text
@@ -75,7 +111,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         return 0
     result = run(cfg)
     _print_summary(result.metrics, result.run_dir)
-    return 0
+    return _attack_status(result.metrics, result.run_dir)
 
 
 SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
@@ -301,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("attack", help="simulate a client (or read an update file) and attack it")
     a.add_argument("--config", help="rerun a run folder's config.json (flags given here override it)")
+    a.add_argument("--resume", metavar="RUN", help="continue an interrupted run (its --out folder) from its saved "
+                   "state, with its saved config (only --threads, --[no-]progress, --checkpoint-every, --device)")
     _add_config_flags(a)
     a.set_defaults(func=cmd_attack)
 
@@ -372,9 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GradleakError as exc:
         print(f"gradleak: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("gradleak: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # attacks.state.Interrupted: state saved, says how to resume
+        print(f"gradleak: {exc}" if str(exc) else "gradleak: interrupted", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ class AttackConfig(BaseModel):
     device: str = Field("cpu", description="cpu | cuda | cuda:N | auto")
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (default: torch's choice)")
     log_every: int = Field(10, ge=1, description="observe PSNR every N iterations")
+    checkpoint_every: int = Field(100, ge=0, le=10_000_000,
+                                  description="save resumable state every N iterations (0: only on SIGINT/SIGTERM)")
+    divergence_retries: int = Field(3, ge=0, le=100, description="on NaN/Inf: restarts from the last good state, "
+                                    "lr x0.5 each, before the run stops as diverged")
     paper_metrics: bool = Field(True, description="compute the GradInversion paper's FFT2D, RPSNR, LPIPS and IIP")
     progress: bool = Field(True, description="show a progress bar")
 

@@ -6,6 +6,7 @@ the same whichever way it was started.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -21,6 +22,7 @@ import torch
 
 from . import __version__
 from .attacks import AttackSettings, Reconstruction, attack_names, run_attack
+from .attacks.state import Session, StateFileError, StateHooks, load_state, state_dir_for
 from .config import AttackConfig
 from .data import Batch, open_source, sample_batch
 from .errors import ConfigError, GradleakError, UnknownNameError
@@ -194,6 +196,15 @@ class PSNRObserver:
         perm = match(imgs, self.truth)
         self.points[iteration] = float(psnr(imgs[perm], self.truth).mean())
 
+    def get_state(self) -> dict[str, Any]:  # resumable runs: the points observed so far
+        return {"points": dict(self.points)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        points = state.get("points")
+        if not isinstance(points, dict) or not all(isinstance(k, int) and isinstance(v, float) for k, v in points.items()):
+            raise StateFileError("the saved PSNR observations are malformed")
+        self.points = dict(points)
+
 
 def versions(device: torch.device) -> dict[str, str]:
     import numpy
@@ -208,7 +219,7 @@ def versions(device: torch.device) -> dict[str, str]:
 def default_run_dir(attack: str) -> Path:
     base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{attack}"
     path, n = base, 1
-    while path.exists():
+    while path.exists() or state_dir_for(path).exists():
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
@@ -219,19 +230,46 @@ def check_out_dir(out: Path) -> None:
         raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
 
 
-def run(cfg: AttackConfig, *, write: bool = True, console: Any = None) -> RunResult:
-    """Run one attack as configured; write the run folder (atomically) unless ``write`` is False."""
+def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: Path | str | None = None) -> RunResult:
+    """Run one attack as configured; write the run folder (atomically) unless ``write`` is False.
+
+    While it runs, its resumable state goes to ``.<out>.state/`` next to the run folder every
+    ``cfg.checkpoint_every`` iterations and on SIGINT/SIGTERM (then :class:`Interrupted` is
+    raised); ``resume`` is such a state folder to continue from (``cfg`` must be the config saved
+    in it). The state folder is removed once the run folder is written. A run whose attack
+    diverged beyond its retries is written too, with ``metrics["status"] == "diverged"``."""
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if resume is not None and not write:
+        raise ConfigError("resuming a run needs its run folder to be written")
     out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
+    state_dir = Path(resume) if resume is not None else state_dir_for(out)
     if write:
         check_out_dir(out)
+        if resume is None and (state_dir / "state.json").exists():
+            raise ConfigError(f"{out} has the saved state of an interrupted run in {state_dir}; continue it with "
+                              f"`gradleak attack --resume {out}` or delete that folder")
+    pending = load_state(state_dir) if resume is not None else None
     case = prepare(cfg)
     settings = attack_settings(cfg, device)
     observer = PSNRObserver(case.truth) if case.truth is not None else None
-    recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+    session = Session(directory=state_dir if write else None, every=cfg.checkpoint_every,
+                      retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
+                      config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
+    if observer is not None:
+        session.provide("observer", StateHooks(observer.get_state, observer.set_state))
+    with session.active(), (session.signals() if write else contextlib.nullcontext()):
+        recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+    if session.pending is not None:
+        raise StateFileError(f"the attack never reached the saved state's phase {session.pending.phase!r}")
     metrics = build_metrics(cfg, case, recon, device)
+    metrics["status"] = "diverged" if session.diverged is not None else "finished"
+    metrics["recoveries"] = session.recoveries
+    if session.diverged is not None:
+        metrics["divergence"] = session.diverged
+    if session.resumed_at:
+        metrics["resumed_at"] = session.resumed_at
     history = [dict(h) for h in recon.history]
     if observer is not None:
         for h in history:
@@ -243,6 +281,7 @@ def run(cfg: AttackConfig, *, write: bool = True, console: Any = None) -> RunRes
                 if k in AttackConfig.model_fields and getattr(cfg, k) is None}
         resolved = cfg.model_copy(update={"out": str(out), **used})
         result.run_dir = write_run_dir(out, resolved, case, recon, metrics, history)
+        shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
     return result
 
 
@@ -322,8 +361,10 @@ def write_run_dir(out: Path, cfg: AttackConfig, case: Case, recon: Reconstructio
     try:
         (tmp / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
         (tmp / "history.csv").write_text(_history_csv(history))
-        save_file({"images": recon.images.contiguous(), "labels": recon.labels.contiguous()},
-                  str(tmp / "reconstruction.safetensors"))
+        tensors = {"images": recon.images.contiguous(), "labels": recon.labels.contiguous()}
+        if recon.candidates is not None:
+            tensors["candidates"] = recon.candidates.contiguous()
+        save_file(tensors, str(tmp / "reconstruction.safetensors"))
         if case.truth is not None:
             ev = evaluate(recon, case.truth)
             caps_t = [[f"label {s.label_true}"] for s in ev.per_image]
