@@ -185,6 +185,11 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
     if metrics.get("iip_feature_space"):
         out += (f'<p class="sub">IIP: nearest neighbour in {escape(str(metrics["iip_feature_space"]))} among '
                 f'{escape(str(metrics.get("iip_pool_size")))} real images.</p>')
+    if metrics.get("status") == "diverged":
+        div = metrics.get("divergence")
+        detail = f": {div.get('message', '')}" if isinstance(div, Mapping) and div.get("message") else ""
+        out += (f'<p class="notice">The attack diverged and stopped at its last good state'
+                f"{escape(str(detail))}; the numbers are for that state.</p>")
     if metrics.get("lpips_notice"):
         out += f'<p class="notice">{escape(str(metrics["lpips_notice"]))}</p>'
     if not has_truth:
