@@ -108,6 +108,7 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
         if address:
+            _check_reachable(address)
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -147,3 +148,19 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
                 pass
         if started:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on a Ray address nobody listens on (ray.init itself retries for minutes)."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
