@@ -127,6 +127,21 @@ def test_inline_sweep_store_csv_rerun_and_failures(tmp_path):
     assert len(read_csv(out / "results.csv")) == 2
 
 
+def test_csv_lists_the_specs_cells_in_grid_order_store_keeps_all(tmp_path):
+    # Cells that fail at once (unknown attack names) are finished cells too: no attack runs here.
+    def spec(names):
+        return parse_spec({"base": {k: v for k, v in BASE.items() if k != "model"}, "grid": {"seed": [0], "model": names}})
+    out = tmp_path / "sw"
+    run_sweep(spec(["m:b", "m:a"]), out, executor="inline", progress=False)
+    s2 = run_sweep(spec(["m:c", "m:a", "m:b"]), out, executor="inline", progress=False)   # grid extended
+    assert s2.skipped == 2 and len(s2.computed) == 1
+    assert [r["model"] for r in read_csv(out / "results.csv")] == ["m:c", "m:a", "m:b"]
+    run_sweep(spec(["m:d"]), out, executor="inline", progress=False)                        # another spec
+    assert [r["model"] for r in read_csv(out / "results.csv")] == ["m:d"]
+    with ResultStore(out, create=False) as store:
+        assert len(store) == 4
+
+
 # ------------------------------------------------------------------ executors agree
 CELLS = {"base": BASE, "grid": {"batch_size": [1, 2], "seed": [0, 1]}}
 

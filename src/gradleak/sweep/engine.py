@@ -72,12 +72,13 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
     with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():
+        ids = [c.cell_id for c in spec.cells]   # results.csv: this spec's cells, in grid order
         finished = store.finished(include_failed=not retry_failed)
         pending = [c for c in spec.cells if c.cell_id not in finished]
         summary = SweepSummary(out=out, total=len(spec.cells), skipped=len(spec.cells) - len(pending))
         n_workers = workers or (available_cpus() if executor == "local" else None)
         store.record_sweep(spec.to_dict(), executor, n_workers, len(spec.cells), len(pending))
-        store.write_csv()
+        store.write_csv(ids)
         run_dirs = {c.cell_id: str(out / "runs" / c.cell_id) for c in pending} if save_runs else {}
         columns = [TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
                    TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
@@ -93,7 +94,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
                     summary.lost.append(cell.cell_id)
                     continue
                 store.add(cell.cell_id, cell.grid, cell.config, result)
-                store.write_csv()
+                store.write_csv(ids)
                 summary.computed.append(cell.cell_id)
                 if result.get("status") != "ok":
                     summary.failed.append(cell.cell_id)

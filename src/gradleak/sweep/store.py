@@ -12,6 +12,10 @@ Why SQLite (the standard library's sqlite3) rather than Parquet:
   it), readers never block it for long (busy timeout 30 s), and a lock file stops a second
   sweep from writing into the same folder at the same time.
 
+The store keeps every cell ever finished in DIR (several specs may share a folder; they share
+the cells they have in common); DIR/results.csv lists the cells of the spec run last, in grid
+order, one row each.
+
 The rollback journal (not WAL) with ``synchronous=FULL`` is used so the store stays one
 self-contained file and works on network file systems.
 
@@ -181,10 +185,14 @@ class ResultStore:
                              wall_seconds=row[6], worker=row[7], finished_at=row[8])
 
     # ------------------------------------------------------------------ results.csv
-    def csv_text(self) -> str:
+    def csv_text(self, cell_ids: list[str] | None = None) -> str:
         """One row per stored cell: cell_id, cell_status (ok | failed), the grid fields, the scalar
-        metrics, cell_error (the failure's one-line message)."""
+        metrics, cell_error (the failure's one-line message). With ``cell_ids`` (a sweep's cells),
+        only those that finished, in that order; else every stored cell in the order they finished."""
         records = list(self.records())
+        if cell_ids is not None:
+            by_id = {r.cell_id: r for r in records}
+            records = [by_id[c] for c in cell_ids if c in by_id]
         grid_cols: list[str] = []
         metric_cols: list[str] = []
         for r in records:
@@ -209,12 +217,12 @@ class ResultStore:
             w.writerow(row)
         return buf.getvalue()
 
-    def write_csv(self) -> Path:
-        """Rewrite DIR/results.csv atomically (temporary file + rename)."""
+    def write_csv(self, cell_ids: list[str] | None = None) -> Path:
+        """Rewrite DIR/results.csv atomically (temporary file + rename); see csv_text."""
         from ..fl.update import atomic_write_bytes
 
         path = self.folder / CSV_NAME
-        atomic_write_bytes(path, self.csv_text().encode("utf-8"))
+        atomic_write_bytes(path, self.csv_text(cell_ids).encode("utf-8"))
         readable_by_umask(path)
         return path
 
