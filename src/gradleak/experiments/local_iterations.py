@@ -104,7 +104,7 @@ def local_iterations(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "psnr, ssim, mse are means over the batch's photos after optimal pairing; psnr_min is the worst photo.",
                "Why not iDLG for the batch sweep: iDLG fixes the restored labels to the dummy slots in sorted order, "
                "so with B < K the attacker's assumed step order pins which label's photo is in which step. When the "
-               "client's private order differs, iDLG fails (measured, seed 0, K=2, B=1, 80 iterations: 5.4 dB; "
+               "client's private order differs, iDLG fails (measured, seed 0, K=2, B=1, 80 iterations: 5.3 dB; "
                "with the orders matching, seed 3: 19.4 dB), while DLG, whose slots carry free soft labels, reaches "
                "20.0 dB on seed 0."])
 
