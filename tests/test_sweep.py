@@ -208,7 +208,9 @@ def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
         proc.stderr.close()
     done_before = _count(out / "results.sqlite")
     assert 1 <= done_before < 4
-    assert len(read_csv(out / "results.csv")) == done_before     # the csv matches the store
+    # results.csv is rewritten right after each commit: a kill in between leaves it one cell behind
+    # the store (never ahead, never torn); the next run rewrites it first.
+    assert done_before - 1 <= len(read_csv(out / "results.csv")) <= done_before
     with ResultStore(out, create=False) as store:
         before = {r.cell_id: r.finished_at for r in store.records()}
     summary = run_sweep(spec, out, executor="inline", progress=False)
