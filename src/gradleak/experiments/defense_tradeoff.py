@@ -84,12 +84,13 @@ def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                      "epsilon": trained.epsilon if trained.epsilon is not None and math.isfinite(trained.epsilon) else None,
                      "spec": spec or ""})
     fig = "accuracy_vs_psnr.png"
-    labels_x = [r["spec"] or "none" for r in rows]
+    labels_x = [_short(r["defense"], r["strength"]) for r in rows]
     save_line_plot(out / fig, labels_x, {"attack PSNR (dB)": [r["psnr"] for r in rows],
                                          "test accuracy (%)": [100 * r["accuracy"] for r in rows],
                                          f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(rows)},
                    xlabel="defense", ylabel="dB / %", title=f"Defense trade-off, {model} on {data}")
-    _rotate_note = "x axis: defense specs in table order"
+    _rotate_note = ("figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
+                    "DP = dpsgd noise multiplier (clip 1)")
     return ExperimentResult(
         name="defenses", title="Accuracy vs defendability (rebuttal Table 3)",
         columns=["defense", "strength", "accuracy", "psnr", "ssim", "defended", "mse", "label_accuracy", "psnr_min",
@@ -116,6 +117,15 @@ def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
         + (["Smoke setting: the weakest and strongest Gaussian noise and the strongest setting of every other "
             "defense; the training budget is too short for the accuracies to mean more than 'trains / does not'."]
            if opt.smoke else []))
+
+
+def _short(name: str, strength: float | None) -> str:
+    """Two-line x label in the rebuttal's style (G-1e-4, L-1e-1, FP-16, 8 bit)."""
+    abbrev = {"gaussian": "G", "laplace": "L", "prune": "P", "dpsgd": "DP"}
+    if strength is None or name not in abbrev:
+        return name
+    value = f"{strength:.0e}".replace("e-0", "e-") if 0 < strength < 0.01 else f"{strength:g}"
+    return f"{abbrev[name]}\n{value}"
 
 
 def name_of(name: str, strength: float | None) -> str:
