@@ -116,6 +116,35 @@ def test_soft_labels_and_search_fix_the_order(tiny):
     assert phases[:60] == ["dlg"] * 60 and "search" in phases
 
 
+def test_tiny_transformer_batch_of_two_with_different_lengths(tiny):
+    """K = 2: the search also moves tokens across sentences and finds the shorter one's length."""
+    batch = text_batch(["to be or not to be", "all you need is love"], tiny, 2, 0)
+    assert len(set(batch.lengths)) == 2
+    recon = run_text_attack("dlg", text_share(tiny, batch, ThreatModel()), tiny, TextAttackSettings())
+    ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
+                       tiny.tokenizer)
+    assert ev.token_accuracy == 1.0 and ev.label_accuracy == 1.0, [r["recovered"] for r in ev.per_sentence]
+
+
+def test_heavy_noise_gives_a_result_not_an_error(tiny):
+    batch = text_batch(["noise hides the length"], tiny, 1, 0)
+    update = text_share(tiny, batch, ThreatModel(), defenses=["gaussian:1e-2"])
+    recon = run_text_attack("dlg", update, tiny, TextAttackSettings(iterations=10, search_evaluations=20))
+    assert recon.extra["sentence_length_guessed"] and len(recon.token_ids) == 1
+    assert not recon.extra["restricted_to_bag"]  # no token set stood out: plain DLG on free embeddings
+
+
+@pytest.mark.slow
+def test_minilm_rebuilds_a_sentence_in_order(minilm):
+    """Pretrained MiniLM: DLG leaves the words out of order; the search over orders (with random
+    restarts from its local minima) finds the order whose gradient matches exactly."""
+    batch = text_batch(["my password is hunter two"], minilm, 1, 1)
+    recon = run_text_attack("dlg", text_share(minilm, batch, ThreatModel()), minilm,
+                            TextAttackSettings(seed=1, iterations=30))
+    assert minilm.tokenizer.decode(recon.token_ids[0]) == "my password is hunter two"
+    assert minilm.tokenizer.decode(recon.extra["dlg_token_ids"][0]) != "my password is hunter two"
+
+
 def test_tiny_transformer_fedavg_sentence(tiny):
     batch = text_batch(["alice sends bob money"], tiny, 1, 3)
     update = text_share(tiny, batch, ThreatModel("fedavg", local_steps=2, local_lr=0.1))

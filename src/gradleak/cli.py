@@ -265,6 +265,13 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"  {k:20s} {v}")
     print("data sources: " + ", ".join(SOURCE_NAMES) + ", or a folder (ImageFolder layout)")
     print("attacks: " + ", ".join(attack_names()))
+    from .text.attacks import TEXT_ATTACKS
+    from .text.models import TEXT_MODELS
+
+    print("text models (--modality text):")
+    for k, v in TEXT_MODELS.items():
+        print(f"  {k:20s} {v}")
+    print("text attacks: " + ", ".join(TEXT_ATTACKS) + "; text data: --text \"...\" (repeatable) or --data FILE.txt")
     from .experiments.base import EXPERIMENTS, experiment_names
 
     print("experiments:")

@@ -54,7 +54,7 @@ LABEL_MODES = ("soft", "bias")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEFAULTS = {
     "tiny-transformer": dict(iterations=200, lr=0.1, optimizer="adam", dtype="float64", search_evaluations=4000),
-    "minilm": dict(iterations=100, lr=0.1, optimizer="adam", dtype="float32", search_evaluations=600),
+    "minilm": dict(iterations=50, lr=0.1, optimizer="adam", dtype="float32", search_evaluations=500),
 }
 
 
@@ -275,15 +275,20 @@ class _State:
     loss: float
 
 
-Move = tuple  # ("swap", s1, p1, s2, p2) | ("move", s, p, q) | ("replace", s, p, c) | ("label", s, c) | ("length", s, n)
+Move = tuple  # ("swap", s1, p1, s2, p2) | ("move", s, p, m, q) | ("replace", s, p, c) | ("label", s, c) | ("length", s, n)
+MAX_BLOCK = 4  # longest run of tokens a "move" relocates at once
+KICK_MOVES = 2  # random moves that perturb a local minimum before the next descent
+EXACT = 1e-9  # relative gradient distance below which the sentences explain the update exactly
 
 
 class OrderSearch:
     """Greedy search over discrete sentences that lowers the gradient distance.
 
-    Moves: swap two content positions (within or across sentences); move one token to another
-    position (the others shift); replace a position's token by another candidate; change a
-    sentence's label; (K > 1) change a sentence's length, the longest staying L. The move list
+    Moves: swap two content positions (within or across sentences); move a run of 1 to
+    MAX_BLOCK tokens elsewhere in its sentence (the others shift; a pretrained model's gradients
+    can prefer "hunter two is my password" to every single swap of it); replace a position's
+    token by another candidate; change a sentence's label; (K > 1) change a sentence's length,
+    the longest staying L. The move list
     is scanned cyclically and every move that lowers the distance is kept at once; the search
     stops after a full cycle without improvement or after ``budget`` scored sentences.
     """
@@ -294,7 +299,8 @@ class OrderSearch:
         self.n = n
         slots = [(a, p) for a in range(k) for p in range(n)]
         moves: list[Move] = [("swap", *slots[i], *slots[j]) for i in range(len(slots)) for j in range(i + 1, len(slots))]
-        moves += [("move", a, p, q) for a in range(k) for p in range(n) for q in range(n) if abs(p - q) >= 2]
+        moves += [("move", a, p, m, q) for m in range(1, min(MAX_BLOCK, n - 1) + 1) for a in range(k)
+                  for p in range(n - m + 1) for q in range(n - m + 1) if q != p and not (m == 1 and abs(p - q) == 1)]
         moves += [("replace", a, p, c) for a in range(k) for p in range(n) for c in candidates[a * n + p]]
         moves += [("label", a, c) for a in range(k) for c in range(num_classes)]
         if lengths:
@@ -312,13 +318,17 @@ class OrderSearch:
             ids = ids.clone()
             ids[a, p], ids[b, q] = st.ids[b, q], st.ids[a, p]
         elif kind == "move":
-            _, a, p, q = move
-            if p >= lengths[a] or q >= lengths[a]:
+            _, a, p, m, q = move
+            n = lengths[a]
+            if p + m > n or q + m > n:
                 return None
             row = ids[a].tolist()
-            row.insert(q, row.pop(p))
+            block, rest = row[p:p + m], row[:p] + row[p + m:n]
+            new = rest[:q] + block + rest[q:] + row[n:]
+            if new == row:
+                return None
             ids = ids.clone()
-            ids[a] = torch.tensor(row, dtype=ids.dtype)
+            ids[a] = torch.tensor(new, dtype=ids.dtype)
         elif kind == "replace":
             _, a, p, c = move
             if p >= lengths[a] or int(ids[a, p]) == c:
@@ -340,10 +350,11 @@ class OrderSearch:
             lengths = new
         return ids, lengths, labels
 
-    def run(self, state: _State, on_accept: Callable[[_State], None]) -> _State:
+    def _descend(self, state: _State, on_better: Callable[[_State], None]) -> _State:
+        """First-improvement local search, cyclic over the moves, to a local minimum."""
         i, since = 0, 0
         total = len(self.moves)
-        while since < total and self.evaluations < self.budget:
+        while since < total and self.evaluations < self.budget and state.loss > self.stop_loss:
             move = self.moves[i % total]
             i += 1
             since += 1
@@ -355,8 +366,39 @@ class OrderSearch:
             if loss < state.loss:
                 state = _State(cand[0], cand[1], cand[2], loss)
                 since = 0
-                on_accept(state)
+                on_better(state)
         return state
+
+    def run(self, state: _State, on_accept: Callable[[_State], None], *, generator: torch.Generator,
+            stop_loss: float = 0.0) -> _State:
+        """Local search, then (iterated local search) while budget remains and the distance is
+        above ``stop_loss``: kick the best sentences with KICK_MOVES random moves and descend
+        again, keeping the best. ``on_accept`` sees every new best."""
+        self.stop_loss = stop_loss
+        best = state
+
+        def better(st: _State) -> None:
+            nonlocal best
+            if st.loss < best.loss:
+                best = st
+                on_accept(st)
+        self._descend(state, better)
+        while self.evaluations < self.budget and best.loss > stop_loss:
+            kicked: _State | None = best
+            for _ in range(KICK_MOVES):
+                for _try in range(20):  # a random applicable move
+                    move = self.moves[int(torch.randint(len(self.moves), (1,), generator=generator))]
+                    cand = self.apply(kicked, move)
+                    if cand is not None:
+                        kicked = _State(cand[0], cand[1], cand[2], float("inf"))
+                        break
+            if kicked is best:
+                break
+            self.evaluations += 1
+            kicked.loss = self.score(kicked.ids, kicked.lengths, kicked.labels)
+            better(kicked)
+            self._descend(kicked, better)
+        return best
 
 
 # --------------------------------------------------------------------------- DLG for text
@@ -381,15 +423,14 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     tok = model.tokenizer
     k = update.meta.batch_size
     bag = bag_of_words(update, model)
-    length = bag.length
-    if length is None or length < 3:
-        raise GradleakError("the update does not reveal a sentence length (position-embedding gradient zero, "
-                            "or hidden by noise)" if length is None or not bag.exact else
-                            f"the update reveals sentences of {length} tokens: nothing between [CLS] and [SEP]")
-    n_content = length - 2
     content_ids = [t for t in bag.token_ids if t not in tok.special_ids]
-    if restrict and not content_ids:
-        raise GradleakError("the word-embedding gradient names no content token; try --attack dlg-free")
+    if not content_ids:
+        restrict = False  # no token set leaked (noise, pruning): plain DLG on free embeddings
+    length, length_guessed = bag.length, False
+    if length is None or length < 3:
+        # Noise (or pruning) hid the position rows: guess one position per leaked token.
+        length, length_guessed = max(3, min(model.max_length, len(content_ids) + 2, 10)), True
+    n_content = length - 2
     label_mode = s.labels or ("bias" if k == 1 else "soft")
     if label_mode == "bias" and k != 1:
         raise ConfigError("labels 'bias' restores the label of one sentence; use soft labels for batches")
@@ -515,7 +556,10 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
             bar.update(task, advance=1, loss=st.loss)
             if observer is not None and (done % max(1, s.log_every) == 0):
                 observer(done, to_tokens(st.ids, st.lengths))
-        final = search.run(first, accept) if s.search_evaluations > 0 else first
+        # Stop early once the sentences explain the update (relative distance ~ rounding).
+        scale = float(sum(float(t.double().pow(2).sum()) for t in sim.target))
+        final = search.run(first, accept, generator=torch.Generator().manual_seed(s.seed + 7),
+                           stop_loss=EXACT * scale) if s.search_evaluations > 0 else first
     if observer is not None:
         observer(done, to_tokens(final.ids, final.lengths))
     search_seconds = time.perf_counter() - start
@@ -527,7 +571,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
                "dlg_token_ids": dlg_tokens, "search_evaluations": search.evaluations,
                "search_moves": len([h for h in history if h.get("phase") == "search"]),
                "dlg_iterations": res.iterations, "search_seconds": round(search_seconds, 3),
-               "restricted_to_bag": restrict, "sentence_length": length,
+               "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed,
                "resolved": {"iterations": s.iterations, "lr": s.lr, "optimizer": s.optimizer, "dtype": s.dtype,
                             "labels": label_mode}})
 

@@ -154,10 +154,11 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
         pts = [(x, y) for x, y in pts if y > 0 and math.isfinite(y)]
         if pts:
             ax.plot(*zip(*pts), ".-" if phase != "dlg" else "-", color=colour, ms=3, lw=1.2,
-                    label={"dlg": "optimisation", "search": "order search"}.get(phase))
+                    label={"dlg": "optimisation", "discrete": "rounded to tokens", "search": "order search"}.get(phase))
     ax.set_yscale("log")
     ax.set_xlabel("iteration")
     ax.set_ylabel("gradient distance")
+    handles, labels = ax.get_legend_handles_labels()
     acc = [(num(h.get("iteration")), num(h.get("token_accuracy"))) for h in history]
     acc = [(x, y) for x, y in acc if math.isfinite(y)]
     if acc:
@@ -165,9 +166,10 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
         ax2.plot(*zip(*acc), "o", color="C2", ms=3, label="token accuracy")
         ax2.set_ylim(-0.02, 1.02)
         ax2.set_ylabel("token accuracy")
-    handles = [h for h in ax.get_legend_handles_labels()[0]]
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
     if handles:
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(handles, labels, loc="center right", fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
