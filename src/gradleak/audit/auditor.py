@@ -176,7 +176,7 @@ class LeakageAuditor:
                 row["reconstruction"] = self._save(server_round, client, recon, paired, truth)
         except GradleakError as exc:
             row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        except (RuntimeError, ValueError) as exc:  # numerical trouble inside an attack
+        except Exception as exc:  # noqa: BLE001 - numerical trouble, a model that does not fit: logged
             row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return self._add(row)
 
@@ -197,6 +197,11 @@ class LeakageAuditor:
         return str((folder / f"{stem}.png").relative_to(self.out))
 
     # ------------------------------------------------------------------ the log
+    def log_failure(self, server_round: int, client: str, error: str, node_id: int | str = "") -> dict[str, Any]:
+        """A row for an update that could not be attacked (malformed reply, bad config)."""
+        return self._add({"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
+                          "status": "failed", "error": error})
+
     def _add(self, row: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self.rows.append(row)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..errors import GradleakError
 from .auditor import FedAvgKeys, LeakageAuditor
 
 try:
@@ -57,7 +58,7 @@ class AuditedStrategy(Strategy):
         self.keys = keys or FedAvgKeys()
         self.arrayrecord_key = arrayrecord_key or getattr(strategy, "arrayrecord_key", "arrays")
         self.num_examples_key = num_examples_key or getattr(strategy, "weighted_by_key", "num-examples")
-        self._global: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._sent: dict[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {}
 
     def __getattr__(self, name: str) -> Any:  # anything else the wrapped strategy offers
         if name == "strategy":
@@ -71,22 +72,35 @@ class AuditedStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if self.auditor.should_audit(server_round):
-            # The global model and the public config exactly as sent (a strategy may alter both).
-            sent = messages[0].content if messages else None
-            arr = sent.array_records.get(self.arrayrecord_key, arrays) if sent is not None else arrays
-            cfg = next(iter(sent.config_records.values()), config) if sent is not None and sent.config_records else config
-            self._global = {server_round: (arr.to_torch_state_dict(), dict(cfg))}
+            # The model and the public config exactly as sent to each node (a strategy may alter
+            # both, even per node); messages sharing one RecordDict are converted once.
+            converted: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+            per_node: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+            for msg in messages:
+                sent = msg.content
+                if id(sent) not in converted:
+                    arr = sent.array_records.get(self.arrayrecord_key) or next(iter(sent.array_records.values()), arrays)
+                    cfg = sent.config_records.get(getattr(self.strategy, "configrecord_key", "config")) \
+                        or next(iter(sent.config_records.values()), config)
+                    converted[id(sent)] = (arr.to_torch_state_dict(), dict(cfg))
+                per_node[msg.metadata.dst_node_id] = converted[id(sent)]
+            self._sent = {server_round: per_node}
         return messages
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        sent = self._global.pop(server_round, None)
-        if sent is not None:
-            global_weights, train_config = sent
-            threat = self.auditor.threat(train_config, self.keys)
+        per_node = self._sent.pop(server_round, None)
+        if per_node is not None:
             for msg in replies:
-                if msg.has_error():
+                sent = per_node.get(msg.metadata.src_node_id)
+                if msg.has_error() or sent is None:
+                    continue
+                global_weights, train_config = sent
+                try:
+                    threat = self.auditor.threat(train_config, self.keys)
+                except GradleakError as exc:   # the audit never stops the federation
+                    self.auditor.log_failure(server_round, client_name(msg), str(exc), msg.metadata.src_node_id)
                     continue
                 self._audit_reply(server_round, msg, global_weights, threat)
         return self.strategy.aggregate_train(server_round, replies)
@@ -97,9 +111,8 @@ class AuditedStrategy(Strategy):
         metrics = next(iter(content.metric_records.values()), None)
         name = client_name(msg)
         if arrays is None or metrics is None or self.num_examples_key not in metrics:
-            self.auditor._add({"round": server_round, "client": name, "node_id": msg.metadata.src_node_id,
-                               "attack": self.auditor.cfg.attack, "status": "failed",
-                               "error": f"reply lacks an ArrayRecord or {self.num_examples_key!r}"})
+            self.auditor.log_failure(server_round, name, f"reply lacks an ArrayRecord or {self.num_examples_key!r}",
+                                     msg.metadata.src_node_id)
             return
         loss = next((float(metrics[k]) for k in ("train_loss", "train-loss", "loss") if k in metrics), float("nan"))
         self.auditor.audit(server_round, name, global_weights, arrays.to_torch_state_dict(),
