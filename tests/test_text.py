@@ -249,6 +249,7 @@ def test_cli_bow_attack_on_a_batch(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [
     ["--text", ""],                                                   # empty sentence
+    [],                                                               # no sentences at all
     ["--text", "hi", "--model", "gpt-17"],                            # unknown text model
     ["--text", "hi", "--attack", "gradinversion"],                    # not a text attack
     ["--text", "hi", "--image-size", "32"],                           # image-only option

@@ -307,7 +307,13 @@ def print_text_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
                 "label_accuracy", "gradient_distance", "iterations", "wall_seconds"):
         if key in metrics:
             v = metrics[key]
-            table.add_row(key, "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
+            if v is None:
+                text = "n/a"
+            elif isinstance(v, float):
+                text = f"{v:.3e}" if v != 0 and abs(v) < 1e-2 else f"{v:.3f}"
+            else:
+                text = str(v)
+            table.add_row(key, text)
     console = Console()
     console.print(table)
     rows = metrics.get("per_sentence") or []
