@@ -55,7 +55,7 @@ def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
     data = opt.data or "fashion-mnist"
     attack = (opt.attacks or ["idlg"])[0]
     samples = opt.samples or (1 if opt.smoke else 4)
-    n_iter = opt.iterations or (30 if opt.smoke else 200)
+    n_iter = opt.iterations or (20 if opt.smoke else 200)
     settings = SMOKE_SETTINGS if opt.smoke else SETTINGS
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else 10_000
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
