@@ -7,9 +7,14 @@
 - aggregate: the mean of N clients' simulated updates, the dummy batch split evenly in order.
 
 The attacker knows the public hyper-parameters (steps, mini-batch size, learning rate, number of
-clients) but not the client's shuffling: it assumes the fixed order 0..K-1 each epoch. Dummy slots
-are interchangeable, so within one epoch that assumption loses nothing; across epochs it is an
-approximation.
+clients) but not the client's shuffling: it assumes the fixed order 0..K-1 each epoch. With free
+(soft, optimised) labels, as in DLG, dummy slots are interchangeable, so within one epoch that
+assumption loses nothing; across epochs it is an approximation. With hard restored labels (iDLG,
+GradInversion, IG) the restored labels are put in sorted order, which fixes which class is
+trained in which local step: when the client's private order put the classes in other steps, the
+attack matches the wrong step structure and loses much of its quality (measured: iDLG on 2
+photos, local batch 1, 2 steps, 80 iterations: 5.3 dB when the orders differ, 19.4 dB when they
+agree). Searching over the label-to-step assignments is not implemented yet.
 """
 
 from __future__ import annotations
