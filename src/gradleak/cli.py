@@ -110,6 +110,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
         print_text_summary(text_result.metrics, text_result.run_dir)
         return 0
     result = run(cfg)
+    if result.rank:  # torchrun: a process other than rank 0 (which prints the summary)
+        return 0
     _print_summary(result.metrics, result.run_dir)
     return _attack_status(result.metrics, result.run_dir)
 

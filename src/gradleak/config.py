@@ -56,6 +56,8 @@ class AttackConfig(BaseModel):
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
+    nproc: int = Field(1, ge=1, le=256, description="GradInversion: processes the seeds are spread over "
+                       "(torch.distributed; under torchrun leave it out: WORLD_SIZE)")
     # files and output
     update: str | None = Field(None, description="attack this shared-update file instead of simulating a client")
     truth: str | None = Field(None, description="truth file of that update, for evaluation")

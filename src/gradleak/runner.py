@@ -22,6 +22,7 @@ import torch
 
 from . import __version__
 from .attacks import AttackSettings, Reconstruction, attack_names, run_attack
+from .attacks.shard import SeedShard
 from .attacks.state import Session, StateFileError, StateHooks, load_state, state_dir_for
 from .config import AttackConfig
 from .data import Batch, open_source, sample_batch
@@ -49,6 +50,7 @@ class RunResult:
     metrics: dict[str, Any]
     reconstruction: Reconstruction
     history: list[dict[str, Any]] = field(default_factory=list)
+    rank: int = 0  # seeds over processes (--nproc, torchrun): only rank 0's result has metrics
 
 
 def resolve_device(name: str) -> torch.device:
@@ -230,15 +232,30 @@ def check_out_dir(out: Path) -> None:
         raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
 
 
-def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: Path | str | None = None) -> RunResult:
+def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: Path | str | None = None,
+        shard: SeedShard | None = None) -> RunResult:
     """Run one attack as configured; write the run folder (atomically) unless ``write`` is False.
 
     While it runs, its resumable state goes to ``.<out>.state/`` next to the run folder every
     ``cfg.checkpoint_every`` iterations and on SIGINT/SIGTERM (then :class:`Interrupted` is
     raised); ``resume`` is such a state folder to continue from (``cfg`` must be the config saved
     in it). The state folder is removed once the run folder is written. A run whose attack
-    diverged beyond its retries is written too, with ``metrics["status"] == "diverged"``."""
-    device = resolve_device(cfg.device)
+    diverged beyond its retries is written too, with ``metrics["status"] == "diverged"``.
+
+    GradInversion over several processes (``cfg.nproc`` > 1, or launched by torchrun): see
+    distributed.py, which calls this in every process with its ``shard``; rank 0 writes the run
+    folder and returns the result, the others return a RunResult without metrics."""
+    spread = shard is not None and shard.distributed
+    if shard is None:
+        from .distributed import run_distributed, wanted
+
+        if wanted(cfg):
+            return run_distributed(cfg, write=write, resume=resume)
+    elif spread:
+        if resume is not None:
+            raise ConfigError("--resume continues one-process runs only (not --nproc > 1)")
+        write = write and shard.rank == 0
+    device = shard.device if spread and shard.device is not None else resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if resume is not None and not write:
@@ -254,13 +271,22 @@ def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: P
     case = prepare(cfg)
     settings = attack_settings(cfg, device)
     observer = PSNRObserver(case.truth) if case.truth is not None else None
-    session = Session(directory=state_dir if write else None, every=cfg.checkpoint_every,
+    if spread and shard.rank != 0:
+        observer = None  # rank 0 observes (the answer is the same on every process)
+    session = Session(directory=state_dir if write and not spread else None, every=cfg.checkpoint_every,
                       retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
                       config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
     if observer is not None:
         session.provide("observer", StateHooks(observer.get_state, observer.set_state))
-    with session.active(), (session.signals() if write else contextlib.nullcontext()):
-        recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+    with session.active(), (session.signals() if write and not spread else contextlib.nullcontext()):
+        if spread:
+            from .attacks.gradinversion import gradinversion
+
+            recon = gradinversion(case.update, case.model, settings, observer, shard=shard)
+        else:
+            recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+    if spread and shard.rank != 0:
+        return RunResult(run_dir=None, metrics={}, reconstruction=recon, rank=shard.rank)
     if session.pending is not None:
         raise StateFileError(f"the attack never reached the saved state's phase {session.pending.phase!r}")
     metrics = build_metrics(cfg, case, recon, device)

@@ -53,6 +53,7 @@ from .labels import LABEL_METHODS, restore_labels
 from .loop import LoopSettings, optimise
 from .priors import BN_MODES, bn_prior, bn_targets, l2_norm, total_variation
 from .reconstruction import Reconstruction
+from .shard import SeedShard
 from .simulate import UpdateSimulator
 from .state import StateHooks
 
@@ -181,15 +182,23 @@ def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None 
     return replace(base, **changes).validate() if changes else base.validate()
 
 
-def seed_generators(seed: int, count: int) -> list[torch.Generator]:
-    """One generator per candidate g, seeded seed + g (initial pixels, then its Langevin noise)."""
-    return [torch.Generator().manual_seed(int(seed) + g) for g in range(count)]
+def seed_generators(seed: int, count: int, start: int = 0) -> list[torch.Generator]:
+    """One generator per candidate g in [start, start + count), seeded seed + g (initial pixels,
+    then its Langevin noise); ``start`` is the first global seed index a process owns."""
+    return [torch.Generator().manual_seed(int(seed) + g) for g in range(start, start + count)]
 
 
 def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
-                  observer: Observer | None = None, gi: GradInversionSettings | None = None) -> Reconstruction:
+                  observer: Observer | None = None, gi: GradInversionSettings | None = None, *,
+                  shard: SeedShard | None = None) -> Reconstruction:
     """GradInversion on a shared update. Returns the final answer, every seed's candidate batch
     ([G, K, C, H, W] in ``candidates``) and the restored labels.
+
+    ``shard``: the seeds spread over processes (shard.py; every process calls this with the same
+    arguments and its own shard): this process optimises seeds ``shard.local_range`` and the
+    processes exchange the consensus, the loss and, at the end, scores and candidates. Every
+    process returns the same answer; ``candidates`` holds every seed on rank 0 only (None on the
+    others). None: all seeds here.
 
     Under FedSGD this is the paper's attack. Under the fedavg and aggregate threat models
     (beyond the paper) Eq. 3 compares the update the candidates would produce, simulated by
@@ -201,12 +210,16 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     labels = restore_labels(update, model, k, cfg.labels).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     targets = bn_targets(update, victim.bn_names, cfg.bn, dtype=dtype, device=device) if cfg.alpha_bn > 0 else None
-    gens = seed_generators(settings.seed, cfg.seeds)
+    shard = shard if shard is not None else SeedShard(cfg.seeds)
+    if shard.total != cfg.seeds:
+        raise ConfigError(f"seed shard is for {shard.total} seeds, the run has {cfg.seeds}")
+    mine = shard.local_range
+    gens = seed_generators(settings.seed, len(mine), start=mine.start)
     shape = (k, *model.input_shape)
     x = torch.stack([initial_images(model, shape, settings.init, g, dtype) for g in gens]).to(device)
     x.requires_grad_(True)
     group = GroupConsistency(cfg.group, tuple(x.shape), start=cfg.registration_start,
-                             every=cfg.registration_every, steps=cfg.registration_steps)
+                             every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)
     last: dict[str, torch.Tensor] = {}
 
     def terms(images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -228,13 +241,19 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
             parts["group"] = cfg.alpha_group * group_penalty(x, group.consensus(x))  # Eq. 11
             total = total + parts["group"]
         last.update({n: v.detach() for n, v in parts.items()})
-        return total.sum()  # candidates are independent terms: sum = G separate objectives
+        loss = total.sum()  # candidates are independent terms: sum = G separate objectives
+        if shard.distributed:  # report every seed's loss; the other processes' part is a constant
+            loss = loss + (shard.all_reduce_sum(loss.detach()) - loss.detach())
+        return loss
 
     def noise(v: torch.Tensor) -> torch.Tensor:
         eta = torch.stack([torch.randn(v.shape[1:], generator=g, dtype=v.dtype) for g in gens])
         return eta.to(v.device)
 
     def after_step(t: int) -> None:
+        if shard.distributed and shard.any(not bool(torch.isfinite(x).all())):
+            x.fill_(float("nan"))  # one process diverged: all of them go back to the last good state
+            return
         group.maybe_register(t, x)
 
     def get_state() -> dict[str, object]:  # resumable runs (state.py): per-seed RNGs + registration
@@ -256,13 +275,17 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     def answer() -> torch.Tensor:
         if cfg.final == "consensus" and group.active:
             return group.consensus(x)
-        score = last.get("grad", torch.zeros(cfg.seeds)) + last.get("fidelity", torch.zeros(cfg.seeds))
+        score = last.get("grad", torch.zeros(x.shape[0])) + last.get("fidelity", torch.zeros(x.shape[0]))
+        if shard.distributed:
+            return shard.seed_tensor(x.detach(), int(torch.argmin(shard.all_gather_seeds(score))))
         return x.detach()[int(torch.argmin(score))]
 
     log = None
-    if observer is not None:
+    if observer is not None or shard.distributed:  # answer() is collective: every process takes part
         def log(t: int) -> None:
-            observer(t, to_pixels(model, answer()))
+            images = to_pixels(model, answer())
+            if observer is not None:
+                observer(t, images)
 
     loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=settings.optimizer or "adam",
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
@@ -273,25 +296,32 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     with torch.no_grad():
         final = terms(x.detach())
     score = torch.nan_to_num(final["grad"] + final["fidelity"], nan=float("inf"))
+    distances = final["distance"]
+    candidates: torch.Tensor | None = x.detach()
+    if shard.distributed:  # every seed's scores everywhere; the candidates to rank 0 only
+        score, distances = shard.all_gather_seeds(score), shard.all_gather_seeds(distances)
+        candidates = shard.gather_seeds(x.detach())
     best = int(torch.argmin(score))
     if cfg.final == "consensus" and group.active:
         chosen = group.consensus(x)
         with torch.no_grad():
             distance = float(terms(chosen.unsqueeze(0))["distance"][0])
     else:
-        chosen = x.detach()[best]
-        distance = float(final["distance"][best])
+        chosen = shard.seed_tensor(x.detach(), best) if shard.distributed else x.detach()[best]
+        distance = float(distances[best])
+    extra_dist = {"processes": shard.world} if shard.distributed else {}
     return Reconstruction(
-        images=to_pixels(model, chosen), labels=labels.cpu().long(), candidates=to_pixels(model, x),
+        images=to_pixels(model, chosen), labels=labels.cpu().long(),
+        candidates=to_pixels(model, candidates) if candidates is not None else None,
         history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
         label_method=cfg.labels,
         extra={"gradient_distance": distance,
-               "candidate_gradient_distance": [float(v) for v in final["distance"]],
+               "candidate_gradient_distance": [float(v) for v in distances],
                "candidate_score": [float(v) for v in score], "best_seed": best,
                "answer": "consensus" if cfg.final == "consensus" and group.active else "best",
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "registrations": group.registration.fits if group.registration is not None else 0,
-               "settings": cfg.to_dict(), "final_loss": result.final_loss})
+               "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist})
 
 
 __all__ = ["GradInversionSettings", "PRESETS", "gradinversion", "resolve_settings"]

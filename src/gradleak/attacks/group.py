@@ -36,6 +36,10 @@ Choices (the paper leaves these open):
 * With repeated labels two slots of a seed may hold the same class and swap between seeds;
   slots are not re-paired across seeds (the consensus assumes slot k is the same image in every
   candidate, which holds for distinct restored labels).
+* Seeds over processes (``shard``, see shard.py; ``gradleak attack --nproc P``): ``x`` holds
+  this process's seeds only; the pixel-wise mean is the all-reduced sum of every process's
+  candidates / G, each process registers its own images to that global mean (the fits are per
+  image), and Eq. 12's consensus is the all-reduced sum of the registered candidates / G.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from .shard import SeedShard
 
 GROUP_MODES = ("none", "lazy", "registered")
 
@@ -51,9 +56,12 @@ GROUP_MODES = ("none", "lazy", "registered")
 _UNITS = (1.0 / 16, 1.0 / 16, 0.25, 0.25)
 
 
-def lazy_mean(x: torch.Tensor) -> torch.Tensor:
-    """Pixel-wise consensus: x [G, K, C, H, W] -> [K, C, H, W]."""
-    return x.mean(dim=0)
+def lazy_mean(x: torch.Tensor, shard: SeedShard | None = None) -> torch.Tensor:
+    """Pixel-wise consensus: x [G, K, C, H, W] -> [K, C, H, W]. With the seeds spread over
+    processes (``shard``), x holds this process's seeds and the mean is over all of them."""
+    if shard is None or not shard.distributed:
+        return x.mean(dim=0)
+    return shard.all_reduce_sum(x.sum(dim=0)) / shard.total
 
 
 def group_penalty(x: torch.Tensor, consensus: torch.Tensor) -> torch.Tensor:
@@ -88,11 +96,13 @@ def warp(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 class Registration:
     """Similarity registration of every candidate image onto the pixel-wise mean (Eq. 12's F)."""
 
-    def __init__(self, shape: tuple[int, ...], *, steps: int = 40, lr: float = 0.05):
+    def __init__(self, shape: tuple[int, ...], *, steps: int = 40, lr: float = 0.05,
+                 shard: SeedShard | None = None):
         if len(shape) != 5:
             raise ConfigError(f"registration expects candidates [G, K, C, H, W], got {list(shape)}")
         self.shape = tuple(shape)
         self.steps, self.lr = int(steps), float(lr)
+        self.shard = shard  # seeds over processes: each fits its own images to the global mean
         self.theta: torch.Tensor | None = None  # [G*K, 4]; None = identity
         self.fits = 0
 
@@ -100,7 +110,7 @@ class Registration:
         """Re-estimate the transforms from the identity for candidates x [G, K, C, H, W]."""
         g, k, c, h, w = x.shape
         src = x.detach().reshape(g * k, c, h, w)
-        target = lazy_mean(x.detach()).unsqueeze(0).expand(g, k, c, h, w).reshape(g * k, c, h, w)
+        target = lazy_mean(x.detach(), self.shard).unsqueeze(0).expand(g, k, c, h, w).reshape(g * k, c, h, w)
         theta = torch.zeros(g * k, 4, dtype=x.dtype, device=x.device, requires_grad=True)
         opt = torch.optim.Adam([theta], lr=self.lr)
         with torch.enable_grad():
@@ -140,7 +150,7 @@ class Registration:
 
     def consensus(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 12: (1/G) sum_g F_g(x_g) -> [K, C, H, W]."""
-        return self.registered(x).mean(dim=0)
+        return lazy_mean(self.registered(x), self.shard)
 
 
 class GroupConsistency:
@@ -150,13 +160,15 @@ class GroupConsistency:
     ``maybe_register(step, x)`` re-estimates the registration on schedule.
     """
 
-    def __init__(self, mode: str, shape: tuple[int, ...], *, start: int, every: int, steps: int = 40):
+    def __init__(self, mode: str, shape: tuple[int, ...], *, start: int, every: int, steps: int = 40,
+                 shard: SeedShard | None = None):
         if mode not in GROUP_MODES:
             raise ConfigError(f"group: unknown mode {mode!r}; known: {', '.join(GROUP_MODES)}")
         if every < 1 or start < 0:
             raise ConfigError("group: registration start must be >= 0 and every >= 1")
         self.mode, self.start, self.every = mode, int(start), int(every)
-        self.registration = Registration(shape, steps=steps) if mode == "registered" else None
+        self.shard = shard  # None or world 1: all G seeds are in ``x``; else this process's slice
+        self.registration = Registration(shape, steps=steps, shard=shard) if mode == "registered" else None
 
     @property
     def active(self) -> bool:
@@ -186,4 +198,4 @@ class GroupConsistency:
         x = x.detach()
         if self.registration is not None:
             return self.registration.consensus(x)
-        return lazy_mean(x)
+        return lazy_mean(x, self.shard)

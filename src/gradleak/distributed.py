@@ -1,0 +1,241 @@
+"""GradInversion with its seeds spread over processes (``gradleak attack --nproc P``, or torchrun).
+
+Two ways in, one code path per process (``runner.run`` with a ``SeedShard``):
+
+* ``--nproc P`` on one machine: the calling process checks the config and the run folder, then
+  spawns P processes (torch.multiprocessing, "spawn") that form a process group (gloo on the CPU,
+  NCCL when the run is on CUDA with a GPU per process, GPU ``rank % device_count``; gloo through
+  the CPU when processes share a GPU) over MASTER_ADDR=127.0.0.1 and a free port. It waits
+  for them; if one fails it ends the others and re-raises the error; rank 0's RunResult comes
+  back through a temporary file.
+* torchrun (single- or multi-node): when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set
+  and WORLD_SIZE > 1, each launched process joins the group from the environment (env://); its
+  GPU is LOCAL_RANK.
+
+Every process runs ``prepare(cfg)`` itself (the simulated client is deterministic for a given
+config; with ``--update FILE`` every node needs the file), so nothing but the attack's own
+exchanges goes over the wire (see attacks/shard.py). Rank 0 writes the run folder; resumable
+state is not saved (``--resume`` with several processes is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .attacks.shard import SeedShard
+from .config import AttackConfig
+from .errors import ConfigError, GradleakError
+
+ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT = timedelta(minutes=30)  # a collective waiting longer than this means a lost process
+
+
+def env_world() -> int:
+    """WORLD_SIZE when this process was launched by torchrun (all of ENV_VARS set), else 1."""
+    if not all(os.environ.get(v) for v in ENV_VARS):
+        return 1
+    try:
+        return max(1, int(os.environ["WORLD_SIZE"]))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number") from None
+
+
+def wanted(cfg: AttackConfig) -> bool:
+    """Whether ``cfg`` runs over several processes (--nproc > 1, or launched by torchrun)."""
+    return cfg.nproc > 1 or env_world() > 1
+
+
+def resolved_seeds(cfg: AttackConfig) -> int:
+    if cfg.seeds is not None:
+        return cfg.seeds
+    from .attacks import GradInversionSettings
+
+    return GradInversionSettings.preset(cfg.preset or "cpu").seeds
+
+
+def check(cfg: AttackConfig, world: int) -> int:
+    """ConfigError unless ``cfg`` can run over ``world`` processes; returns G."""
+    if cfg.modality != "image" or cfg.attack != "gradinversion":
+        raise ConfigError(f"--nproc > 1 spreads GradInversion's seeds over processes; attack {cfg.attack!r} "
+                          f"({cfg.modality}) runs in one process (use --nproc 1)")
+    seeds = resolved_seeds(cfg)
+    if world > seeds:
+        raise ConfigError(f"--nproc {world} is more processes than seeds ({seeds}); every process needs at least "
+                          f"one seed (use --nproc <= --seeds)")
+    return seeds
+
+
+def _backend(device: torch.device, local_world: int) -> str:
+    """NCCL when every process on this machine has its own GPU; else gloo (on the CPU, or with
+    several processes sharing a GPU, where NCCL refuses: tensors then go through the CPU)."""
+    return "nccl" if device.type == "cuda" and local_world <= torch.cuda.device_count() else "gloo"
+
+
+def _rank_device(cfg: AttackConfig, local_rank: int) -> torch.device:
+    from .runner import resolve_device
+
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def _threads(cfg: AttackConfig, local_world: int) -> None:
+    if cfg.threads is None:  # P processes share the machine's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (no orphans holding a port)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_run(cfg: AttackConfig, shard: SeedShard, write: bool) -> Any:
+    from .runner import run
+
+    return run(cfg, write=write, shard=shard)
+
+
+# ---------------------------------------------------------------- --nproc P: spawned processes
+def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: bool, folder: str) -> None:
+    import torch.distributed as dist
+
+    _die_with_parent()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        cfg = AttackConfig(**cfg_json)
+        _threads(cfg, world)
+        device = _rank_device(cfg, rank)
+        backend = _backend(device, world)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=TIMEOUT)
+        try:
+            shard = SeedShard(resolved_seeds(cfg), world, rank, device if backend == "nccl" else None)
+            result = _rank_run(cfg, shard, write)
+            if rank == 0:
+                tmp = Path(folder) / "result.pt.partial"
+                torch.save(result, tmp)
+                os.replace(tmp, Path(folder) / "result.pt")
+        finally:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # the parent re-raises the first rank's error as it was
+            (Path(folder) / f"error-{rank}.pkl").write_bytes(pickle.dumps(exc))
+        raise
+
+
+def spawn(cfg: AttackConfig, *, write: bool) -> Any:
+    """Run ``cfg`` over cfg.nproc processes on this machine; rank 0's RunResult."""
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    world = cfg.nproc
+    with tempfile.TemporaryDirectory(prefix="gradleak-nproc-") as folder:
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), cfg.model_dump(mode="json"), write, folder),
+                                 nprocs=world, join=False, daemon=True, start_method="spawn")
+        try:
+            while not ctx.join():
+                pass
+        except ProcessException as exc:
+            errors = sorted(Path(folder).glob("error-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
+            for path in errors:
+                try:
+                    original = pickle.loads(path.read_bytes())
+                except Exception:  # noqa: BLE001 - an unpicklable error: the generic message below
+                    continue
+                if isinstance(original, GradleakError):  # a user error: one line, as in one process
+                    raise original from None
+            raise GradleakError(f"a process of the --nproc {world} run failed: {exc}") from None
+        finally:  # whatever happened (an error, Ctrl-C, a test timeout): no process outlives the run
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        return torch.load(Path(folder) / "result.pt", weights_only=False)
+
+
+# ---------------------------------------------------------------- torchrun: env://
+def from_env(cfg: AttackConfig, *, write: bool) -> Any:
+    """This process's part of a torchrun-launched run (rank 0 returns the full RunResult)."""
+    import torch.distributed as dist
+
+    world, rank = env_world(), int(os.environ["RANK"])
+    if cfg.nproc not in (1, world):
+        raise ConfigError(f"--nproc {cfg.nproc} differs from torchrun's WORLD_SIZE {world} (leave --nproc out "
+                          f"under torchrun)")
+    seeds = check(cfg, world)
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    _threads(cfg, local_world)
+    device = _rank_device(cfg, local_rank)
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group(_backend(device, local_world), init_method="env://", timeout=TIMEOUT)
+    nccl = dist.get_backend() == "nccl"
+    try:
+        # Rank 0 alone checks the run folder (the nodes may not share a disk) and decides its name.
+        verdict: list[Any] = [None, cfg.out]
+        if dist.get_rank() == 0 and write:
+            from .runner import check_out_dir, default_run_dir
+
+            out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
+            try:
+                check_out_dir(out)
+            except ConfigError as exc:
+                verdict[0] = str(exc)
+            verdict[1] = str(out)
+        dist.broadcast_object_list(verdict, src=0, device=device if nccl else None)
+        if verdict[0] is not None:
+            raise ConfigError(verdict[0])
+        cfg = cfg.model_copy(update={"out": verdict[1]})
+        shard = SeedShard(seeds, dist.get_world_size(), dist.get_rank(), device if nccl else None)
+        return _rank_run(cfg, shard, write)
+    finally:
+        if owned:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def run_distributed(cfg: AttackConfig, *, write: bool, resume: Any = None) -> Any:
+    """Entry from ``runner.run`` when ``wanted(cfg)``."""
+    if resume is not None:
+        raise ConfigError("--resume continues one-process runs only; a run over several processes (--nproc > 1) "
+                          "saves no resumable state")
+    if env_world() > 1:
+        return from_env(cfg, write=write)
+    check(cfg, cfg.nproc)
+    if write:
+        from .runner import check_out_dir, default_run_dir
+
+        out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
+        check_out_dir(out)
+        cfg = cfg.model_copy(update={"out": str(out)})
+    return spawn(cfg, write=write)
+
+
+__all__ = ["SeedShard", "check", "env_world", "run_distributed", "spawn", "wanted"]
