@@ -163,12 +163,18 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
                                     help=info.description)
         elif typing.get_origin(inner) is list:
             item = typing.get_args(inner)[0]
+            if typing.get_origin(item) is typing.Annotated:  # e.g. list[Annotated[int, Field(ge=1)]]
+                item = typing.get_args(item)[0]
 
             def parse_list(text: str, item: type = item) -> list[Any]:
+                parts = [v.strip() for v in text.split(",")]
                 try:
-                    return [item(v) for v in text.split(",") if v.strip()]
+                    if not parts or any(not v for v in parts):
+                        raise ValueError
+                    return [item(v) for v in parts]
                 except ValueError:
-                    raise argparse.ArgumentTypeError(f"expected a comma-separated list of {item.__name__}") from None
+                    raise argparse.ArgumentTypeError(
+                        f"expected a comma-separated list of {item.__name__}, got {text!r}") from None
             parser.add_argument(flag, dest=name, type=parse_list, default=argparse.SUPPRESS, help=info.description)
         else:
             conv = {int: int, float: float}.get(inner, str)

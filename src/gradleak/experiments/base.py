@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,7 +35,7 @@ class ExperimentOptions(BaseModel):
     width: int | None = Field(None, ge=1, description="model width")
     data: str | None = Field(None, description="data source")
     attacks: list[str] | None = Field(None, description="attacks to compare (comma separated)")
-    batch_sizes: list[int] | None = Field(None, description="batch sizes (comma separated)")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="batch sizes (comma separated)")
     batches: int | None = Field(None, ge=1, description="random batches per setting")
     samples: int | None = Field(None, ge=1, description="samples (batches attacked) per setting")
     iterations: int | None = Field(None, ge=1, description="attack iterations")
