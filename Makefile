@@ -25,7 +25,7 @@ demo: setup
 	$(BIN)/gradleak attack
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

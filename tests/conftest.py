@@ -16,13 +16,27 @@ def cifar10():
     return open_source("cifar10-samples")
 
 
-# `make test` runs the suite on 2 xdist workers (`-n 2 --dist loadgroup`). Tests that start a
-# local Ray instance (the Ray sweep, Flower's simulation engine) share one group, so two Ray
-# instances never start at once on a 2-core machine.
+
+# `make test` runs the suite on 2 xdist workers (`-n 2`). Tests that start a local Ray instance
+# (the Ray sweep, Flower's simulation engine) take an exclusive file lock first, so two Ray
+# instances never run at once on a 2-core machine, whichever worker runs them. (A lock rather
+# than xdist's loadgroup scheduling: after a worker crash, loadgroup can wait forever.)
 _RAY_TESTS = ("test_sweep.py::test_ray_sweep", "test_flower_audit.py::test_flower_example_federation")
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if any(name in item.nodeid for name in _RAY_TESTS):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+@pytest.fixture(autouse=True)
+def _one_ray_at_a_time(request):
+    if not any(name in request.node.nodeid for name in _RAY_TESTS):
+        yield
+        return
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    lock = Path(tempfile.gettempdir()) / f"gradleak-tests-ray-{os.getuid()}.lock"
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -112,6 +112,32 @@ def _meta(f: Any, path: Path) -> UpdateMeta:
     return meta
 
 
+def check_update_header(f: Any, p: Path, model_name: str, state: dict[str, torch.Tensor],
+                        params: dict[str, torch.Tensor], *, ignore: set[str] = frozenset()) -> set[str]:
+    """Check an open update file's tensor names, shapes and dtypes against the model from the
+    header alone, before any tensor is read: one ``weights/<name>`` per state entry and one
+    ``grad/<name>`` per trainable parameter (keys in ``ignore`` are checked by the caller).
+    Returns the expected keys; raises ModelMismatchError naming the first problem."""
+    keys = set(f.keys())
+    expected = {f"weights/{k}" for k in state} | {f"grad/{k}" for k in params}
+    missing, unknown = sorted(expected - keys), sorted(keys - expected - set(ignore))
+    if missing:
+        raise ModelMismatchError(f"{p}: update lacks {len(missing)} tensors of model {model_name} (first: {missing[0]})")
+    if unknown:
+        raise ModelMismatchError(f"{p}: update has tensors that model {model_name} does not have (first: {unknown[0]})")
+    for k in sorted(expected):
+        kind, _, name = k.partition("/")
+        ref = state[name] if kind == "weights" else params[name]
+        shape, dtype = _shape_dtype(f, k)
+        if shape != tuple(ref.shape):
+            raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {model_name} expects {list(ref.shape)}")
+        if ref.is_floating_point() and dtype not in _FLOAT_DTYPES:
+            raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected a float type")
+        if not ref.is_floating_point() and dtype in _FLOAT_DTYPES:
+            raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected an integer type")
+    return expected
+
+
 def load_update(path: str | Path) -> tuple[SharedUpdate, ModelSpec]:
     """Load and validate a shared update; rebuild its model with the global weights loaded.
 
@@ -129,26 +155,9 @@ def load_update(path: str | Path) -> tuple[SharedUpdate, ModelSpec]:
         keys = set(f.keys())
         state = spec.module.state_dict()
         params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}
-        expected = {f"weights/{k}" for k in state} | {f"grad/{k}" for k in params}
         bn_modules = {n: m for n, m in spec.module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
         bn_keys = {k for k in keys if k.startswith("bn/")}
-        missing = sorted(expected - keys)
-        unknown = sorted(keys - expected - bn_keys)
-        if missing:
-            raise ModelMismatchError(f"{p}: update lacks {len(missing)} tensors of model {meta.model} (first: {missing[0]})")
-        if unknown:
-            raise ModelMismatchError(f"{p}: update has tensors that model {meta.model} does not have (first: {unknown[0]})")
-        # Shapes and dtypes from the header, before any tensor is read.
-        for k in sorted(expected):
-            kind, _, name = k.partition("/")
-            ref = state[name] if kind == "weights" else params[name]
-            shape, dtype = _shape_dtype(f, k)
-            if shape != tuple(ref.shape):
-                raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {meta.model} expects {list(ref.shape)}")
-            if ref.is_floating_point() and dtype not in _FLOAT_DTYPES:
-                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected a float type")
-            if not ref.is_floating_point() and dtype in _FLOAT_DTYPES:
-                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected an integer type")
+        expected = check_update_header(f, p, meta.model, state, params, ignore=bn_keys)
         bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for k in sorted(bn_keys):
             _, _, rest = k.partition("/")

@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save
 
 from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import _FLOAT_DTYPES, _get, _open, _shape_dtype
+from ..fl.files import _FLOAT_DTYPES, _get, _open, _shape_dtype, check_update_header
 from ..fl.threats import ThreatModel, aggregate, step_assignment
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
 from .data import TextBatch
@@ -223,21 +223,7 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
         model = build_text_model(meta.model, num_classes=meta.num_classes, seed=seed)
         state = model.module.state_dict()
         params = trainable(model)
-        keys = set(f.keys())
-        expected = {f"weights/{k}" for k in state} | {f"grad/{k}" for k in params}
-        missing, unknown = sorted(expected - keys), sorted(keys - expected)
-        if missing:
-            raise ModelMismatchError(f"{p}: update lacks {len(missing)} tensors of model {meta.model} (first: {missing[0]})")
-        if unknown:
-            raise ModelMismatchError(f"{p}: update has tensors that model {meta.model} does not have (first: {unknown[0]})")
-        for k in sorted(expected):
-            kind, _, name = k.partition("/")
-            ref = state[name] if kind == "weights" else params[name]
-            shape, dtype = _shape_dtype(f, k)
-            if shape != tuple(ref.shape):
-                raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {meta.model} expects {list(ref.shape)}")
-            if ref.is_floating_point() != (dtype in _FLOAT_DTYPES):
-                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, which does not fit model {meta.model}")
+        check_update_header(f, p, meta.model, state, params)
         weights = {k: _get(f, f"weights/{k}", p) for k in state}
         grads = {k: _get(f, f"grad/{k}", p) for k in params}
     for what, tensors in (("weights", weights), ("gradient", grads)):
