@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -134,16 +134,64 @@ def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: b
             shard = SeedShard(resolved_seeds(cfg), world, rank, device if backend == "nccl" else None)
             result = _rank_run(cfg, shard, write)
             if rank == 0:
-                tmp = Path(folder) / "result.pt.partial"
-                torch.save(result, tmp)
-                os.replace(tmp, Path(folder) / "result.pt")
+                _save_result(result, Path(folder))
         finally:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     except BaseException as exc:
-        with contextlib.suppress(Exception):  # the parent re-raises the first rank's error as it was
-            (Path(folder) / f"error-{rank}.pkl").write_bytes(pickle.dumps(exc))
+        with contextlib.suppress(Exception):  # the parent re-raises the first rank's user error
+            record = {"type": type(exc).__name__, "message": str(exc), "user": isinstance(exc, GradleakError)}
+            (Path(folder) / f"error-{rank}.json").write_text(json.dumps(record))
         raise
+
+
+# Rank 0 hands its RunResult to the parent as safetensors + JSON (never pickle): tensors in
+# result.safetensors, everything else in result.json (JSON-ready as in metrics.json).
+def _save_result(result: Any, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    from .runner import _jsonable
+
+    rec = result.reconstruction
+    tensors = {"images": rec.images.contiguous(), "labels": rec.labels.contiguous()}
+    if rec.candidates is not None:
+        tensors["candidates"] = rec.candidates.contiguous()
+    save_file(tensors, str(folder / "result.safetensors"))
+    info = {"run_dir": None if result.run_dir is None else str(result.run_dir), "metrics": result.metrics,
+            "history": result.history, "rank": result.rank,
+            "reconstruction": {"history": rec.history, "iterations": rec.iterations,
+                               "wall_seconds": rec.wall_seconds, "label_method": rec.label_method,
+                               "extra": rec.extra}}
+    tmp = folder / "result.json.partial"
+    tmp.write_text(json.dumps(_jsonable(info)))
+    os.replace(tmp, folder / "result.json")  # last: its presence means the result is complete
+
+
+def _load_result(folder: Path) -> Any:
+    from safetensors.torch import load_file
+
+    from .attacks import Reconstruction
+    from .runner import RunResult
+
+    info = json.loads((folder / "result.json").read_text())
+    tensors = load_file(str(folder / "result.safetensors"))
+    r = info["reconstruction"]
+    rec = Reconstruction(images=tensors["images"], labels=tensors["labels"], candidates=tensors.get("candidates"),
+                         history=r["history"], iterations=r["iterations"], wall_seconds=r["wall_seconds"],
+                         label_method=r["label_method"], extra=r["extra"])
+    run_dir = None if info["run_dir"] is None else Path(info["run_dir"])
+    return RunResult(run_dir=run_dir, metrics=info["metrics"], reconstruction=rec, history=info["history"],
+                     rank=info["rank"])
+
+
+def _user_error(record: dict[str, Any]) -> GradleakError:
+    """The GradleakError subclass a rank raised, rebuilt from its JSON record."""
+    from . import errors
+
+    cls = getattr(errors, str(record.get("type")), None)
+    if not (isinstance(cls, type) and issubclass(cls, GradleakError)):
+        cls = GradleakError
+    return cls(str(record.get("message", "")))
 
 
 def spawn(cfg: AttackConfig, *, write: bool) -> Any:
@@ -159,14 +207,14 @@ def spawn(cfg: AttackConfig, *, write: bool) -> Any:
             while not ctx.join():
                 pass
         except ProcessException as exc:
-            errors = sorted(Path(folder).glob("error-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
+            errors = sorted(Path(folder).glob("error-*.json"), key=lambda p: int(p.stem.split("-")[1]))
             for path in errors:
                 try:
-                    original = pickle.loads(path.read_bytes())
-                except Exception:  # noqa: BLE001 - an unpicklable error: the generic message below
+                    record = json.loads(path.read_text())
+                except (OSError, ValueError):  # a half-written record: the generic message below
                     continue
-                if isinstance(original, GradleakError):  # a user error: one line, as in one process
-                    raise original from None
+                if isinstance(record, dict) and record.get("user"):  # a user error: one line, as in one process
+                    raise _user_error(record) from None
             raise GradleakError(f"a process of the --nproc {world} run failed: {exc}") from None
         finally:  # whatever happened (an error, Ctrl-C, a test timeout): no process outlives the run
             for p in ctx.processes:
@@ -177,7 +225,7 @@ def spawn(cfg: AttackConfig, *, write: bool) -> Any:
                 if p.is_alive():
                     p.kill()
                     p.join()
-        return torch.load(Path(folder) / "result.pt", weights_only=False)
+        return _load_result(Path(folder))
 
 
 # ---------------------------------------------------------------- torchrun: env://
