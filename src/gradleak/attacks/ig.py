@@ -40,6 +40,7 @@ from .base import AttackSettings, Observer, initial_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import restore_labels
 from .loop import LoopSettings, optimise
+from .state import StateHooks
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
@@ -73,10 +74,29 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
         grads, _ = victim.batched(images, labels)
         return victim.gradient.cosine(grads) + alpha_tv * tv_l1_mean(images)              # IG Eq. 4
 
+    # the lowest-objective iterate of each restart so far (and its objective)
+    kept = {"score": torch.full((restarts,), float("inf"), dtype=dtype, device=device), "x": x.detach().clone()}
+
+    def keep(values: torch.Tensor, images: torch.Tensor) -> None:
+        better = torch.nan_to_num(values, nan=float("inf")) < kept["score"]
+        kept["score"] = torch.where(better, values, kept["score"])
+        kept["x"] = torch.where(better.view(-1, *([1] * (images.ndim - 1))), images, kept["x"])
+
     def objective() -> torch.Tensor:
         values = per_restart(x)
         last["score"] = values.detach()
+        keep(values.detach(), x.detach())
         return values.sum()  # restarts are independent: sum = R separate objectives
+
+    def get_state() -> dict[str, object]:
+        return {"kept_score": kept["score"], "kept_x": kept["x"]}
+
+    def set_state(state: dict[str, object]) -> None:
+        score, images = state.get("kept_score"), state.get("kept_x")
+        if not (isinstance(score, torch.Tensor) and score.shape == kept["score"].shape
+                and isinstance(images, torch.Tensor) and images.shape == kept["x"].shape):
+            raise ValueError("Inverting Gradients' saved state is malformed")
+        kept["score"], kept["x"] = score.to(device, dtype), images.to(device, dtype)
 
     def box(t: int) -> None:
         x.copy_(torch.maximum(torch.minimum(x, hi), lo))
@@ -89,15 +109,17 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
 
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         schedule="step", signed=True, progress=s.progress, description="ig")
-    result = optimise([x], objective, loop, after_step=box, on_log=log, log_every=s.log_every)
+    result = optimise([x], objective, loop, after_step=box, on_log=log, log_every=s.log_every,
+                      state=StateHooks(get_state, set_state))
     with torch.no_grad():
-        score = per_restart(x.detach())
+        keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
+    score, answer = kept["score"], kept["x"]
     best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
     with torch.no_grad():
-        grads, _ = victim.batched(x.detach()[best:best + 1], labels)
+        grads, _ = victim.batched(answer[best:best + 1], labels)
         l2 = float(victim.gradient.layer_l2(grads)[0])
     return Reconstruction(
-        images=to_pixels(model, x.detach()[best]), labels=labels.cpu().long(), candidates=to_pixels(model, x),
+        images=to_pixels(model, answer[best]), labels=labels.cpu().long(), candidates=to_pixels(model, answer),
         history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
         label_method=method,
         extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
