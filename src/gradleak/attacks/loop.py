@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import ConfigError
+from .lbfgs import CompactLBFGS
 from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, current_session, pack, unpack
 
 _log = logging.getLogger("gradleak")
@@ -86,7 +87,8 @@ def _progress(settings: LoopSettings):  # noqa: ANN202
 
 def _make_optimizer(variables: list[torch.Tensor], settings: LoopSettings) -> torch.optim.Optimizer:
     if settings.optimizer == "lbfgs":
-        return torch.optim.LBFGS(
+        # torch's L-BFGS algorithm with the compact (matrix) form of its direction (lbfgs.py)
+        return CompactLBFGS(
             variables, lr=settings.lr, max_iter=settings.lbfgs_max_iter,
             history_size=settings.lbfgs_history, line_search_fn=settings.lbfgs_line_search,
             tolerance_grad=settings.lbfgs_tolerance_grad, tolerance_change=settings.lbfgs_tolerance_change)
@@ -204,7 +206,10 @@ class _Run:
 
             def check(value: Any, where: str) -> None:
                 if isinstance(value, torch.Tensor):
-                    ok = value.ndim == 0 or value.shape == shape or (value.ndim == 1 and value.numel() == numel)
+                    m = self.settings.lbfgs_history
+                    ok = value.ndim == 0 or value.shape == shape or (value.ndim == 1 and value.numel() == numel) \
+                        or value.shape == (m, numel) \
+                        or (value.ndim == 2 and value.shape[0] == value.shape[1] <= m)  # L-BFGS history (lbfgs.py)
                     if not ok or not (value.is_floating_point() or value.dtype in (torch.int64, torch.int32)):
                         fail(f"optimizer tensor {where} has shape {list(value.shape)} {value.dtype}")
                 elif isinstance(value, (list, tuple)):
