@@ -65,7 +65,7 @@ CASES: dict[str, CaseSpec] = {
             "step decay at 3/8, 5/8, 7/8, box constraint, label restored from the gradient.",
             "TV: gradleak alpha_TV 0.1 on mean|dx| + mean|dy|; breaching scale 0.2 on mean(|dx| + |dy|) "
             "(its config notes this equals 0.1 of the original code).",
-            "breaching returns the iterate with the lowest objective seen; gradleak the last iterate.",
+            "Both return the iterate with the lowest objective seen (gradleak since this run; before, its last iterate).",
         ),
     ),
     "gi": CaseSpec(
