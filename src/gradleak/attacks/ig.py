@@ -20,8 +20,13 @@
   another rule, e.g. "counts" for repeated labels);
 * ``restarts`` R (``settings.seeds``, default 1) run as ONE batched computation (vmap over the
   restart axis, like GradInversion's seeds), restart r seeded ``settings.seed + r``; the restart
-  with the lowest final objective wins (their ``scoring_choice='loss'``), all R are returned as
-  candidates.
+  with the lowest objective wins (their ``scoring_choice='loss'``), all R are returned as
+  candidates;
+* each restart's answer is its iterate with the LOWEST objective seen during the run, not the
+  last one (as breaching's implementation does; with Adam on signed gradients the objective
+  keeps fluctuating until the last decay). The objective of step t is that of the iterate the
+  step starts from, so the kept iterate is one the objective was evaluated at; the final iterate
+  is evaluated once more after the last step and competes too.
 
 The model runs in training mode like the client (BN with batch statistics), as in our FedSGD.
 Under the fedavg and aggregate threat models the cosine compares the update the candidate batch
