@@ -265,3 +265,30 @@ def test_gradinversion_beats_inverting_gradients(spec, batch, update):
     assert gi.extra["settings"]["bn"] == "exact" and gi.iterations == ig.iterations == 200
     assert psnr_gi >= psnr_ig + 1.0, (psnr_gi, psnr_ig)
     assert psnr_gi >= 15.0
+
+
+def test_inverting_gradients_answers_with_the_lowest_objective_iterate(spec, update, monkeypatch):
+    """IG keeps the iterate with the lowest objective seen, not the last one. On a short run the
+    objective falls monotonically, so the TV prior is rigged to add 100 from its 21st evaluation on:
+    the iterates from there on (and the final one) score worse, and the answer must be the iterate
+    of the 20th evaluation, i.e. the one the observer saw after step 19."""
+    import gradleak.attacks.ig as ig_module
+
+    calls = {"n": 0}
+    real_tv = ig_module.tv_l1_mean
+
+    def rigged_tv(images: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return real_tv(images) + (100.0 if calls["n"] > 20 else 0.0)
+
+    monkeypatch.setattr(ig_module, "tv_l1_mean", rigged_tv)
+    seen: list[torch.Tensor] = []
+    rec = inverting_gradients(update, spec, AttackSettings(iterations=30, seed=4, log_every=1),
+                              observer=lambda t, img: seen.append(img.clone()))
+    history = [h["loss"] for h in rec.history]
+    assert calls["n"] == 31 and len(seen) == 30                      # 30 steps + the final evaluation
+    best = min(range(len(history)), key=history.__getitem__)
+    assert best == 19 and history[-1] > history[best] + 1.0
+    assert rec.extra["cosine_objective"] == pytest.approx(history[best], abs=1e-6)
+    assert torch.equal(rec.images, seen[best - 1])                   # the iterate after step 19
+    assert not torch.equal(rec.images, seen[-1])
