@@ -44,8 +44,8 @@ OBJECTIVES = {"l2sq": squared_l2, "l2": layer_l2, "cosine": cosine}
 # back once, to the candidates' gradients. Written as autograd Functions they need one or two
 # passes over the (for ResNet-18: 11 M-entry) gradient per candidate, in both directions, instead
 # of autograd's chain of cat / mv / norm / div nodes (measured on ResNet-18, batch 1: the cosine's
-# forward and backward took ~145 ms of a 435 ms IG step; fused ~40 ms). Their backward is not
-# itself differentiable (nothing differentiates these objectives twice).
+# forward and backward took ~145 ms of a 435 ms IG step; with the fused one the step took ~340 ms).
+# Their backward is not itself differentiable (nothing differentiates these objectives twice).
 
 def _per_candidate(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """[G] -> [G, 1, ..., 1] to broadcast against a [G, *shape] gradient."""
