@@ -64,7 +64,7 @@ CASES: dict[str, CaseSpec] = {
             "Both: cosine gradient distance + total variation, Adam on the sign of the gradient, lr 0.1, "
             "step decay at 3/8, 5/8, 7/8, box constraint, label restored from the gradient.",
             "TV: gradleak alpha_TV 0.1 on mean|dx| + mean|dy|; breaching scale 0.2 on mean(|dx| + |dy|) "
-            "(its config notes this equals 0.1 of the original code).",
+            "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 2x gradleak's weight, plus zero-padded border differences).",
             "Both return the iterate with the lowest objective seen (gradleak since this run; before, its last iterate).",
         ),
     ),
