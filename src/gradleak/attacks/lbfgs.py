@@ -18,16 +18,18 @@ matrices and their use in limited memory methods", Theorem 2.2):
 with S, Y the stored pairs (oldest first), R the upper triangle of S^T Y (R_ij = s_i^T y_j,
 i <= j), D its diagonal and gamma = s^T y / y^T y of the newest pair (torch's ``H_diag``). So
 
-    u = R^-1 (S^T g),   H_k g = gamma g + S^T-side ... = gamma g + S p - gamma Y u,
-    p = R^-T ((D + gamma Y^T Y) u - gamma Y^T g).
+    u = R^-1 (S^T g),   p = R^-T ((D + gamma Y^T Y) u - gamma Y^T g),
+    H_k g = gamma g + S p - gamma Y u.
 
-Per evaluation that is two stacked mat-vecs with the [2, m, n] history, two m x m triangular
-solves and one mat-vec back, plus an O(m n) update of S^T Y and Y^T Y when a pair is added. Every
+Per evaluation that is two mat-vecs with the history (S^T g, Y^T g), two m x m triangular solves
+and two products back, plus three mat-vecs for the new row and column of S^T Y and Y^T Y when a
+pair is added. Every
 other rule is torch's, unchanged: the first step's length min(1, 1/|g|_1) lr, the curvature test
 y^T s > 1e-10 for storing a pair, the history limit (oldest pair dropped), max_iter / max_eval,
 the tolerances, the optional strong-Wolfe line search, and the state kept across ``step`` calls.
-In exact arithmetic the directions are identical; tests/test_lbfgs.py checks that trajectories of
-the two agree to rounding on the DLG objective.
+In exact arithmetic the directions are identical; tests/test_lbfgs.py checks that the trajectories
+of the two agree to rounding (a quadratic and Rosenbrock, with and without line search, with the
+history wrapping around). ``maximize`` is not supported (the attacks minimise).
 
 The history is a ring buffer [m, n] per side (no copies when the oldest pair is dropped); the
 small m x m matrices are kept in chronological order.
@@ -107,6 +109,8 @@ class CompactLBFGS(torch.optim.LBFGS):
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
         line_search_fn, history_size = group["line_search_fn"], group["history_size"]
+        if group.get("maximize", False):
+            raise ValueError("CompactLBFGS minimises; maximize=True is not supported")
         closure = torch.enable_grad()(closure)
 
         state = self.state[self._params[0]]
