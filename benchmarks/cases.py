@@ -18,6 +18,7 @@ class Variant:
     key: str
     label: str
     fields: dict[str, Any]
+    attack_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the attack function
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,13 @@ CASES: dict[str, CaseSpec] = {
         attack="ig", model="resnet18-cifar", breaching_model="resnet18", breaching_attack="invertinggradients",
         batch_size=1, iterations=1000, quick_iterations=30, log_every=10, threshold_db=15.0,
         provide_buffers=False,
+        variants=(Variant("tv02", "gradleak alpha_TV 0.2", {}, {"alpha_tv": 0.2}),),
         notes=(
             "Both: cosine gradient distance + total variation, Adam on the sign of the gradient, lr 0.1, "
             "step decay at 3/8, 5/8, 7/8, box constraint, label restored from the gradient.",
             "TV: gradleak alpha_TV 0.1 on mean|dx| + mean|dy|; breaching scale 0.2 on mean(|dx| + |dy|) "
-            "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 2x gradleak's weight, plus zero-padded border differences).",
+            "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 2x gradleak's weight, plus zero-padded border differences). "
+            "The `gradleak alpha_TV 0.2` row runs gradleak with breaching's effective weight (like for like).",
             "Both return the iterate with the lowest objective seen (gradleak since this run; before, its last iterate).",
         ),
     ),

@@ -46,7 +46,7 @@ def _case_table(case: dict[str, Any]) -> list[str]:
         cells = [f"{label} / breaching", "", "", _f(vr["seconds_per_1000_iterations"], "{:.2f}x")]
         if lbfgs:
             cells.append(_f(vr["seconds_per_1000_evaluations"], "{:.2f}x"))
-        cells += ["", "", _f(vr["seconds_to_threshold"], "{:.2f}x", "n/a"), "", ""]
+        cells += [_f(vr.get("psnr_difference_db"), "{:+.2f} dB", ""), "", _f(vr["seconds_to_threshold"], "{:.2f}x", "n/a"), "", ""]
         out.append("| " + " | ".join(cells) + " |")
     return out
 

@@ -48,7 +48,7 @@ from intrinsic import lbfgs_evaluations, lbfgs_instances, measure_all  # noqa: E
 from report import render_markdown  # noqa: E402
 
 import gradleak  # noqa: E402
-from gradleak.attacks import Reconstruction, attack_names, run_attack  # noqa: E402
+from gradleak.attacks import ATTACKS, Reconstruction, attack_names, run_attack  # noqa: E402
 from gradleak.config import make_config  # noqa: E402
 from gradleak.data import Batch  # noqa: E402
 from gradleak.metrics import evaluate, match, psnr  # noqa: E402
@@ -164,14 +164,18 @@ def gradleak_config(spec: CaseSpec, iterations: int, threads: int, extra: dict[s
                        **spec.fields, **(extra or {}))
 
 
-def run_gradleak(spec: CaseSpec, case, cfg) -> dict[str, Any]:  # noqa: ANN001
+def run_gradleak(spec: CaseSpec, case, cfg, attack_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: ANN001
     """One gradleak attack on the prepared case, as ``gradleak.runner.run`` does it (same
-    settings resolution, same run_attack), with the timed observer instead of the PSNR one."""
+    settings resolution, same run_attack), with the timed observer instead of the PSNR one.
+    ``attack_kwargs``: keyword arguments of the attack function itself (e.g. IG's alpha_tv)."""
     settings = attack_settings(cfg, torch.device("cpu"))
     load_before = loadavg()
     with lbfgs_instances() as made:
         obs = TimedObserver()
-        rec = run_attack(cfg.attack, case.update, case.model, settings, obs)
+        if attack_kwargs:
+            rec = ATTACKS[cfg.attack](case.update, case.model, settings, obs, **attack_kwargs)
+        else:
+            rec = run_attack(cfg.attack, case.update, case.model, settings, obs)
         total = obs.elapsed()
     loop = rec.wall_seconds - obs.overhead
     resolved = rec.extra.get("resolved", {})
@@ -282,7 +286,7 @@ def run_case(spec: CaseSpec, *, quick: bool, threads: int, breaching_python: Pat
     for variant in spec.variants:
         vcfg = gradleak_config(spec, iterations, threads, variant.fields)
         log(f"{spec.key}: {variant.label}")
-        vrow = finish(run_gradleak(spec, case, vcfg), truth, spec.threshold_db, variant.label)
+        vrow = finish(run_gradleak(spec, case, vcfg, variant.attack_kwargs), truth, spec.threshold_db, variant.label)
         rows.append(vrow)
         log(f"{spec.key}: {variant.label}: {vrow['seconds_per_1000_iterations']:.1f} s/1000 it, "
             f"PSNR {vrow['psnr']:.2f} dB")
@@ -306,6 +310,7 @@ def run_case(spec: CaseSpec, *, quick: bool, threads: int, breaching_python: Pat
                 "seconds_per_1000_iterations": ratio(v["seconds_per_1000_iterations"], brow["seconds_per_1000_iterations"]),
                 "seconds_per_1000_evaluations": ratio(v["seconds_per_1000_evaluations"], brow["seconds_per_1000_evaluations"]),
                 "seconds_to_threshold": ratio(v["seconds_to_threshold"], brow["seconds_to_threshold"]),
+                "psnr_difference_db": v["psnr"] - brow["psnr"],
             }
 
     for r in rows:
