@@ -68,7 +68,7 @@ CASES: dict[str, CaseSpec] = {
             "TV: gradleak alpha_TV 0.1 on mean|dx| + mean|dy|; breaching scale 0.2 on mean(|dx| + |dy|) "
             "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 2x gradleak's weight, plus zero-padded border differences). "
             "The `gradleak alpha_TV 0.2` row runs gradleak with breaching's effective weight (like for like).",
-            "Both return the iterate with the lowest objective seen (gradleak since this run; before, its last iterate).",
+            "Both return the iterate with the lowest objective seen (gradleak since the benchmark run of 16:24 on 2026-11-23; before, its last iterate).",
         ),
     ),
     "gi": CaseSpec(

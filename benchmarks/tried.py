@@ -1,6 +1,6 @@
 """Speed-ups issue 6 asks to try, measured on this machine, and why they are not used.
 
-Three measurements, each against gradleak's own step in the same process (interleaved rounds,
+Five measurements, each against gradleak's own step in the same process (interleaved rounds,
 median), with the numerical difference to the kept path:
 
 * ``compile``: DLG's evaluation (LeNet, batch 1, float64: dummy gradient, squared distance,
@@ -11,8 +11,15 @@ median), with the numerical difference to the kept path:
   the attacker's model and parameters in channels_last memory format vs contiguous.
 * ``bfloat16``: the same IG step under CPU autocast (bfloat16) vs float32, and the relative error
   of the image gradient it produces.
+* ``unfold``: DLG's evaluation (LeNet, float64, batch 1 and 4) with the attacker's convolutions
+  written as unfold + matmul (the same function; its double backward is then matmuls and
+  fold/unfold) vs torch's convolution (float64 on CPU takes the slow_conv2d path, no oneDNN).
+* ``threads``: DLG's evaluation (LeNet, float64) with 1 vs 2 torch threads, batch 1 to 16:
+  whether a default of one thread for small problems would pay.
 
-    .venv/bin/python benchmarks/tried.py [--threads 1] [--out benchmarks/tried.json]
+    .venv/bin/python benchmarks/tried.py [--threads 1] [--only unfold,threads] [--out benchmarks/tried.json]
+
+``--only`` re-measures the named entries and keeps the others from the existing output file.
 """
 
 from __future__ import annotations
@@ -135,23 +142,112 @@ def measure_bfloat16() -> dict[str, Any]:
             "relative_difference": _rel(got, ref)}
 
 
+class UnfoldConv2d(torch.nn.Module):
+    """A Conv2d (groups 1, zero padding) as unfold + matmul, with the original's parameters."""
+
+    def __init__(self, conv: torch.nn.Conv2d):
+        super().__init__()
+        if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ValueError("only groups=1, numeric zero padding")
+        self.weight, self.bias = conv.weight, conv.bias
+        self.k, self.s, self.p, self.d = conv.kernel_size, conv.stride, conv.padding, conv.dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        out = self.weight.flatten(1) @ F.unfold(x, self.k, dilation=self.d, padding=self.p, stride=self.s)
+        if self.bias is not None:
+            out = out + self.bias.unsqueeze(-1)
+        ho = (h + 2 * self.p[0] - self.d[0] * (self.k[0] - 1) - 1) // self.s[0] + 1
+        wo = (w + 2 * self.p[1] - self.d[1] * (self.k[1] - 1) - 1) // self.s[1] + 1
+        return out.view(n, -1, ho, wo)
+
+
+def _dlg_evaluation(batch: int, *, unfold: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """DLG's evaluation as the attack's closure computes it (float64, soft label), batch ``batch``."""
+    case = prepare(make_config(progress=False, batch_size=batch, allow_repeats=True))
+    sim = UpdateSimulator(case.model, case.update, dtype=torch.float64)
+    if unfold:
+        module = sim.gradient.module
+        for name, m in list(module.named_modules()):
+            if isinstance(m, torch.nn.Conv2d):
+                parent, _, leaf = name.rpartition(".")
+                setattr(module.get_submodule(parent) if parent else module, leaf, UnfoldConv2d(m))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(batch, *case.model.input_shape, dtype=torch.float64, generator=gen).requires_grad_(True)
+    y = torch.randn(batch, case.model.num_classes, dtype=torch.float64, generator=gen).requires_grad_(True)
+    return lambda: torch.autograd.grad(squared_l2(sim(x, y), sim.target), [x, y])
+
+
+def measure_unfold() -> dict[str, Any]:
+    out: dict[str, Any] = {"what": "DLG evaluation, lenet-dlg float64: convolutions as unfold + matmul vs torch's"}
+    for batch, reps in ((1, 100), (4, 40)):
+        conv, unf = _dlg_evaluation(batch), _dlg_evaluation(batch, unfold=True)
+        rel = max(_rel(a, b) for a, b in zip(unf(), conv()))
+        ms = _median_ms({"conv": conv, "unfold": unf}, rounds=5, reps=reps)
+        out[f"batch_{batch}"] = {"conv_ms": ms["conv"], "unfold_ms": ms["unfold"],
+                                 "speedup": ms["conv"] / ms["unfold"], "relative_difference": rel}
+    return out
+
+
+def measure_threads() -> dict[str, Any]:
+    """Interleaved: each round times 1 thread then 2 threads (alternating order) on the same closure."""
+    out: dict[str, Any] = {"what": "DLG evaluation, lenet-dlg float64: 1 vs 2 torch threads"}
+    before = torch.get_num_threads()
+    try:
+        for batch, reps in ((1, 100), (2, 60), (4, 40), (8, 20), (16, 10)):
+            f = _dlg_evaluation(batch)
+            times: dict[int, list[float]] = {1: [], 2: []}
+            for r in range(5):
+                for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+                    torch.set_num_threads(n)
+                    f()
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        f()
+                    times[n].append((time.perf_counter() - t) / reps * 1e3)
+            one, two = statistics.median(times[1]), statistics.median(times[2])
+            out[f"batch_{batch}"] = {"one_thread_ms": one, "two_threads_ms": two, "two_threads_speedup": one / two}
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+MEASUREMENTS: dict[str, Callable[[], dict[str, Any]]] = {
+    "compile": measure_compile, "channels_last": measure_channels_last, "bfloat16": measure_bfloat16,
+    "unfold": measure_unfold, "threads": measure_threads,
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("tried.json"))
+    p.add_argument("--only", default=None, help=f"comma-separated subset of: {','.join(MEASUREMENTS)}")
     args = p.parse_args()
+    names = list(MEASUREMENTS) if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MEASUREMENTS]
+    if unknown:
+        p.error(f"unknown measurement(s) {', '.join(unknown)}; known: {', '.join(MEASUREMENTS)}")
     torch.set_num_threads(args.threads)
-    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
-                           "threads": args.threads, "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "load_at_start": list(os.getloadavg())}
-    for name, fn in (("compile", measure_compile), ("channels_last", measure_channels_last),
-                     ("bfloat16", measure_bfloat16)):
+    res: dict[str, Any] = {}
+    if args.only is not None and args.out.exists():
+        res = json.loads(args.out.read_text())  # keep the entries not re-measured (each has its own date)
+    now = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
+           "threads": args.threads, "cpus": os.cpu_count(), "python": platform.python_version(),
+           "load_at_start": list(os.getloadavg())}
+    if args.only is None:
+        res.update(now)
+    for name in names:
+        fn = MEASUREMENTS[name]
         try:
             res[name] = fn()
         except Exception as exc:  # a path that does not run here is a result too
             res[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        if args.only is not None:
+            res[name]["measured"] = {**now, "load_at_end": list(os.getloadavg())}
         print(name, json.dumps(res[name]), flush=True)
-    res["load_at_end"] = list(os.getloadavg())
+    if args.only is None:
+        res["load_at_end"] = list(os.getloadavg())
     args.out.write_text(json.dumps(res, indent=2) + "\n")
 
 
