@@ -87,28 +87,3 @@ def test_state_dict_round_trip_continues_identically():
         opt2.step(closure_for(y, opt2))
     assert torch.equal(x.detach(), y.detach())
 
-
-def test_a_dlg_run_does_not_import_torch_dynamo():
-    """torch's Optimizer methods import torch._dynamo on first call (2-3.5 s here); DLG's
-    L-BFGS avoids them, so a DLG attack (and its resume round trip) never pays for it."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, torch\n"
-        "from gradleak.config import make_config\n"
-        "from gradleak.runner import prepare, attack_settings\n"
-        "from gradleak.attacks import run_attack\n"
-        "from gradleak.attacks.lbfgs import CompactLBFGS\n"
-        "cfg = make_config(progress=False, iterations=2)\n"
-        "case = prepare(cfg)\n"
-        "rec = run_attack('dlg', case.update, case.model, attack_settings(cfg, torch.device('cpu')), None)\n"
-        "x = torch.zeros(3, requires_grad=True)\n"
-        "opt = CompactLBFGS([x])\n"
-        "opt.load_state_dict(opt.state_dict()); opt.zero_grad()\n"
-        "assert rec.iterations == 2, rec.iterations\n"
-        "print('dynamo' if 'torch._dynamo' in sys.modules else 'clean')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "clean"

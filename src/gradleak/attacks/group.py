@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..optim import Adam
 from .shard import SeedShard
 
 GROUP_MODES = ("none", "lazy", "registered")
@@ -112,7 +113,7 @@ class Registration:
         src = x.detach().reshape(g * k, c, h, w)
         target = lazy_mean(x.detach(), self.shard).unsqueeze(0).expand(g, k, c, h, w).reshape(g * k, c, h, w)
         theta = torch.zeros(g * k, 4, dtype=x.dtype, device=x.device, requires_grad=True)
-        opt = torch.optim.Adam([theta], lr=self.lr)
+        opt = Adam([theta], lr=self.lr)
         with torch.enable_grad():
             for _ in range(self.steps):
                 err = (warp(src, theta) - target).pow(2).flatten(1).mean(dim=1)

@@ -40,32 +40,14 @@ from __future__ import annotations
 import torch
 from torch.optim.lbfgs import _strong_wolfe
 
+from ..optim import EagerOptimizer
+
 CURVATURE_MIN = 1e-10  # torch's threshold on y^T s for keeping a pair
 
 
-def _undecorated(method):  # noqa: ANN001, ANN202
-    return getattr(method, "__wrapped__", method)
-
-
-class CompactLBFGS(torch.optim.LBFGS):
-    """Drop-in replacement for ``torch.optim.LBFGS`` (same arguments, same algorithm)."""
-
-    # torch's Optimizer wraps add_param_group, state_dict, load_state_dict and zero_grad in
-    # torch._disable_dynamo, whose first call imports torch._dynamo: 2-3.5 s on this CPU, most of
-    # a DLG run's set-up (the CLI imports nothing else that needs it). This optimizer is never
-    # traced by torch.compile, so it calls torch's undecorated methods (kept as __wrapped__ by
-    # functools.wraps; the decorated ones where a torch version has none).
-    def add_param_group(self, param_group: dict) -> None:
-        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
-
-    def state_dict(self) -> dict:  # type: ignore[override]
-        return _undecorated(torch.optim.Optimizer.state_dict)(self)
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
+    """Drop-in replacement for ``torch.optim.LBFGS`` (same arguments, same algorithm). Its
+    bookkeeping methods are torch's without the torch._dynamo import (gradleak.optim)."""
 
     # ------------------------------------------------------------------ history
     @staticmethod

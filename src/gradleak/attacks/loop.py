@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import ConfigError
+from ..optim import SGD, Adam
 from .lbfgs import CompactLBFGS
 from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, current_session, pack, unpack
 
@@ -92,9 +93,9 @@ def _make_optimizer(variables: list[torch.Tensor], settings: LoopSettings) -> to
             variables, lr=settings.lr, max_iter=settings.lbfgs_max_iter,
             history_size=settings.lbfgs_history, line_search_fn=settings.lbfgs_line_search,
             tolerance_grad=settings.lbfgs_tolerance_grad, tolerance_change=settings.lbfgs_tolerance_change)
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(variables, lr=settings.lr)
-    return torch.optim.SGD(variables, lr=settings.lr, momentum=0.9)
+    if settings.optimizer == "adam":  # torch's Adam and SGD without the torch._dynamo import (optim.py)
+        return Adam(variables, lr=settings.lr)
+    return SGD(variables, lr=settings.lr, momentum=0.9)
 
 
 def _all_finite(variables: Sequence[torch.Tensor]) -> bool:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from gradleak.errors import ConfigError, ModelMismatchError
 from gradleak.metrics.image import psnr as _psnr
+from gradleak.optim import Adam
 
 __all__ = [
     "LPIPS_BACKBONE_FILES",
@@ -191,33 +192,16 @@ def register(recon: torch.Tensor, truth: torch.Tensor, *, model: str = "similari
             # is scaled to the level's pixel size (lr ~ 1/side) and decays linearly to a tenth
             # within the level: the fit ends well below a pixel at every resolution.
             base = lr * min(2.0, 32.0 / side)
-            adam = _Adam(params)
+            opt = Adam([params], lr=base)  # torch's Adam without the torch._dynamo import
             for i in range(steps):
+                opt.param_groups[0]["lr"] = base * (1.0 - 0.9 * i / max(1, steps - 1))
+                opt.zero_grad(set_to_none=True)
                 # Sum over images of each image's mean error: images do not compete.
                 loss = (_warp(s_img, matrices(hh, ww)) - d_img).pow(2).flatten(1).mean(1).sum()
-                (grad,) = torch.autograd.grad(loss, [params])
-                adam.step(grad, base * (1.0 - 0.9 * i / max(1, steps - 1)))
+                loss.backward()
+                opt.step()
     with torch.no_grad():
         return _warp(src, matrices(h, w)).to(recon.dtype)
-
-
-class _Adam:
-    """Adam (Kingma & Ba 2015, Algorithm 1; torch.optim.Adam's defaults) on the few registration
-    parameters. Written out because torch.optim's first step imports torch._dynamo (2-3 s on a
-    small CPU), more than the whole registration of a batch; tests compare it with torch.optim.Adam."""
-
-    def __init__(self, params: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params, (self.beta1, self.beta2), self.eps = params, betas, eps
-        self.m, self.v, self.t = torch.zeros_like(params), torch.zeros_like(params), 0
-
-    @torch.no_grad()
-    def step(self, grad: torch.Tensor, lr: float) -> None:
-        self.t += 1
-        self.m.lerp_(grad, 1 - self.beta1)
-        self.v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        m_hat = self.m / (1 - self.beta1 ** self.t)
-        v_hat = self.v / (1 - self.beta2 ** self.t)
-        self.params.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
 
 
 def registered_psnr(recon: torch.Tensor, truth: torch.Tensor, *, model: str = "similarity",
