@@ -30,6 +30,7 @@ from .errors import ConfigError, GradleakError, UnknownNameError
 from .fl import SharedUpdate, load_truth, load_update
 from .fl.threats import ThreatModel, client_share, share
 from .metrics import evaluate, match, psnr
+from .runtime import allocator
 from .models import ModelSpec, build_model, default_image_size
 
 
@@ -212,7 +213,8 @@ def versions(device: torch.device) -> dict[str, str]:
     import numpy
 
     info = {"gradleak": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "device": str(device)}
+            "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
+            "allocator": allocator()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

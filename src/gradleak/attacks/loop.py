@@ -20,6 +20,7 @@ import torch
 
 from ..errors import ConfigError
 from ..optim import SGD, Adam
+from ..runtime import tune_allocator
 from .lbfgs import CompactLBFGS
 from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, current_session, pack, unpack
 
@@ -278,6 +279,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     if settings.lr <= 0 or not math.isfinite(settings.lr):
         raise ConfigError(f"lr must be a positive number, got {settings.lr}")
     variables = list(variables)
+    tune_allocator()  # once per process: the step's large temporaries reuse heap pages (runtime.py)
     opt = _make_optimizer(variables, settings)
     noisy = list(noise_targets) if noise_targets is not None else variables
     session = current_session() or Session()
