@@ -47,14 +47,15 @@ def _gi_config(seeds: int, seed: int, iterations: int, threads: int):  # noqa: A
                        share_bn_statistics=True)
 
 
-def measure_seeds(*, quick: bool, threads: int, g: int = 8) -> dict[str, Any]:
-    """G seeds batched vs G sequential single-seed runs on the same client update."""
+def measure_seeds(*, quick: bool, threads: int, g: int = 8, device: str = "cpu") -> dict[str, Any]:
+    """G seeds batched vs G sequential single-seed runs on the same client update (the attack on
+    ``device``; benchmarks/gpu.py runs it on a GPU)."""
     iterations, rounds = (5, 1) if quick else (30, 2)
     torch.set_num_threads(threads)
     cfg = _gi_config(g, 0, iterations, threads)
     case = prepare(cfg)  # the client update: the batch is drawn with seed 0 in both settings
-    batched_settings = attack_settings(cfg, torch.device("cpu"))
-    single = [attack_settings(_gi_config(1, s, iterations, threads), torch.device("cpu")) for s in range(g)]
+    batched_settings = attack_settings(cfg, torch.device(device))
+    single = [attack_settings(_gi_config(1, s, iterations, threads), torch.device(device)) for s in range(g)]
 
     def run_batched() -> tuple[float, float, Any]:
         t = time.perf_counter()
@@ -84,7 +85,7 @@ def measure_seeds(*, quick: bool, threads: int, g: int = 8) -> dict[str, Any]:
     diff = max(float((cand[i] - s_recs[i].images).abs().max()) for i in range(g))
     ratio = statistics.median(r["ratio_total"] for r in rows)
     return {
-        "seeds": g, "iterations": iterations, "rounds": rounds, "model": "convnet", "batch_size": 4,
+        "seeds": g, "iterations": iterations, "rounds": rounds, "model": "convnet", "batch_size": 4, "device": device,
         "group": "none", "preset": "cpu", "rows": rows,
         "batched_total_s": statistics.median(r["batched_total_s"] for r in rows),
         "sequential_total_s": statistics.median(r["sequential_total_s"] for r in rows),

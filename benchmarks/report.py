@@ -154,7 +154,55 @@ def _dlg_default(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_markdown(res: dict[str, Any]) -> str:
+def render_gpu(gpu: dict[str, Any]) -> list[str]:
+    """The GPU section of RESULTS.md."""
+    info = gpu["device"]
+    lines = ["## GPU (issue 6, item 5)", "",
+             f"Measured by `benchmarks/gpu.py` on {info.get('gpu', info['device'])} "
+             f"({info.get('gpu_memory_gib', '?')} GiB), {gpu['date']}, torch {info['torch']}, CUDA {info.get('cuda')}, "
+             f"cuDNN {info.get('cudnn')}; command `{gpu['command']}`; raw numbers in `gpu.json`."
+             + (" **Smoke run: harness check only, not results.**" if gpu.get("smoke") else ""), ""]
+    paper = gpu.get("paper") or []
+    if paper:
+        lines += [f"GradInversion `paper` preset, `imagenet-samples`, batch {paper[0]['batch_size']}, "
+                  f"{paper[0]['image_size']} px, G = {paper[0]['seeds']} seeds, {paper[0]['iterations']} timed steps "
+                  "(after a 3-step warm-up; no registration fit falls into them); one registration fit timed apart. "
+                  "Projected = the paper's 20 000 steps + 150 fits at these rates.", "",
+                  "| model | it/s | s / it. | registration fit (s) | peak allocated (GiB) | peak reserved (GiB) | "
+                  "projected paper run |", "|---|---|---|---|---|---|---|"]
+        for p in paper:
+            lines.append(f"| {p['model']} | {p['iterations_per_second']:.2f} | {p['seconds_per_iteration']:.3f} | "
+                         f"{p['registration_fit_s']:.2f} | {gib(p['peak_allocated_gib'])} | "
+                         f"{gib(p['peak_reserved_gib'])} | {p['projected_paper_run_s'] / 3600:.2f} h |")
+        lines.append("")
+    for key in ("seeds_224", "seeds_32"):
+        sd = gpu.get(key)
+        if not sd:
+            continue
+        title = f"{sd.get('image_size', 32)} px" + (" (the CPU benchmark's case)" if key == "seeds_32" else "")
+        b = sd.get("batched_s", sd.get("batched_total_s"))
+        s = sd.get("sequential_s", sd.get("sequential_total_s"))
+        lines += [f"G = {sd['seeds']} seeds batched vs {sd['seeds']} sequential runs, {title}: `{sd['model']}` batch "
+                  f"{sd['batch_size']}, {sd['iterations']} iterations each, group none: batched {b:.2f} s, sequential "
+                  f"{s:.2f} s, **{sd['ratio']:.2f}x** (target <= 0.5x: {'met' if sd['met'] else 'not met'}); largest "
+                  f"pixel difference {sd['max_pixel_difference_batched_vs_sequential']:.1e}.", ""]
+    prec = gpu.get("precision")
+    if prec:
+        lines += [f"Precision of one GradInversion step (`{prec['model']}`, {prec['image_size']} px, batch "
+                  f"{prec['batch_size']}, G = {prec['seeds']}); gradleak uses torch's default:", "",
+                  "| variant | ms / step | image-gradient difference vs float32 |", "|---|---|---|"]
+        for v in prec["variants"]:
+            lines.append(f"| {v['name']} | {v['step_ms']:.1f} | {v['relative_gradient_difference']:.1e} |")
+        lines.append("")
+    return lines
+
+
+def gib(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def render_markdown(res: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
+    """RESULTS.md: the CPU benchmark ``res`` (results.json) and, when given, the GPU run (gpu.json)."""
     m, v = res["machine"], res["versions"]
     lines = [
         "# gradleak vs breaching: benchmark results",
@@ -248,11 +296,12 @@ def render_markdown(res: dict[str, Any]) -> str:
         lines.append("Per-round attack/train ratios: " + "; ".join(
             f"{r['key']}: " + ", ".join(f"{x:.2f}" for x in r["attack_ratio_rounds"]) for r in intr) + ".")
         lines.append("")
-    lines += [
+    lines += render_gpu(gpu) if gpu else [
         "## GPU (issue 6, item 5)", "",
-        "Not measured: no GPU machine was lent to the session that produced these results, so the `paper` "
+        "Not measured: no GPU machine was lent to the sessions that produced these results, so the `paper` "
         "preset at 224 px on `efficientnet-lite0` / `resnet50` (batch 8, 8 seeds) has no iterations-per-second "
-        "or memory figures here yet.", "",
+        "or memory figures here yet. `benchmarks/gpu.py` measures them (and the G-seed batching and precision "
+        "variants on the GPU) when run on a CUDA machine; it writes `gpu.json` and this section.", "",
     ]
     if res.get("reading"):
         reading = ["## Reading these numbers", "", *[f"- {r}" for r in res["reading"]], ""]

@@ -492,7 +492,9 @@ def main(argv: list[str] | None = None) -> int:
 
     clean = strip_private(results)
     (results_dir / "results.json").write_text(json.dumps(clean, indent=2) + "\n")
-    (results_dir / "RESULTS.md").write_text(render_markdown(clean))
+    gpu_file = results_dir / "gpu.json"  # benchmarks/gpu.py's GPU section, when it has been run
+    gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else None
+    (results_dir / "RESULTS.md").write_text(render_markdown(clean, gpu))
     log(f"wrote {results_dir / 'results.json'} and {results_dir / 'RESULTS.md'} ({results['wall_seconds']:.0f} s)")
     return 0
 
