@@ -27,10 +27,11 @@ difference from a CPU run):
   (default 20): issue 6's target batched <= 0.5x sequential.
 * ``seeds_32``: the CPU benchmark's seed case (extras.measure_seeds: convnet, batch 4, 32 px)
   on the GPU, for comparison with the CPU number in RESULTS.md.
-* ``precision``: one GradInversion step (G = 8, ``resnet50``, 224 px, batch 8) in float32 with
-  TF32 off, with torch's default (cuDNN convolutions in TF32), and under bfloat16 autocast: time
-  per step and the relative L2 difference of the image gradient from the float32 one. gradleak
-  runs torch's default; this says what the others would cost or gain.
+* ``precision``: one GradInversion step (G = 8, ``resnet50``, 224 px, batch 8) in IEEE float32
+  (what gradleak's attacks run on CUDA, runtime.ieee_float32), with TF32 convolutions and matmuls
+  (torch's default for cuDNN convolutions), and under bfloat16 autocast: time per step and the
+  relative L2 difference of the image gradient from the IEEE float32 one: what TF32 or AMP would
+  save, and what they would cost in gradient accuracy.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ def device_info(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda,
-                    cudnn=torch.backends.cudnn.version(), cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
-                    matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+                    cudnn=torch.backends.cudnn.version(),
+                    torch_default_conv_fp32_precision=torch.backends.cudnn.conv.fp32_precision,
+                    torch_default_matmul_fp32_precision=torch.backends.cuda.matmul.fp32_precision)
     return info
 
 
@@ -187,21 +189,22 @@ def measure_precision(model: str, *, device: torch.device, size: int, batch: int
         with torch.autocast(device.type, dtype=torch.bfloat16):
             return step()
 
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    variants: dict[str, Callable[[], torch.Tensor]] = {}
-
-    def with_tf32(cudnn: bool, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    def precision(mode: str, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, False
+            conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+            saved = (conv.fp32_precision, matmul.fp32_precision)
+            conv.fp32_precision, matmul.fp32_precision = mode, mode
             try:
                 return fn()
             finally:
-                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+                conv.fp32_precision, matmul.fp32_precision = saved
         return run
 
-    variants["float32, TF32 off"] = with_tf32(False, step)
-    variants["torch default (cuDNN TF32 on)"] = with_tf32(True, step)
-    variants["bfloat16 autocast"] = with_tf32(True, bf16)
+    variants: dict[str, Callable[[], torch.Tensor]] = {
+        "float32 IEEE (what gradleak runs)": precision("ieee", step),
+        "TF32 convolutions and matmuls (torch's default for convolutions)": precision("tf32", step),
+        "bfloat16 autocast": precision("tf32", bf16),
+    }
     out: dict[str, Any] = {"model": model, "image_size": size, "batch_size": batch, "seeds": seeds, "variants": []}
     reference: torch.Tensor | None = None
     for name, fn in variants.items():

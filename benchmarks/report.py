@@ -189,8 +189,8 @@ def render_gpu(gpu: dict[str, Any]) -> list[str]:
     prec = gpu.get("precision")
     if prec:
         lines += [f"Precision of one GradInversion step (`{prec['model']}`, {prec['image_size']} px, batch "
-                  f"{prec['batch_size']}, G = {prec['seeds']}); gradleak uses torch's default:", "",
-                  "| variant | ms / step | image-gradient difference vs float32 |", "|---|---|---|"]
+                  f"{prec['batch_size']}, G = {prec['seeds']}); gradleak's attacks run IEEE float32 on CUDA:", "",
+                  "| variant | ms / step | image-gradient difference vs IEEE float32 |", "|---|---|---|"]
         for v in prec["variants"]:
             lines.append(f"| {v['name']} | {v['step_ms']:.1f} | {v['relative_gradient_difference']:.1e} |")
         lines.append("")

@@ -16,8 +16,21 @@ median), with the numerical difference to the kept path:
   fold/unfold) vs torch's convolution (float64 on CPU takes the slow_conv2d path, no oneDNN).
 * ``threads``: DLG's evaluation (LeNet, float64) with 1 vs 2 torch threads, batch 1 to 16:
   whether a default of one thread for small problems would pay.
+* ``conv_split``: torch's double backward of a convolution (``_convolution_double_backward``)
+  computes the weight term gW = conv(ggI, gO) whenever the gradient w.r.t. the layer's input
+  gradient is defined, even when nothing asks for the weight's gradient (an attack differentiates
+  w.r.t. the images only): one wasted weight-gradient convolution per layer but the first. The
+  attacker's convolutions are replaced by ones whose first-order backward is two separate
+  once-differentiable Functions (input gradient, weight gradient), so the second-order pass computes
+  only what the images need; the same numbers. Measured on the three benchmark steps.
 
-    .venv/bin/python benchmarks/tried.py [--threads 1] [--only unfold,threads] [--out benchmarks/tried.json]
+One measurement is of something kept:
+
+* ``allocator``: gradleak.runtime.tune_allocator (glibc's mmap/trim thresholds, set by the first
+  attack) vs glibc's defaults (GRADLEAK_ALLOCATOR=system): the same attacks in fresh processes,
+  alternating, loop time and minor page faults.
+
+    .venv/bin/python benchmarks/tried.py [--threads 1] [--only unfold,threads,conv_split,allocator] [--out benchmarks/tried.json]
 
 ``--only`` re-measures the named entries and keeps the others from the existing output file.
 """
@@ -43,6 +56,7 @@ from torch.func import functional_call, grad
 
 from gradleak.attacks.objectives import squared_l2
 from gradleak.attacks.priors import tv_l1_mean
+from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
 from gradleak.runner import prepare
@@ -162,10 +176,13 @@ class UnfoldConv2d(torch.nn.Module):
         return out.view(n, -1, ho, wo)
 
 
-def _dlg_evaluation(batch: int, *, unfold: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
-    """DLG's evaluation as the attack's closure computes it (float64, soft label), batch ``batch``."""
+def _dlg_evaluation(batch: int, *, unfold: bool = False, split: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """DLG's evaluation as the attack's closure computes it (float64, soft label), batch ``batch``;
+    ``unfold`` / ``split``: with the attacker's convolutions replaced (UnfoldConv2d / SplitConv2d)."""
     case = prepare(make_config(progress=False, batch_size=batch, allow_repeats=True))
     sim = UpdateSimulator(case.model, case.update, dtype=torch.float64)
+    if split:
+        _swap_convs(sim.gradient.module)
     if unfold:
         module = sim.gradient.module
         for name, m in list(module.named_modules()):
@@ -212,9 +229,165 @@ def measure_threads() -> dict[str, Any]:
     return out
 
 
+_conv_backward = torch.ops.aten.convolution_backward
+
+
+class _ConvInputGrad(torch.autograd.Function):
+    """dL/dx of a convolution from its output gradient gO (torch's kernel); backward: gO only."""
+
+    @staticmethod
+    def forward(ctx, go, x, w, conf):  # noqa: ANN001, ANN205
+        stride, padding, dilation, groups = conf
+        ctx.save_for_backward(go, w)
+        ctx.conf = conf
+        return _conv_backward(go, x, w, None, stride, padding, dilation, False, [0, 0], groups, [True, False, False])[0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, ggi):  # noqa: ANN001, ANN205
+        go, w = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conf
+        d_go = F.conv2d(ggi, w, None, stride, padding, dilation, groups) if ctx.needs_input_grad[0] else None
+        d_w = _conv_backward(go, ggi, w, None, stride, padding, dilation, False, [0, 0], groups,
+                             [False, True, False])[1] if ctx.needs_input_grad[2] else None
+        return d_go, None, d_w, None
+
+
+class _ConvWeightGrad(torch.autograd.Function):
+    """dL/dW of a convolution from gO and the input x; backward: gO and x."""
+
+    @staticmethod
+    def forward(ctx, go, x, w, conf):  # noqa: ANN001, ANN205
+        stride, padding, dilation, groups = conf
+        ctx.save_for_backward(go, x, w)
+        ctx.conf = conf
+        return _conv_backward(go, x, w, None, stride, padding, dilation, False, [0, 0], groups, [False, True, False])[1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, ggw):  # noqa: ANN001, ANN205
+        go, x, w = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conf
+        d_go = F.conv2d(x, ggw, None, stride, padding, dilation, groups) if ctx.needs_input_grad[0] else None
+        d_x = _conv_backward(go, x, ggw, None, stride, padding, dilation, False, [0, 0], groups,
+                             [True, False, False])[0] if ctx.needs_input_grad[1] else None
+        return d_go, d_x, None, None
+
+
+class _SplitConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, conf):  # noqa: ANN001, ANN205
+        stride, padding, dilation, groups = conf
+        ctx.save_for_backward(x, w)
+        ctx.conf, ctx.has_bias = conf, b is not None
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, go):  # noqa: ANN001, ANN205
+        x, w = ctx.saved_tensors
+        gx = _ConvInputGrad.apply(go, x, w, ctx.conf) if ctx.needs_input_grad[0] else None
+        gw = _ConvWeightGrad.apply(go, x, w, ctx.conf) if ctx.needs_input_grad[1] else None
+        gb = go.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None
+
+
+class SplitConv2d(torch.nn.Module):
+    """A Conv2d whose double backward skips torch's unneeded weight term (same parameters)."""
+
+    def __init__(self, conv: torch.nn.Conv2d):
+        super().__init__()
+        self.weight, self.bias = conv.weight, conv.bias
+        self.conf = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SplitConv.apply(x, self.weight, self.bias, self.conf)
+
+
+def _swap_convs(module: torch.nn.Module) -> None:
+    for name, m in list(module.named_modules()):
+        if type(m) is torch.nn.Conv2d:
+            parent, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, leaf, SplitConv2d(m))
+
+
+def _image_step(model: str, batch: int, split: bool) -> Callable[[], torch.Tensor]:
+    """The IG step (cosine + TV) on ``model``, one candidate, as the attack computes it."""
+    case = prepare(make_config(attack="ig", model=model, batch_size=batch, progress=False))
+    sim = UpdateSimulator(case.model, case.update)
+    if split:
+        _swap_convs(sim.gradient.module)
+    labels = restore_labels(case.update, case.model, batch, "gradinversion")
+    x = torch.randn(1, batch, *case.model.input_shape, generator=torch.Generator().manual_seed(0))
+    return lambda: _ig_step(sim, x, labels)
+
+
+def measure_conv_split() -> dict[str, Any]:
+    out: dict[str, Any] = {"what": "attack step with the conv double backward split (no unneeded weight term) vs torch's"}
+    cases: dict[str, tuple[Callable[[], Any], Callable[[], Any], int]] = {
+        "lenet-dlg DLG float64 batch 1": (_dlg_evaluation(1), _dlg_evaluation(1, split=True), 100)}
+    for model, batch, reps in (("convnet", 4, 5), ("resnet18-cifar", 1, 2)):
+        cases[f"{model} IG step batch {batch}"] = (_image_step(model, batch, False), _image_step(model, batch, True), reps)
+    for label, (plain, split, reps) in cases.items():
+        a, b = split(), plain()
+        a, b = (a,) if isinstance(a, torch.Tensor) else a, (b,) if isinstance(b, torch.Tensor) else b
+        rel = max(_rel(u, v) for u, v in zip(a, b))
+        ms = _median_ms({"torch": plain, "split": split}, rounds=5, reps=reps)
+        out[label] = {"torch_ms": ms["torch"], "split_ms": ms["split"], "speedup": ms["torch"] / ms["split"],
+                      "relative_difference": rel}
+    return out
+
+
+_ALLOCATOR_RUN = """
+import json, resource, sys, torch
+torch.set_num_threads(int(sys.argv[2]))
+from gradleak.attacks import run_attack
+from gradleak.config import make_config
+from gradleak.runner import attack_settings, prepare
+from gradleak.runtime import allocator
+cfg = make_config(progress=False, **json.loads(sys.argv[1]))
+case = prepare(cfg)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+rec = run_attack(cfg.attack, case.update, case.model, attack_settings(cfg, torch.device("cpu")))
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"loop_s": rec.wall_seconds, "faults": use.ru_minflt - faults, "max_rss_mb": use.ru_maxrss / 1024,
+                  "allocator": allocator()}))
+"""
+
+
+def measure_allocator(rounds: int = 3) -> dict[str, Any]:
+    """Each attack in fresh processes, glibc's defaults vs tuned, order alternating per round."""
+    import subprocess
+    import sys
+
+    cases = {
+        "IG resnet18-cifar batch 1, 20 it.": dict(attack="ig", model="resnet18-cifar", batch_size=1, iterations=20),
+        "GradInversion convnet batch 4, 4 seeds, 30 it.": dict(attack="gradinversion", model="convnet", batch_size=4,
+                                                              iterations=30, preset="cpu"),
+        "DLG lenet-dlg batch 1, 60 it.": dict(iterations=60),
+    }
+    out: dict[str, Any] = {"what": "attack loop time, glibc's allocator defaults (GRADLEAK_ALLOCATOR=system) vs "
+                                   "gradleak.runtime.tune_allocator, fresh processes"}
+    for label, kw in cases.items():
+        runs: dict[str, list[dict[str, Any]]] = {"system": [], "tuned": []}
+        for r in range(rounds):
+            for mode in (("system", "tuned") if r % 2 == 0 else ("tuned", "system")):
+                env = {**os.environ, "GRADLEAK_ALLOCATOR": "system" if mode == "system" else ""}
+                proc = subprocess.run([sys.executable, "-c", _ALLOCATOR_RUN, json.dumps(kw), str(torch.get_num_threads())],
+                                      capture_output=True, text=True, env=env, check=True)
+                runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        med = {m: {k: statistics.median(x[k] for x in v) for k in ("loop_s", "faults", "max_rss_mb")}
+               for m, v in runs.items()}
+        out[label] = {"system": med["system"], "tuned": med["tuned"],
+                      "speedup": med["system"]["loop_s"] / med["tuned"]["loop_s"],
+                      "loop_s_rounds": {m: [round(x["loop_s"], 3) for x in v] for m, v in runs.items()},
+                      "allocator_states": sorted({x["allocator"] for v in runs.values() for x in v})}
+    return out
+
+
 MEASUREMENTS: dict[str, Callable[[], dict[str, Any]]] = {
     "compile": measure_compile, "channels_last": measure_channels_last, "bfloat16": measure_bfloat16,
-    "unfold": measure_unfold, "threads": measure_threads,
+    "unfold": measure_unfold, "threads": measure_threads, "conv_split": measure_conv_split,
+    "allocator": measure_allocator,
 }
 
 

@@ -324,14 +324,14 @@ def test_dpsgd_clips_each_sample_like_a_manual_computation(lenet) -> None:
     dp = dpsgd_gradient(lenet, batch, clip=clip, noise_multiplier=0.0, generator=gen())
     total = math.sqrt(sum(float(g.double().pow(2).sum()) for g in dp.values()))
     assert total <= clip * (1 + 1e-5)  # mean of vectors of norm <= C
-    for k in manual:
-        assert torch.allclose(dp[k], manual[k], rtol=1e-4, atol=1e-7), k
+    for k in manual:  # float32 rounding: atol relative to the tensor's scale (summation order differs by CPU)
+        assert torch.allclose(dp[k], manual[k], rtol=1e-4, atol=1e-5 * float(manual[k].abs().max())), k
     # a clip between the norms: only the large ones are scaled
     clip = sorted(norms)[2]
     manual = {k: sum(min(1.0, clip / (n + 1e-6)) * p[k] for p, n in zip(per, norms)) / batch.size for k in per[0]}
     dp = dpsgd_gradient(lenet, batch, clip=clip, noise_multiplier=0.0, generator=gen(), chunk_size=2)
     for k in manual:
-        assert torch.allclose(dp[k], manual[k], rtol=1e-4, atol=1e-7), k
+        assert torch.allclose(dp[k], manual[k], rtol=1e-4, atol=1e-5 * float(manual[k].abs().max())), k
 
 
 def test_dpsgd_matches_opacus_dpoptimizer_noise_included(lenet) -> None:

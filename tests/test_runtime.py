@@ -61,3 +61,84 @@ def test_opt_out_leaves_the_allocator_alone(monkeypatch: pytest.MonkeyPatch) -> 
     assert runtime.allocator() == "system"
     monkeypatch.delenv(runtime.ENV)
     assert runtime.tune_allocator() == "system"  # once per process: the first decision stays
+
+
+# ---------------------------------------------------------------------- device and float32 precision
+def test_resolve_device_names_and_clear_errors() -> None:
+    import torch
+
+    from gradleak.errors import ConfigError
+
+    assert runtime.resolve_device("cpu") == torch.device("cpu")
+    assert runtime.resolve_device(torch.device("cpu")) == torch.device("cpu")
+    assert runtime.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="unknown 'gpu0'"):
+        runtime.resolve_device("gpu0")
+    with pytest.raises(ConfigError, match="not supported"):
+        runtime.resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no GPU is available"):
+            runtime.resolve_device("cuda:0")
+    else:
+        with pytest.raises(ConfigError, match="does not exist"):
+            runtime.resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_attack_settings_accept_auto_through_the_api() -> None:
+    """AttackSettings(device="auto") used to reach torch.device("auto") inside the attacks."""
+    import torch
+
+    from gradleak.attacks import AttackSettings, run_attack
+    from gradleak.config import make_config
+    from gradleak.runner import prepare
+
+    case = prepare(make_config(attack="idlg", progress=False))
+    rec = run_attack("idlg", case.update, case.model, AttackSettings(iterations=1, device="auto"))
+    assert rec.iterations == 1 and torch.isfinite(rec.images).all()
+
+
+def test_ieee_float32_sets_and_restores_cuda_precision_flags() -> None:
+    import torch
+
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    before = (conv.fp32_precision, matmul.fp32_precision)
+    with runtime.ieee_float32(torch.device("cpu")):
+        assert (conv.fp32_precision, matmul.fp32_precision) == before  # nothing on a CPU
+    with runtime.ieee_float32(torch.device("cuda")):  # the flags exist without a GPU
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
+    assert (conv.fp32_precision, matmul.fp32_precision) == before
+    with pytest.raises(RuntimeError, match="boom"), runtime.ieee_float32(torch.device("cuda")):
+        raise RuntimeError("boom")
+    assert (conv.fp32_precision, matmul.fp32_precision) == before
+
+
+def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attack entry point enters runtime.ieee_float32 on its own device (so direct API
+    calls get it too, not only the runner's)."""
+    import contextlib
+
+    import torch
+
+    from gradleak.attacks import AttackSettings, run_attack
+    from gradleak.attacks.dlg import _run
+    from gradleak.attacks.gradinversion import gradinversion
+    from gradleak.attacks.ig import inverting_gradients
+    from gradleak.config import make_config
+    from gradleak.runner import prepare
+    from gradleak.text.attacks import dlg_text
+
+    wrapper_code = runtime.attack_precision(lambda *a: None).__code__
+    for fn in (_run, gradinversion, inverting_gradients, dlg_text):
+        assert fn.__code__ is wrapper_code, fn.__name__
+    entered: list[torch.device] = []
+
+    @contextlib.contextmanager
+    def record(device: torch.device):  # noqa: ANN202
+        entered.append(device)
+        yield
+
+    monkeypatch.setattr(runtime, "ieee_float32", record)
+    case = prepare(make_config(model="convnet", width=4, batch_size=1, share_bn_statistics=True, progress=False))
+    for name in ("dlg", "ig", "gradinversion"):
+        run_attack(name, case.update, case.model, AttackSettings(iterations=1, seeds=1 if name != "dlg" else None))
+    assert entered == [torch.device("cpu")] * 3

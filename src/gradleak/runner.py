@@ -30,7 +30,7 @@ from .errors import ConfigError, GradleakError, UnknownNameError
 from .fl import SharedUpdate, load_truth, load_update
 from .fl.threats import ThreatModel, client_share, share
 from .metrics import evaluate, match, psnr
-from .runtime import allocator
+from .runtime import allocator, resolve_device
 from .models import ModelSpec, build_model, default_image_size
 
 
@@ -52,15 +52,6 @@ class RunResult:
     reconstruction: Reconstruction
     history: list[dict[str, Any]] = field(default_factory=list)
     rank: int = 0  # seeds over processes (--nproc, torchrun): only rank 0's result has metrics
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: CUDA was asked for but no GPU is available (use --device cpu)")
-    return dev
 
 
 def check_attack_name(name: str) -> None:

@@ -1,4 +1,18 @@
-"""Process settings that make attacks faster on CPU: glibc's allocator.
+"""Process and device settings of an attack: the device, float32 precision on CUDA, and glibc's
+allocator on CPU.
+
+Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
+device, with one clear ConfigError for a GPU that is not there; the runner and the attacks
+(``AttackSettings.torch_device``) both use it.
+
+float32 on CUDA: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere
+and later GPUs by default. Gradient matching compares the attacker's float32 gradient with the
+client's (computed in IEEE float32) and differentiates it once more, so TF32 would put a floor
+under the gradient distance and make GPU runs differ from CPU runs beyond rounding.
+``ieee_float32`` makes cuDNN convolutions and cuBLAS matmuls IEEE float32 while an attack runs
+(benchmarks/gpu.py measures what TF32 would save and how far its gradient is off).
+
+Allocator (CPU):
 
 Why: a gradient-matching step on a real model allocates and frees tens of megabytes of
 temporaries (the dummy gradient is as large as the model: 11 M entries for ResNet-18, and its
@@ -26,10 +40,17 @@ Only glibc (Linux) has these knobs; elsewhere nothing is changed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import ctypes.util
 import os
 import platform
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+from .errors import ConfigError
 
 M_TRIM_THRESHOLD = -1     # glibc malloc.h
 M_MMAP_THRESHOLD = -3
@@ -66,4 +87,55 @@ def tune_allocator() -> str:
     return result
 
 
-__all__ = ["ENV", "allocator", "tune_allocator"]
+def resolve_device(name: str | torch.device) -> torch.device:
+    """"cpu" | "cuda" | "cuda:N" | "auto" (CUDA when there is one) -> torch.device; ConfigError
+    for an unknown name, CUDA without a GPU, or a GPU index that is not there."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: unknown {name!r} (cpu, cuda, cuda:N or auto)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: CUDA was asked for but no GPU is available (use --device cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device: {name} does not exist; this machine has {torch.cuda.device_count()} GPU(s) "
+                              f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device: {name!r} is not supported (cpu, cuda, cuda:N or auto)")
+    return dev
+
+
+@contextlib.contextmanager
+def ieee_float32(device: torch.device) -> Iterator[None]:
+    """While an attack runs on CUDA: float32 convolutions (cuDNN) and matmuls (cuBLAS) in IEEE
+    float32, not TF32; the previous settings come back afterwards. Nothing changes on a CPU."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    saved = (conv.fp32_precision, matmul.fp32_precision)
+    conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+    try:
+        yield
+    finally:
+        conv.fp32_precision, matmul.fp32_precision = saved
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def attack_precision(fn: F) -> F:
+    """Decorator of an attack ``fn(update, model, settings, ...)``: the whole attack (set-up, loop,
+    final scoring) runs under ``ieee_float32`` on ``settings.device``."""
+    @functools.wraps(fn)
+    def wrapper(update: Any, model: Any, settings: Any, *args: Any, **kwargs: Any) -> Any:
+        with ieee_float32(resolve_device(settings.device)):
+            return fn(update, model, settings, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["ENV", "allocator", "attack_precision", "ieee_float32", "resolve_device", "tune_allocator"]

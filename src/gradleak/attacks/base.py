@@ -9,6 +9,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models import ModelSpec
+from ..runtime import resolve_device
 
 # observer(iteration, images) with images [K, C, H, W] (or [G, K, C, H, W]) in [0, 1]: lets the
 # caller watch progress (e.g. PSNR against a truth it holds); nothing flows back into the attack.
@@ -46,6 +47,10 @@ class AttackSettings:
     def with_defaults(self, **defaults: object) -> "AttackSettings":
         """Fill every field that is None from ``defaults``."""
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+    def torch_device(self) -> torch.device:
+        """The device ("cpu", "cuda", "cuda:N", "auto") as a torch.device (ConfigError if absent)."""
+        return resolve_device(self.device)
 
     def torch_dtype(self) -> torch.dtype:
         try:

@@ -16,6 +16,7 @@ import torch
 from ..errors import GradleakError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
+from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .labels import gradinversion_labels, idlg_label
 from .loop import LoopSettings, optimise
@@ -50,11 +51,12 @@ def _stalled(history: list[dict[str, float]]) -> bool:
     return max(recent) - min(recent) <= 1e-12 * max(abs(recent[-1]), 1e-300) and recent[-1] > STALL_RELATIVE * first
 
 
+@attack_precision
 def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None,
          *, restore_labels: bool, name: str, restarts: int) -> Reconstruction:
     s = settings.with_defaults(**DLG_DEFAULTS)
     dtype = s.torch_dtype()
-    device = torch.device(s.device)
+    device = s.torch_device()
     k = update.meta.batch_size
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     labels: torch.Tensor | None = None

@@ -41,6 +41,7 @@ import torch
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
+from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import restore_labels
@@ -54,6 +55,7 @@ IG_DEFAULTS = dict(iterations=4800, lr=0.1, optimizer="adam", dtype="float32")
 IG_ALPHA_TV = 1e-1
 
 
+@attack_precision
 def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
                         observer: Observer | None = None, *, alpha_tv: float = IG_ALPHA_TV) -> Reconstruction:
     """Inverting Gradients with R = ``settings.seeds`` (default 1) batched restarts."""
@@ -63,7 +65,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
     restarts = int(s.seeds or 1)
     if restarts < 1:
         raise ConfigError(f"seeds (restarts) must be >= 1, got {restarts}")
-    dtype, device = s.torch_dtype(), torch.device(s.device)
+    dtype, device = s.torch_dtype(), s.torch_device()
     k = int(update.meta.batch_size)
     method = s.labels or "gradinversion"
     labels = restore_labels(update, model, k, method).to(device)

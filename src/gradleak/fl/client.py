@@ -69,13 +69,14 @@ def fedsgd(model: ModelSpec, batch: Batch, *, share_bn_statistics: bool = False)
     global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
     params = {n: p.detach().clone().requires_grad_(True) for n, p in trainable_parameters(module).items()}
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
-    x = model.normalize(batch.images.to(next(iter(params.values())).dtype))
+    first = next(iter(params.values()))  # the batch goes where the model's parameters are
+    x = model.normalize(batch.images.to(first.device, first.dtype))
     was_training = module.training
     module.train()
     try:
         with BNStatisticsRecorder(module) as rec:
             logits = functional_call(module, (params, buffers), (x,))
-        loss = F.cross_entropy(logits, batch.labels)
+        loss = F.cross_entropy(logits, batch.labels.to(first.device))
         grads = torch.autograd.grad(loss, list(params.values()))
     finally:
         module.train(was_training)

@@ -109,7 +109,9 @@ def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed:
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
     b = threat.local_batch_size or batch.size
     steps = step_assignment(batch.size, b, threat.local_steps, torch.Generator().manual_seed(private_seed))
-    x_all = model.normalize(batch.images.to(next(iter(params.values())).dtype))
+    first = next(iter(params.values()))  # the batch goes where the model's parameters are
+    x_all = model.normalize(batch.images.to(first.device, first.dtype))
+    labels_all = batch.labels.to(first.device)
     was_training = module.training
     module.train()
     losses: list[float] = []
@@ -119,7 +121,7 @@ def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed:
             for idx in steps:
                 live = {n: p.requires_grad_(True) for n, p in params.items()}
                 logits = functional_call(module, (live, buffers), (x_all[idx],))
-                loss = F.cross_entropy(logits, batch.labels[idx])
+                loss = F.cross_entropy(logits, labels_all[idx])
                 grads = torch.autograd.grad(loss, list(live.values()))
                 params = {n: (p - threat.local_lr * g).detach() for (n, p), g in zip(live.items(), grads)}
                 losses.append(float(loss.detach()))

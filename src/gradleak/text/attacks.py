@@ -41,6 +41,7 @@ from ..attacks.objectives import squared_l2
 from ..errors import ConfigError, GradleakError, UnknownNameError
 from ..fl.threats import ThreatModel, step_assignment
 from ..fl.update import SharedUpdate
+from ..runtime import attack_precision, resolve_device
 from .models import TextModel
 
 # observer(iteration, token ids per sentence [CLS] ... [SEP]); for watching only.
@@ -409,6 +410,7 @@ def _progress(description: str, total: int, enabled: bool):  # noqa: ANN202
                     TextColumn("loss {task.fields[loss]:.3e}"), TimeElapsedColumn(), disable=not enabled)
 
 
+@attack_precision
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
              observer: TextObserver | None = None, *, restrict: bool = True) -> TextReconstruction:
     """DLG for text (see the module docstring). Returns [CLS] ... [SEP] ids per sentence."""
@@ -419,7 +421,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
         dtype = DTYPES[str(s.dtype)]
     except KeyError:
         raise ConfigError(f"dtype: unknown {s.dtype!r}; known: {', '.join(DTYPES)}") from None
-    device = torch.device(s.device)
+    device = resolve_device(s.device)
     tok = model.tokenizer
     k = update.meta.batch_size
     bag = bag_of_words(update, model)

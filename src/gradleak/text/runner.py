@@ -24,6 +24,7 @@ from ..config import AttackConfig
 from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
+from ..runtime import resolve_device
 from .attacks import TEXT_ATTACKS, TextAttackSettings, TextReconstruction, run_text_attack
 from .client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
 from .data import TextBatch, read_sentences, text_batch
@@ -138,15 +139,6 @@ class TokenAccuracyObserver:
         self.points[iteration] = token_accuracy(self.truth, [rec[j] for j in perm])
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: CUDA was asked for but no GPU is available (use --device cpu)")
-    return dev
-
-
 def _default_out(attack: str) -> Path:
     import time
 
@@ -161,7 +153,7 @@ def _default_out(attack: str) -> Path:
 def run_text(cfg: AttackConfig, *, write: bool = True) -> TextRunResult:
     """Run one text attack as configured; write the run folder (atomically) unless ``write`` is False."""
     check_text_config(cfg)
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out) if cfg.out else _default_out(cfg.attack)
