@@ -348,9 +348,10 @@ cfg = make_config(progress=False, **json.loads(sys.argv[1]))
 case = prepare(cfg)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 rec = run_attack(cfg.attack, case.update, case.model, attack_settings(cfg, torch.device("cpu")))
-use = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"loop_s": rec.wall_seconds, "faults": use.ru_minflt - faults, "max_rss_mb": use.ru_maxrss / 1024,
-                  "allocator": allocator()}))
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+# peak resident memory of this process (VmHWM; ru_maxrss would include the parent's, inherited at fork)
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"loop_s": rec.wall_seconds, "faults": faults, "max_rss_mb": hwm / 1024, "allocator": allocator()}))
 """
 
 

@@ -28,9 +28,10 @@ machine (one torch thread): Inverting Gradients on ResNet-18 took ~440 k minor p
 Blocks up to 32 MiB then come from the heap and are reused from step to step; free heap up to
 1 GiB is kept for the next step. Both must be set together: a fixed trim threshold alone turns
 off glibc's dynamic mmap threshold and made the same runs 1.6-1.8x slower (tried). Measured
-with both (same runs, separate processes, two rounds): page faults down ~10x, loop time 1.07-1.28x
-faster for IG / ResNet-18 and 1.13-1.19x for GradInversion / ConvNet; DLG's LeNet has no block
-above the default threshold (1.00-1.04x). Peak memory (max RSS) unchanged.
+with both (same runs, fresh processes, alternating; benchmarks/tried.py --only allocator): page
+faults down 5-10x, loop time 1.07-1.29x faster for IG / ResNet-18 and 1.06-1.19x for
+GradInversion / ConvNet; DLG's LeNet has no block above the default threshold (0.99-1.10x, noise).
+Peak resident memory unchanged (within 1 %).
 
 The cost: memory the attack freed stays with the process (up to 1 GiB) instead of going back
 to the kernel while the process runs. The setting is process-wide and is made once, by the
