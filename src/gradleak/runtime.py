@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import ctypes.util
+import functools
 import os
 import platform
 from typing import Any, Callable, Iterator, TypeVar
