@@ -144,6 +144,22 @@ def measure_paper(model: str, *, device: torch.device, iterations: int, size: in
             "projected_paper_run_s": projected, **memory}
 
 
+def fit_seeds(fn: Callable[[int], dict[str, Any]], seeds: int, device: torch.device) -> dict[str, Any]:
+    """fn(G); on a CUDA out-of-memory error, again with G halved (down to 1), the attempts recorded."""
+    failed: list[int] = []
+    g = seeds
+    while g >= 1:
+        try:
+            out = fn(g)
+            out["out_of_memory_at_seeds"] = failed
+            return out
+        except torch.cuda.OutOfMemoryError:
+            failed.append(g)
+            _reset_memory(device)
+            g //= 2
+    return {"error": f"out of GPU memory even with 1 seed (tried {failed})", "out_of_memory_at_seeds": failed}
+
+
 def measure_seeds_224(model: str, *, device: torch.device, iterations: int, size: int, batch: int, seeds: int,
                       threads: int | None) -> dict[str, Any]:
     """G seeds batched vs G single-seed runs (group none: the same attack), same client update."""
@@ -259,16 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     if "paper" not in skip:
         for model in models:
             log(f"paper preset: {model}, {size} px, batch {batch}, {seeds} seeds, {iterations} steps")
-            r = measure_paper(model, device=device, iterations=iterations, size=size, batch=batch, seeds=seeds,
-                              threads=args.threads)
-            log(f"  {r['iterations_per_second']:.2f} it/s, fit {r['registration_fit_s']:.2f} s, peak "
-                f"{gib(r['peak_allocated_gib'])} GiB allocated")
+            r = fit_seeds(lambda g: measure_paper(model, device=device, iterations=iterations, size=size, batch=batch,
+                                                  seeds=g, threads=args.threads), seeds, device)
+            r.setdefault("model", model)
+            if "error" in r:
+                log(f"  {r['error']}")
+            else:
+                log(f"  G = {r['seeds']}: {r['iterations_per_second']:.2f} it/s, fit {r['registration_fit_s']:.2f} s, "
+                    f"peak {gib(r['peak_allocated_gib'])} GiB allocated")
             gpu["paper"].append(r)
     if "seeds_224" not in skip:
         log(f"G = {seeds} seeds batched vs sequential, resnet50 {size} px")
-        gpu["seeds_224"] = measure_seeds_224("resnet50", device=device, iterations=seed_iterations, size=size,
-                                             batch=batch, seeds=seeds, threads=args.threads)
-        log(f"  {gpu['seeds_224']['ratio']:.2f}x")
+        gpu["seeds_224"] = fit_seeds(lambda g: measure_seeds_224("resnet50", device=device, iterations=seed_iterations,
+                                                                 size=size, batch=batch, seeds=g, threads=args.threads),
+                                     seeds, device)
+        log(f"  {gpu['seeds_224'].get('error') or format(gpu['seeds_224']['ratio'], '.2f') + 'x'}")
     if "seeds_32" not in skip:
         log("G = 8 seeds batched vs sequential, convnet 32 px (the CPU case)")
         gpu["seeds_32"] = measure_seeds(quick=args.smoke, threads=args.threads or torch.get_num_threads(),
@@ -276,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {gpu['seeds_32']['ratio']:.2f}x")
     if "precision" not in skip:
         log("precision variants of one step")
-        gpu["precision"] = measure_precision("resnet50", device=device, size=size, batch=batch, seeds=seeds, reps=5,
-                                             threads=args.threads)
+        gpu["precision"] = fit_seeds(lambda g: measure_precision("resnet50", device=device, size=size, batch=batch,
+                                                                 seeds=g, reps=5, threads=args.threads), seeds, device)
     gpu["device"] = device_info(device)  # after the attacks: the allocator state they set
     gpu["wall_seconds"] = time.time() - started
     (out_dir / "gpu.json").write_text(json.dumps(gpu, indent=2) + "\n")

@@ -163,14 +163,22 @@ def render_gpu(gpu: dict[str, Any]) -> list[str]:
              f"cuDNN {info.get('cudnn')}; command `{gpu['command']}`; raw numbers in `gpu.json`."
              + (" **Smoke run: harness check only, not results.**" if gpu.get("smoke") else ""), ""]
     paper = gpu.get("paper") or []
+    ok = [p for p in paper if "error" not in p]
     if paper:
-        lines += [f"GradInversion `paper` preset, `imagenet-samples`, batch {paper[0]['batch_size']}, "
-                  f"{paper[0]['image_size']} px, G = {paper[0]['seeds']} seeds, {paper[0]['iterations']} timed steps "
+        first = ok[0] if ok else {"batch_size": "?", "image_size": "?", "seeds": "?", "iterations": "?"}
+        lines += [f"GradInversion `paper` preset, `imagenet-samples`, batch {first['batch_size']}, "
+                  f"{first['image_size']} px, G = {first['seeds']} seeds, {first['iterations']} timed steps "
                   "(after a 3-step warm-up; no registration fit falls into them); one registration fit timed apart. "
                   "Projected = the paper's 20 000 steps + 150 fits at these rates.", "",
                   "| model | it/s | s / it. | registration fit (s) | peak allocated (GiB) | peak reserved (GiB) | "
                   "projected paper run |", "|---|---|---|---|---|---|---|"]
         for p in paper:
+            if "error" in p:
+                lines.append(f"| {p['model']} | {p['error']} | | | | | |")
+                continue
+            if p.get("out_of_memory_at_seeds"):
+                lines.append(f"| {p['model']} (G = {p['seeds']}: out of memory at G = "
+                             f"{', '.join(map(str, p['out_of_memory_at_seeds']))}) | | | | | | |")
             lines.append(f"| {p['model']} | {p['iterations_per_second']:.2f} | {p['seconds_per_iteration']:.3f} | "
                          f"{p['registration_fit_s']:.2f} | {gib(p['peak_allocated_gib'])} | "
                          f"{gib(p['peak_reserved_gib'])} | {p['projected_paper_run_s'] / 3600:.2f} h |")
@@ -178,6 +186,9 @@ def render_gpu(gpu: dict[str, Any]) -> list[str]:
     for key in ("seeds_224", "seeds_32"):
         sd = gpu.get(key)
         if not sd:
+            continue
+        if "error" in sd:
+            lines += [f"G seeds batched vs sequential ({key}): {sd['error']}.", ""]
             continue
         title = f"{sd.get('image_size', 32)} px" + (" (the CPU benchmark's case)" if key == "seeds_32" else "")
         b = sd.get("batched_s", sd.get("batched_total_s"))
@@ -187,7 +198,9 @@ def render_gpu(gpu: dict[str, Any]) -> list[str]:
                   f"{s:.2f} s, **{sd['ratio']:.2f}x** (target <= 0.5x: {'met' if sd['met'] else 'not met'}); largest "
                   f"pixel difference {sd['max_pixel_difference_batched_vs_sequential']:.1e}.", ""]
     prec = gpu.get("precision")
-    if prec:
+    if prec and "error" in prec:
+        lines += [f"Precision variants: {prec['error']}.", ""]
+    elif prec:
         lines += [f"Precision of one GradInversion step (`{prec['model']}`, {prec['image_size']} px, batch "
                   f"{prec['batch_size']}, G = {prec['seeds']}); gradleak's attacks run IEEE float32 on CUDA:", "",
                   "| variant | ms / step | image-gradient difference vs IEEE float32 |", "|---|---|---|"]
@@ -310,3 +323,15 @@ def render_markdown(res: dict[str, Any], gpu: dict[str, Any] | None = None) -> s
     head = lines[:lines.index("## How it is measured")]
     rest = lines[lines.index("## How it is measured"):]
     return "\n".join(head + _targets(res) + reading + rest) + "\n"
+
+
+if __name__ == "__main__":  # python benchmarks/report.py [DIR]: RESULTS.md from DIR's results.json (+ gpu.json)
+    import json
+    import sys
+    from pathlib import Path
+
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+    gpu_file = folder / "gpu.json"
+    (folder / "RESULTS.md").write_text(render_markdown(json.loads((folder / "results.json").read_text()),
+                                                       json.loads(gpu_file.read_text()) if gpu_file.exists() else None))
+    print(f"wrote {folder / 'RESULTS.md'}")
