@@ -56,8 +56,9 @@ from gradleak.attacks.priors import bn_prior, bn_targets, l2_norm, total_variati
 from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
+from gradleak.errors import GradleakError
 from gradleak.runner import attack_settings, prepare
-from gradleak.runtime import allocator
+from gradleak.runtime import allocator, ieee_float32, resolve_device
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -132,8 +133,9 @@ def measure_paper(model: str, *, device: torch.device, iterations: int, size: in
     step_s = rec.wall_seconds / max(1, rec.iterations)
     reg = Registration((seeds, batch, *case.model.input_shape), steps=PAPER.registration_steps)
     x = torch.randn((seeds, batch, *case.model.input_shape), generator=torch.Generator().manual_seed(0)).to(device)
-    reg.fit(x)  # warm-up
-    fit_s, _ = timed(lambda: reg.fit(x), device)
+    with ieee_float32(device):  # as inside the attack
+        reg.fit(x)  # warm-up
+        fit_s, _ = timed(lambda: reg.fit(x), device)
     projected = PAPER.iterations * step_s + PAPER_FITS * fit_s
     return {"model": model, "image_size": size, "batch_size": batch, "seeds": seeds, "iterations": rec.iterations,
             "registrations_in_timed_steps": rec.extra.get("registrations"),
@@ -166,8 +168,8 @@ def measure_seeds_224(model: str, *, device: torch.device, iterations: int, size
     cfg, case, _ = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
     base = replace(PAPER, iterations=iterations, group="none")
 
-    def settings_for(seed: int) -> Any:
-        return replace(attack_settings(cfg, device), seed=seed)
+    def settings_for(seed: int) -> Any:  # seeds=None: the count comes from gi (G batched, 1 sequential)
+        return replace(attack_settings(cfg, device), seed=seed, seeds=None)
 
     def batched() -> Any:
         return gradinversion(case.update, case.model, settings_for(0), gi=replace(base, seeds=seeds))
@@ -178,6 +180,7 @@ def measure_seeds_224(model: str, *, device: torch.device, iterations: int, size
     gradinversion(case.update, case.model, settings_for(0), gi=replace(base, seeds=1, iterations=2))  # warm-up
     b_s, b_rec = timed(batched, device)
     s_s, s_recs = timed(sequential, device)
+    assert b_rec.candidates.shape[0] == seeds and all(r.candidates.shape[0] == 1 for r in s_recs)
     diff = max(float((b_rec.candidates[i] - s_recs[i].images).abs().max()) for i in range(seeds))
     return {"model": model, "image_size": size, "batch_size": batch, "seeds": seeds, "iterations": iterations,
             "batched_s": b_s, "sequential_s": s_s, "ratio": b_s / s_s,
@@ -219,7 +222,7 @@ def measure_precision(model: str, *, device: torch.device, size: int, batch: int
     variants: dict[str, Callable[[], torch.Tensor]] = {
         "float32 IEEE (what gradleak runs)": precision("ieee", step),
         "TF32 convolutions and matmuls (torch's default for convolutions)": precision("tf32", step),
-        "bfloat16 autocast": precision("tf32", bf16),
+        "bfloat16 autocast (float32 ops outside it in TF32)": precision("tf32", bf16),
     }
     out: dict[str, Any] = {"model": model, "image_size": size, "batch_size": batch, "seeds": seeds, "variants": []}
     reference: torch.Tensor | None = None
@@ -241,7 +244,7 @@ def measure_precision(model: str, *, device: torch.device, size: int, batch: int
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: with --smoke, a harness check)")
+    p.add_argument("--device", default="cuda", help="cuda | cuda:N | auto | cpu (cpu: with --smoke, a harness check)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (64 px, batch 2, 2 seeds, 2 steps): harness check")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated models for the paper preset")
     p.add_argument("--iterations", type=int, default=100, help="timed steps of the paper preset per model")
@@ -254,9 +257,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu.py: no CUDA device here (run it on a GPU machine, or --smoke --device cpu)", file=sys.stderr)
+    try:
+        device = resolve_device(args.device)
+    except GradleakError as exc:
+        print(f"gpu.py: {exc} (run it on a GPU machine, or --smoke --device cpu)", file=sys.stderr)
         return 2
     if device.type != "cuda" and not args.smoke:
         print("gpu.py: a CPU run is only a harness check: add --smoke", file=sys.stderr)

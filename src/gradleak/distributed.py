@@ -84,7 +84,7 @@ def _backend(device: torch.device, local_world: int) -> str:
 
 
 def _rank_device(cfg: AttackConfig, local_rank: int) -> torch.device:
-    from .runner import resolve_device
+    from .runtime import resolve_device
 
     device = resolve_device(cfg.device)
     if device.type == "cuda":

@@ -20,18 +20,21 @@ double backward makes several more of that size). glibc serves every block above
 threshold with a fresh ``mmap`` and unmaps it on ``free``; it also returns the top of the heap
 to the kernel once more than its trim threshold is free. Either way the next step touches fresh
 pages, and the kernel zero-fills each 4 KiB page on its first touch. Measured on this 2-core
-machine (one torch thread): Inverting Gradients on ResNet-18 took ~440 k minor page faults per
-20 iterations and GradInversion on the ConvNet (batch 4, 4 seeds) ~550 k per 30.
+machine (one torch thread, benchmarks/tried.json "allocator"): Inverting Gradients on ResNet-18
+took ~440 k minor page faults per 20 iterations and GradInversion on the ConvNet (batch 4, 4
+seeds) ~460 k per 30.
 
 ``tune_allocator`` raises glibc's mmap threshold to its documented maximum for 64-bit systems
 (32 MiB, ``DEFAULT_MMAP_THRESHOLD_MAX``) and its trim threshold to 1 GiB, with ``mallopt``.
 Blocks up to 32 MiB then come from the heap and are reused from step to step; free heap up to
 1 GiB is kept for the next step. Both must be set together: a fixed trim threshold alone turns
-off glibc's dynamic mmap threshold and made the same runs 1.6-1.8x slower (tried). Measured
-with both (same runs, fresh processes, alternating; benchmarks/tried.py --only allocator): page
-faults down 5-10x, loop time 1.07-1.29x faster for IG / ResNet-18 and 1.06-1.19x for
-GradInversion / ConvNet; DLG's LeNet has no block above the default threshold (0.99-1.10x, noise).
-Peak resident memory unchanged (within 1 %).
+off glibc's dynamic mmap threshold and made the same runs 1.6-1.8x slower (measured ad hoc, not
+in tried.json). Measured with both (same runs, fresh processes, alternating;
+benchmarks/tried.py --only allocator): page faults down 6-9x, loop time 1.18x faster for IG /
+ResNet-18 (rounds 1.15-1.20; ad-hoc runs before that 1.07-1.29x) and 1.06-1.10x for
+GradInversion / ConvNet (ad hoc 1.13-1.19x); DLG's LeNet has few large blocks (faults 10 k ->
+5.5 k) and its loop time moves within noise (rounds 0.95-1.14x). Peak resident memory unchanged
+(within 1 %).
 
 The cost: memory the attack freed stays with the process (up to 1 GiB) instead of going back
 to the kernel while the process runs. The setting is process-wide and is made once, by the
@@ -71,11 +74,13 @@ def tune_allocator() -> str:
     """Set glibc's mmap and trim thresholds once per process (see the module docstring).
 
     Returns the resulting state ("glibc tuned" or "system"). Never raises: a platform without
-    glibc, or ``GRADLEAK_ALLOCATOR=system``, keeps the system allocator as it is."""
+    glibc, an allocator preloaded in place of glibc's (jemalloc, tcmalloc, mimalloc in
+    LD_PRELOAD), or ``GRADLEAK_ALLOCATOR=system`` keeps the allocator as it is."""
     if "allocator" in _state:
         return _state["allocator"]
     result = "system"
-    if os.environ.get(ENV, "").strip().lower() != "system" and platform.libc_ver()[0] == "glibc":
+    preloaded = any(name in os.environ.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))
+    if os.environ.get(ENV, "").strip().lower() != "system" and platform.libc_ver()[0] == "glibc" and not preloaded:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             mallopt = libc.mallopt
@@ -113,17 +118,35 @@ def resolve_device(name: str | torch.device) -> torch.device:
 @contextlib.contextmanager
 def ieee_float32(device: torch.device) -> Iterator[None]:
     """While an attack runs on CUDA: float32 convolutions (cuDNN) and matmuls (cuBLAS) in IEEE
-    float32, not TF32; the previous settings come back afterwards. Nothing changes on a CPU."""
+    float32, not TF32; the previous settings come back afterwards. Nothing changes on a CPU.
+
+    Set through torch's legacy flags (``cudnn.allow_tf32``, ``cuda.matmul.allow_tf32``) so that
+    code reading them during the attack (an observer, ``torch.backends.cudnn.flags()``) still can:
+    after the per-backend ``fp32_precision`` API is used, torch refuses to read the legacy flags.
+    Where the process's flags were already set through that API in a way the legacy flags cannot
+    express, the API itself is used. The flags are process-wide: two attacks in threads of one
+    process share them (gradleak runs attacks in processes, or one at a time under a lock)."""
     if torch.device(device).type != "cuda":
         yield
         return
-    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
-    saved = (conv.fp32_precision, matmul.fp32_precision)
-    conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    try:
+        legacy = (cudnn.allow_tf32, matmul.allow_tf32)
+    except RuntimeError:  # mixed legacy / new settings: only the new API can restore them
+        legacy = None
+    if legacy is not None:
+        cudnn.allow_tf32, matmul.allow_tf32 = False, False
+        try:
+            yield
+        finally:
+            cudnn.allow_tf32, matmul.allow_tf32 = legacy
+        return
+    saved = (cudnn.conv.fp32_precision, matmul.fp32_precision)
+    cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
     try:
         yield
     finally:
-        conv.fp32_precision, matmul.fp32_precision = saved
+        cudnn.conv.fp32_precision, matmul.fp32_precision = saved
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -39,6 +39,7 @@ Choices where the paper is ambiguous (see also priors.py and group.py):
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -283,11 +284,15 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
         for g, st in zip(gens, saved):
             g.set_state(st)
         saved_noise = state.get("noise_generators")
-        if noise_gens is not gens and isinstance(saved_noise, list) and len(saved_noise) == len(noise_gens):
-            for g, st in zip(noise_gens, saved_noise):
-                g.set_state(st)
-        # (a state saved on a CPU has no noise generators: a GPU run resumed from it draws its
-        # noise from freshly seeded ones; a state saved on a GPU resumed on a CPU ignores them)
+        if noise_gens is not gens:
+            if isinstance(saved_noise, list) and len(saved_noise) == len(noise_gens):
+                for g, st in zip(noise_gens, saved_noise):
+                    g.set_state(st)
+            else:  # saved on a CPU: its noise came from the seeds' CPU generators
+                logging.getLogger("gradleak").warning(
+                    "gradleak: the saved state has no GPU noise generators (it was saved on a CPU); the "
+                    "resumed run draws its Langevin noise from freshly seeded ones")
+        # (a state saved on a GPU and resumed on a CPU: the seeds' CPU generators go on, as saved)
         grp = state.get("group")
         if isinstance(grp, dict) and isinstance(grp.get("registration"), dict) \
                 and isinstance(grp["registration"].get("theta"), torch.Tensor):
