@@ -5,10 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gradleak-stamp
+# Fashion-MNIST (and strace, for the loopback test) from Debian's registry, no root needed.
+DATA := $(VENV)/share/gradleak
+DATA_STAMP := $(DATA)/.provisioned
 
 .PHONY: setup demo test bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(DATA_STAMP)
 
 # Rebuilt only when the pins or the package metadata change.
 $(STAMP): pyproject.toml requirements.lock
@@ -20,6 +23,11 @@ $(STAMP): pyproject.toml requirements.lock
 	# dependencies (eagerpy, ...) are not needed because gradleak never imports it.
 	$(BIN)/python -m pip install -q --no-deps foolbox==3.3.4
 	touch $(STAMP)
+
+# The loader looks in $(DATA)/fashion-mnist (sys.prefix/share/gradleak), then Debian's folder.
+$(DATA_STAMP): scripts/provision.sh $(STAMP)
+	bash scripts/provision.sh $(DATA)
+	touch $(DATA_STAMP)
 
 demo: setup
 	$(BIN)/gradleak attack

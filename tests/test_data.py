@@ -27,7 +27,6 @@ from gradleak.data import (
 from gradleak.data.sources import foolbox_data_dir
 from gradleak.errors import ConfigError, DataError, GradleakError, UnknownNameError
 
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 
 def _in_unit_range(t: torch.Tensor) -> bool:
@@ -406,10 +405,6 @@ def test_rewritten_idx_file_is_not_served_from_cache(tmp_path: Path) -> None:
     assert len(open_source(str(tmp_path))) == 9
 
 
-@pytest.mark.skipif(
-    not FASHION_DIR.is_dir(),
-    reason=f"{FASHION_DIR} absent (apt-get install dataset-fashion-mnist)",
-)
 def test_real_fashion_mnist() -> None:
     train = open_source("fashion-mnist")
     test = open_source("fashion-mnist", split="test")
@@ -440,6 +435,25 @@ def test_missing_installs_give_one_line_hints(
     monkeypatch.setattr(importlib.util, "find_spec", no_foolbox)
     with pytest.raises(DataError, match=r"pip install --no-deps foolbox==3\.3\.4"):
         open_source("cifar10-samples")
-    monkeypatch.setattr(idx, "DEFAULT_ROOT", tmp_path / "absent")
+    monkeypatch.setattr(idx, "default_roots", lambda: (tmp_path / "absent",))
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
         open_source("fashion-mnist")
+
+
+def test_fashion_mnist_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$GRADLEAK_FASHION_MNIST first, then the environment's copy (make setup), then Debian's
+    folder; a folder counts only when it holds the split's files (an empty one is passed over)."""
+    import sys
+
+    from gradleak.data import idx
+
+    monkeypatch.setenv(idx.ENV_VAR, str(tmp_path / "mine"))
+    roots = idx.default_roots()
+    assert roots[0] == tmp_path / "mine"
+    assert roots[1] == Path(sys.prefix) / "share" / "gradleak" / "fashion-mnist"
+    assert roots[2] == idx.SYSTEM_ROOT
+    (tmp_path / "mine").mkdir()  # empty: not chosen
+    assert idx.find_default_root("train") != tmp_path / "mine"
+    _write_idx_pair(tmp_path / "mine", "t10k", 3, gz=True)
+    assert idx.find_default_root("test") == tmp_path / "mine"
+    assert len(open_source("fashion-mnist", split="test")) == 3

@@ -18,8 +18,6 @@ from gradleak.models import build_model
 from gradleak.training import (TrainConfig, _decode, _derive_seed, apply_checkpoint, checkpoint_name,
                                evaluate_accuracy, load_checkpoint, read_checkpoint_meta, train)
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
-pytestmark = pytest.mark.skipif(not FASHION.is_dir(), reason="Fashion-MNIST (dataset-fashion-mnist) not installed")
 
 # DLG's sigmoid LeNet with U(-0.5, 0.5) weights needs a small lr; ~190 steps of batch 32 reach ~65 %.
 FAST = dict(model="lenet-dlg", train_subset=2000, test_subset=1000, epochs=3.0, batch_size=32, lr=0.01)

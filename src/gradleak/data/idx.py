@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +22,24 @@ from gradleak.errors import DataError
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
 NUM_CLASSES = 10
-DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
+# Where `fashion-mnist` is looked for, in order: $GRADLEAK_FASHION_MNIST, the copy `make setup`
+# unpacks from Debian's package into the environment (scripts/provision.sh), the package's own
+# install location. The first folder holding the split's files wins (files, not dpkg records).
+SYSTEM_ROOT = Path("/usr/share/datasets/fashion-mnist")
+ENV_VAR = "GRADLEAK_FASHION_MNIST"
+
+
+def default_roots() -> tuple[Path, ...]:
+    """The folders searched for ``fashion-mnist`` when no root is given, in order."""
+    roots = [Path(sys.prefix) / "share" / "gradleak" / "fashion-mnist", SYSTEM_ROOT]
+    if os.environ.get(ENV_VAR):
+        roots.insert(0, Path(os.environ[ENV_VAR]).expanduser())
+    return tuple(roots)
+
+
+def find_default_root(split: str) -> Path | None:
+    """The first of :func:`default_roots` that holds ``split``'s IDX files, or None."""
+    return next((r for r in default_roots() if find_idx_pair(r, split) is not None), None)
 
 # "test" is t10k in the original file names.
 _SPLIT_PREFIX = {"train": "train", "test": "t10k"}

@@ -69,8 +69,8 @@ FASHION_MNIST_CLASSES: tuple[str, ...] = (
 
 _FOOLBOX_HINT = "install the sample photos with: pip install --no-deps foolbox==3.3.4"
 _FASHION_HINT = (
-    "install them with: apt-get install dataset-fashion-mnist, "
-    "or pass a folder holding the IDX files (root=DIR or the folder path as the source)"
+    "`make setup` unpacks them from Debian's dataset-fashion-mnist "
+    "(or: apt-get install dataset-fashion-mnist), or pass a folder holding the IDX files (root=DIR or the folder path as the source)"
 )
 
 
@@ -374,9 +374,11 @@ def open_source(
     key = text.strip().lower()
     if key in SOURCE_NAMES:
         if key == "fashion-mnist":
-            if root_path is None and not idx.DEFAULT_ROOT.is_dir():
-                raise DataError(f"Fashion-MNIST not found at {idx.DEFAULT_ROOT}; {_FASHION_HINT}")
-            return FashionMNISTSource(root_path or idx.DEFAULT_ROOT, split)
+            found = root_path or idx.find_default_root(split)
+            if found is None:
+                where = ", ".join(str(r) for r in idx.default_roots())
+                raise DataError(f"Fashion-MNIST ({split}) not found in {where}; {_FASHION_HINT}")
+            return FashionMNISTSource(found, split)
         return _open_samples(key, root_path)
 
     path = Path(text).expanduser()
