@@ -56,10 +56,21 @@ def _config_from(args: argparse.Namespace, fields: Sequence[str] | None = None):
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
         values.update(load_config(args.config))
+        refuse_model_code(values.get("model"), getattr(args, "model", None), f"config file {args.config}")
     for name in AttackConfig.model_fields:
         if (fields is None or name in fields) and hasattr(args, name):
             values[name] = getattr(args, name)
     return make_config(**values)
+
+
+def refuse_model_code(named: Any, flag: str | None, where: str) -> None:
+    """A file (config, sweep spec) never makes gradleak import code: a ``module:callable`` model
+    named in one is refused unless the user gave the same ``--model`` on the command line."""
+    from .errors import ConfigError
+
+    if isinstance(named, str) and ":" in named and named != flag:
+        raise ConfigError(f"{where} names the user model {named!r}; gradleak never imports code a file names "
+                          f"(to use your own model, pass --model {named} yourself)")
 
 
 # ---------------------------------------------------------------- commands
@@ -126,10 +137,15 @@ def cmd_share(args: argparse.Namespace) -> int:
     from .fl import save_truth, save_update
     from .runner import simulate_client
 
+    from .paths import check_distinct, check_output_file
+
     cfg = _config_from(args, SHARE_FIELDS)
-    out, truth_path = Path(args.out), Path(args.truth) if args.truth else None
-    if out.is_dir() or (truth_path is not None and truth_path.is_dir()):
-        raise GradleakError("--out and --truth must be file paths, not folders")
+    # Checked before the client is simulated: both are files gradleak may create or replace,
+    # and never the same file (nor one of the inputs).
+    out = check_output_file(args.out, "--out")
+    truth_path = check_output_file(args.truth, "--truth") if args.truth else None
+    check_distinct(("--out", out), ("--truth", truth_path), ("--checkpoint", cfg.checkpoint),
+                   ("--data", cfg.data if Path(cfg.data).is_file() else None))
     if cfg.modality == "text":
         from .text.runner import share_text
 
@@ -199,8 +215,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
-    import os
-    import shutil
 
     import torch
 
@@ -222,20 +236,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = TrainConfig(**values)
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        result = train(cfg, tmp, progress=args.progress)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    from .paths import StagedDir
+
+    with StagedDir(args.out) as stage:  # checked and created before training starts
+        result = train(cfg, stage.path, progress=args.progress)
+        out = stage.commit()
     for c in result.checkpoints:
         print(f"checkpoint {c.fraction:.2f} (step {c.step}): test accuracy {c.test_accuracy:.3f} -> {out / Path(c.path).name}")
     if result.epsilon is not None:
@@ -292,6 +297,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import load_spec, run_sweep
 
     spec = load_spec(args.spec)
+    for cell in spec.cells:
+        refuse_model_code(cell.config.get("model"), None, f"sweep spec {args.spec}")
     if args.workers is not None and args.workers < 1:
         raise GradleakError("--workers must be >= 1")
     if args.address and args.executor != "ray":

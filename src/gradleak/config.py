@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, InputFileError
+from .paths import read_text_file
 
 
 class AttackConfig(BaseModel):
@@ -79,6 +80,19 @@ class AttackConfig(BaseModel):
             raise ValueError("must be cpu, cuda, cuda:N or auto")
         return v
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _utf8(cls, v: Any) -> Any:
+        # argv arrives with surrogate escapes for bytes that are not UTF-8: refuse them here,
+        # once, rather than deep in a tokenizer or a path (issue 15)
+        for text in (v if isinstance(v, list) else [v]):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("is not valid UTF-8 text") from None
+        return v
+
     @model_validator(mode="after")
     def _text_needs_text_modality(self) -> "AttackConfig":
         if self.text and self.modality != "text":
@@ -91,8 +105,21 @@ def config_error(exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
     field = ".".join(str(x) for x in err["loc"]) or "config"
     value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    shown = "" if isinstance(value, (dict, list)) else f" (got {_short(value)})"
     return ConfigError(f"config field {field!r}: {err['msg']}{shown}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value.encode("utf-8", "surrogateescape") if isinstance(value, str) and not _is_utf8(value) else value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def make_config(**values: Any) -> AttackConfig:
@@ -102,15 +129,32 @@ def make_config(**values: Any) -> AttackConfig:
         raise config_error(exc) from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a config.json (as saved in a run folder) as a dict of fields; validated later."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = json.loads(read_text_file(p, "config file", max_bytes=1 << 20), object_pairs_hook=_no_duplicates)
+    except InputFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {p} is nested too deeply") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {p} gives the key {exc.args[0]!r} twice") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {p} must hold a JSON object")
     # A run folder's config.json stores the resolved config under "config" next to provenance.

@@ -30,3 +30,7 @@ class NonFiniteError(GradleakError):
 
 class ConfigError(GradleakError):
     """A configuration value that is invalid or out of range; the message names the field."""
+
+
+class InputFileError(GradleakError):
+    """A path given as a file to read that is absent, a folder, a device, too large or unreadable."""

@@ -25,11 +25,12 @@ from .attacks import AttackSettings, Reconstruction, attack_names, run_attack
 from .attacks.shard import SeedShard
 from .attacks.state import Session, StateFileError, StateHooks, load_state, state_dir_for
 from .config import AttackConfig
-from .data import Batch, open_source, sample_batch
+from .data import SOURCE_NAMES, Batch, open_source, sample_batch
 from .errors import ConfigError, GradleakError, UnknownNameError
 from .fl import SharedUpdate, load_truth, load_update
 from .fl.threats import ThreatModel, client_share, share
 from .metrics import evaluate, match, psnr
+from .paths import StagedDir, check_output_dir
 from .runtime import allocator, resolve_device
 from .models import ModelSpec, build_model, default_image_size
 
@@ -133,7 +134,8 @@ def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn
 def load_case(cfg: AttackConfig) -> Case:
     """An update file (and optional truth file) as the attacker receives it."""
     assert cfg.update is not None
-    update, model = load_update(cfg.update)
+    # A module:callable model only when the user chose it (--model), never because a file names it.
+    update, model = load_update(cfg.update, user_model=cfg.model if ":" in cfg.model else None)
     truth = load_truth(cfg.truth, update.meta) if cfg.truth else None
     if cfg.defense:
         from .defenses import apply_defenses, parse_defenses
@@ -221,8 +223,7 @@ def default_run_dir(attack: str) -> Path:
 
 
 def check_out_dir(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
+    check_output_dir(out)
 
 
 def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: Path | str | None = None,
@@ -260,48 +261,56 @@ def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: P
         if resume is None and (state_dir / "state.json").exists():
             raise ConfigError(f"{out} has the saved state of an interrupted run in {state_dir}; continue it with "
                               f"`gradleak attack --resume {out}` or delete that folder")
-    pending = load_state(state_dir) if resume is not None else None
-    case = prepare(cfg)
-    settings = attack_settings(cfg, device)
-    observer = PSNRObserver(case.truth) if case.truth is not None else None
-    if spread and shard.rank != 0:
-        observer = None  # rank 0 observes (the answer is the same on every process)
-    session = Session(directory=state_dir if write and not spread else None, every=cfg.checkpoint_every,
-                      retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
-                      config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
-    if observer is not None:
-        session.provide("observer", StateHooks(observer.get_state, observer.set_state))
-    with session.active(), (session.signals() if write and not spread else contextlib.nullcontext()):
-        if spread:
-            from .attacks.gradinversion import gradinversion
+    # The run folder's staging folder exists before the attack starts: an output path that
+    # cannot be written fails now, not after the work (paths.StagedDir).
+    stage = StagedDir(out) if write else None
+    try:
+        pending = load_state(state_dir) if resume is not None else None
+        case = prepare(cfg)
+        settings = attack_settings(cfg, device)
+        observer = PSNRObserver(case.truth) if case.truth is not None else None
+        if spread and shard.rank != 0:
+            observer = None  # rank 0 observes (the answer is the same on every process)
+        session = Session(directory=state_dir if write and not spread else None, every=cfg.checkpoint_every,
+                          retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
+                          config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
+        if observer is not None:
+            session.provide("observer", StateHooks(observer.get_state, observer.set_state))
+        with session.active(), (session.signals() if write and not spread else contextlib.nullcontext()):
+            if spread:
+                from .attacks.gradinversion import gradinversion
 
-            recon = gradinversion(case.update, case.model, settings, observer, shard=shard)
-        else:
-            recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
-    if spread and shard.rank != 0:
-        return RunResult(run_dir=None, metrics={}, reconstruction=recon, rank=shard.rank)
-    if session.pending is not None:
-        raise StateFileError(f"the attack never reached the saved state's phase {session.pending.phase!r}")
-    metrics = build_metrics(cfg, case, recon, device)
-    metrics["status"] = "diverged" if session.diverged is not None else "finished"
-    metrics["recoveries"] = session.recoveries
-    if session.diverged is not None:
-        metrics["divergence"] = session.diverged
-    if session.resumed_at:
-        metrics["resumed_at"] = session.resumed_at
-    history = [dict(h) for h in recon.history]
-    if observer is not None:
-        for h in history:
-            if int(h["iteration"]) in observer.points:
-                h["psnr"] = observer.points[int(h["iteration"])]
-    result = RunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history)
-    if write:
-        used = {k: v for k, v in recon.extra.get("resolved", {}).items()
-                if k in AttackConfig.model_fields and getattr(cfg, k) is None}
-        resolved = cfg.model_copy(update={"out": str(out), **used})
-        result.run_dir = write_run_dir(out, resolved, case, recon, metrics, history)
-        shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
-    return result
+                recon = gradinversion(case.update, case.model, settings, observer, shard=shard)
+            else:
+                recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
+        if spread and shard.rank != 0:
+            return RunResult(run_dir=None, metrics={}, reconstruction=recon, rank=shard.rank)
+        if session.pending is not None:
+            raise StateFileError(f"the attack never reached the saved state's phase {session.pending.phase!r}")
+        metrics = build_metrics(cfg, case, recon, device)
+        metrics["status"] = "diverged" if session.diverged is not None else "finished"
+        metrics["recoveries"] = session.recoveries
+        if session.diverged is not None:
+            metrics["divergence"] = session.diverged
+        if session.resumed_at:
+            metrics["resumed_at"] = session.resumed_at
+        history = [dict(h) for h in recon.history]
+        if observer is not None:
+            for h in history:
+                if int(h["iteration"]) in observer.points:
+                    h["psnr"] = observer.points[int(h["iteration"])]
+        result = RunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history)
+        if write:
+            used = {k: v for k, v in recon.extra.get("resolved", {}).items()
+                    if k in AttackConfig.model_fields and getattr(cfg, k) is None}
+            resolved = cfg.model_copy(update={"out": str(out), **used})
+            result.run_dir = write_run_dir(out, resolved, case, recon, metrics, history, stage=stage)
+            shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
+        return result
+    except BaseException:
+        if stage is not None:
+            stage.discard()
+        raise
 
 
 def build_metrics(cfg: AttackConfig, case: Case, recon: Reconstruction, device: torch.device) -> dict[str, Any]:
@@ -342,10 +351,20 @@ IIP_POOL = 256  # real images searched besides the originals (evenly spaced over
 def iip_pool(cfg: AttackConfig, case: Case) -> torch.Tensor | None:
     """Other real images of the run's data source, at the batch's size, for IIP: up to IIP_POOL,
     evenly spaced over the source (deterministic). None when the source cannot be opened (e.g.
-    an update file whose truth came from elsewhere): IIP then searches the originals only."""
+    an update file whose truth came from elsewhere): IIP then searches the originals only.
+
+    For an update/truth file, only a *named* source recorded in the truth file is opened: a
+    folder path written in a file is never walked (a file could name ``/``)."""
     assert case.truth is not None
+    if cfg.update is not None:
+        name = case.truth.source.strip().lower()
+        if name not in SOURCE_NAMES:
+            return None
+        where = {"root": cfg.data_root} if cfg.data.strip().lower() == name else {}
+    else:
+        name, where = cfg.data, {"root": cfg.data_root}
     try:
-        source = open_source(case.truth.source or cfg.data, root=cfg.data_root, split=cfg.split)
+        source = open_source(name, split=cfg.split, **where)
     except GradleakError:
         return None
     _, c, h, _ = case.truth.images.shape
@@ -365,18 +384,16 @@ def _history_csv(history: list[dict[str, Any]]) -> str:
 
 
 def write_run_dir(out: Path, cfg: AttackConfig, case: Case, recon: Reconstruction, metrics: dict[str, Any],
-                  history: list[dict[str, Any]]) -> Path:
-    """Write every file into a hidden sibling folder, then rename it into place, so a crash never
-    leaves a run folder that looks finished."""
+                  history: list[dict[str, Any]], *, stage: StagedDir | None = None) -> Path:
+    """Write every file into a hidden staging folder (``stage``, made up front by the caller, or
+    made here), then rename it into place, so a crash never leaves a run folder that looks
+    finished."""
     from safetensors.torch import save_file
 
     from .report import render_report, save_image_grid
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    stage = stage if stage is not None else StagedDir(out)
+    tmp = stage.path
     try:
         (tmp / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
         (tmp / "history.csv").write_text(_history_csv(history))
@@ -399,13 +416,10 @@ def write_run_dir(out: Path, cfg: AttackConfig, case: Case, recon: Reconstructio
             save_image_grid(tmp / "candidates.png", rows, titles)
         (tmp / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2) + "\n")
         render_report(tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked before the attack)
-        os.replace(tmp, out)
+        return stage.commit()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.discard()
         raise
-    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 import re
 import signal
 import threading
@@ -196,9 +197,11 @@ def find_state(run: Path | str) -> Path:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # An unpredictable name created with O_EXCL (mkstemp): a planted link is never followed.
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

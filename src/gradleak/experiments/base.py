@@ -20,6 +20,7 @@ from typing import Annotated, Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import config_error
+from ..paths import StagedDir
 from ..errors import ConfigError, UnknownNameError
 
 
@@ -133,27 +134,15 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
     _load_all()
     if name not in EXPERIMENTS:
         raise UnknownNameError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
-    out = Path(options.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
     if options.threads:
         import torch
 
         torch.set_num_threads(options.threads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     fn, _ = EXPERIMENTS[name]
     start = time.perf_counter()
-    try:
-        result = fn(options, tmp)
+    with StagedDir(options.out) as stage:  # checked and created before the experiment runs
+        result = fn(options, stage.path)
         result.wall_seconds = time.perf_counter() - start
-        write_result(result, tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_result(result, stage.path)
+        out = stage.commit()
     return result, out

@@ -17,8 +17,10 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from ..data.batch import Batch
-from ..errors import GradleakError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..models import ModelSpec, build_model
+from ..errors import ConfigError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError, UpdateFileError
+from ..models import ModelSpec, build_model, model_shapes
+from ..paths import check_input_file
+from .threats import ThreatModel
 from .update import FORMAT, FORMAT_VERSION, SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
 
 TRUTH_FORMAT = "gradleak.truth"
@@ -53,9 +55,10 @@ def save_truth(batch: Batch, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- reading
 def _open(path: str | Path, what: str):  # noqa: ANN202 - safetensors handle
-    p = Path(path)
-    if not p.is_file():
-        raise UpdateFileError(f"{what} file {p} does not exist")
+    try:
+        p = check_input_file(path, f"{what} file")
+    except InputFileError as exc:
+        raise UpdateFileError(str(exc)) from None
     size = p.stat().st_size
     with p.open("rb") as fh:
         head = fh.read(8)
@@ -105,11 +108,48 @@ def _meta(f: Any, path: Path) -> UpdateMeta:
         raise UpdateFileError(f"{path}: metadata field {field!r}: {err['msg']}") from None
     if len(meta.input_shape) != 3 or min(meta.input_shape) < 1:
         raise UpdateFileError(f"{path}: metadata input_shape {meta.input_shape} is not (C, H, W)")
-    if meta.batch_size < 1 or meta.num_classes < 2:
-        raise UpdateFileError(f"{path}: metadata batch_size/num_classes out of range")
+    check_meta_bounds(meta, path)
     if len(meta.mean) != meta.input_shape[0] or len(meta.std) != meta.input_shape[0] or min(meta.std) <= 0:
         raise UpdateFileError(f"{path}: metadata normalisation does not fit {meta.input_shape[0]} channels")
     return meta
+
+
+# The bounds of `gradleak attack`'s own flags: a file may not ask for more than a user could.
+MAX_BATCH, MAX_CLASSES, MAX_WIDTH = 4096, 100_000, 4096
+MAX_BATCH_ELEMENTS = 1 << 27  # K x C x H x W of the batch an attack rebuilds (512 MiB in float32)
+
+
+def check_meta_bounds(meta: UpdateMeta, path: Path, *, image: bool = True) -> None:
+    """Well-typed but absurd metadata (a batch of 10**9, 10**12 classes, a FedAvg run of 10**9
+    local steps, 5 clients over 1 sample) is refused before anything is built or allocated."""
+    if not 1 <= meta.batch_size <= MAX_BATCH:
+        raise UpdateFileError(f"{path}: metadata batch_size {meta.batch_size} is out of range (1..{MAX_BATCH})")
+    if not 2 <= meta.num_classes <= MAX_CLASSES:
+        raise UpdateFileError(f"{path}: metadata num_classes {meta.num_classes} is out of range (2..{MAX_CLASSES})")
+    width = meta.model_kwargs.get("width")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH):
+        raise UpdateFileError(f"{path}: metadata model_kwargs.width {width!r} is not an integer in 1..{MAX_WIDTH}")
+    unknown = sorted(set(meta.model_kwargs) - {"width"})
+    if image and unknown:
+        raise UpdateFileError(f"{path}: metadata model_kwargs has unknown key {unknown[0]!r}")
+    if not image:  # text: (tokens per sentence, 1, 1)
+        if len(meta.input_shape) != 3 or not 1 <= meta.input_shape[0] <= 4096:
+            raise UpdateFileError(f"{path}: metadata input_shape {list(meta.input_shape)} is out of range")
+    elif len(meta.input_shape) == 3:
+        c, h, w = meta.input_shape
+        if not (1 <= c <= 4 and 4 <= h <= 1024 and 4 <= w <= 1024):
+            raise UpdateFileError(f"{path}: metadata input_shape {list(meta.input_shape)} is out of range "
+                                  "(1-4 channels, 4..1024 px)")
+        if meta.batch_size * c * h * w > MAX_BATCH_ELEMENTS:
+            raise UpdateFileError(f"{path}: metadata asks for a batch of {meta.batch_size} x {list(meta.input_shape)}, "
+                                  f"more than {MAX_BATCH_ELEMENTS} values to rebuild")
+    try:
+        cbs = meta.threat.get("client_batch_size") if isinstance(meta.threat, dict) else None
+        if cbs is not None and (isinstance(cbs, bool) or not isinstance(cbs, int)):
+            raise ConfigError("client_batch_size is not an integer")
+        ThreatModel.from_record(meta.threat).check_batch(meta.batch_size, cbs)
+    except GradleakError as exc:
+        raise UpdateFileError(f"{path}: metadata threat: {exc}") from None
 
 
 def check_update_header(f: Any, p: Path, model_name: str, state: dict[str, torch.Tensor],
@@ -138,20 +178,35 @@ def check_update_header(f: Any, p: Path, model_name: str, state: dict[str, torch
     return expected
 
 
-def load_update(path: str | Path) -> tuple[SharedUpdate, ModelSpec]:
+def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[SharedUpdate, ModelSpec]:
     """Load and validate a shared update; rebuild its model with the global weights loaded.
 
-    Raises UpdateFileError (not safetensors, truncated, wrong metadata), ModelMismatchError
-    (tensors that do not fit the model), NonFiniteError (NaN/Inf), UnknownNameError (model).
+    A file never makes gradleak import or call code: an update naming a ``module:callable``
+    model is refused unless the caller itself chose that model (``user_model``, e.g. the
+    command line's ``--model``), and the names must then be equal. The architecture is first
+    built on torch's meta device (no memory) and the file's tensor shapes checked against it,
+    so absurd metadata cannot make gradleak allocate a huge model.
+
+    Raises UpdateFileError (not safetensors, truncated, wrong metadata, code named by the file),
+    ModelMismatchError (tensors that do not fit the model), NonFiniteError (NaN/Inf),
+    UnknownNameError (model).
     """
     p = Path(path)
     with _open(p, "update") as f:
         meta = _meta(f, p)
+        if ":" in meta.model and meta.model != user_model:
+            raise UpdateFileError(f"{p}: the update names the user model {meta.model!r}; gradleak never imports "
+                                  f"code a file names (to use your own model, pass --model {meta.model} yourself)")
+        if user_model is not None and ":" in user_model and meta.model != user_model:
+            raise UpdateFileError(f"{p}: the update is for model {meta.model!r}, not --model {user_model}")
         c, h, w = meta.input_shape
         if h != w:
             raise UpdateFileError(f"{p}: only square inputs are supported, got {meta.input_shape}")
-        spec = build_model(meta.model, num_classes=meta.num_classes, channels=c, image_size=h,
-                           width=meta.model_kwargs.get("width"))
+        kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"))
+        shapes_state, shapes_params = model_shapes(meta.model, **kw)
+        check_update_header(f, p, meta.model, shapes_state, shapes_params,
+                            ignore={k for k in f.keys() if k.startswith("bn/")})
+        spec = build_model(meta.model, **kw)
         keys = set(f.keys())
         state = spec.module.state_dict()
         params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}

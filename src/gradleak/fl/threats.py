@@ -53,6 +53,25 @@ class ThreatModel:
         if self.clients < 1:
             raise ConfigError("clients must be >= 1")
 
+    MAX_LOCAL_STEPS = 10_000  # the bounds of the CLI's own flags
+    MAX_CLIENTS = 1024
+
+    def check_batch(self, batch_size: int, client_batch_size: int | None = None) -> None:
+        """Refuse a threat that cannot have produced an update over ``batch_size`` samples (all
+        clients together): absurd step or client counts, clients without a sample, local
+        mini-batches larger than a client's data. Raises ConfigError."""
+        if self.local_steps > self.MAX_LOCAL_STEPS:
+            raise ConfigError(f"local_steps {self.local_steps} is more than {self.MAX_LOCAL_STEPS}")
+        if self.clients > self.MAX_CLIENTS:
+            raise ConfigError(f"clients {self.clients} is more than {self.MAX_CLIENTS}")
+        if self.clients > batch_size or batch_size % self.clients:
+            raise ConfigError(f"a batch of {batch_size} cannot be split evenly over {self.clients} clients")
+        per_client = batch_size // self.clients
+        if client_batch_size is not None and client_batch_size != per_client:
+            raise ConfigError(f"client_batch_size {client_batch_size} is not {batch_size} / {self.clients} clients")
+        if self.local_batch_size is not None and self.local_batch_size > per_client:
+            raise ConfigError(f"local_batch_size {self.local_batch_size} is larger than a client's {per_client} samples")
+
     @property
     def client_threat(self) -> str:
         return self.inner if self.name == "aggregate" else self.name
@@ -69,12 +88,29 @@ class ThreatModel:
 
     @staticmethod
     def from_record(rec: dict[str, Any]) -> "ThreatModel":
+        if not isinstance(rec, dict):
+            raise ConfigError("threat record is not an object")
+        known = {"name", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "client_batch_size"}
+        unknown = sorted(set(rec) - known)
+        if unknown:
+            raise ConfigError(f"threat record has unknown field {unknown[0]!r}")
+
+        def integer(key: str, default: int | None) -> int | None:
+            v = rec.get(key, default)
+            if v is None and default is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"threat record field {key!r} is not an integer")
+            return v
         try:
-            return ThreatModel(name=str(rec.get("name", "fedsgd")), local_steps=int(rec.get("local_steps", 1)),
-                               local_batch_size=rec.get("local_batch_size"), local_lr=float(rec.get("local_lr", 0.01)),
-                               clients=int(rec.get("clients", 1)), inner=str(rec.get("inner", "fedsgd")))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"threat record {rec!r} is invalid: {exc}") from None
+            local_lr = rec.get("local_lr", 0.01)
+            if isinstance(local_lr, bool) or not isinstance(local_lr, (int, float)):
+                raise ConfigError("threat record field 'local_lr' is not a number")
+            return ThreatModel(name=str(rec.get("name", "fedsgd")), local_steps=integer("local_steps", 1),
+                               local_batch_size=integer("local_batch_size", None), local_lr=float(local_lr),
+                               clients=integer("clients", 1), inner=str(rec.get("inner", "fedsgd")))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(f"threat record is invalid: {exc}") from None
 
 
 def step_assignment(k: int, local_batch_size: int, steps: int, generator: torch.Generator | None) -> list[torch.Tensor]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..paths import atomic_write_bytes  # noqa: F401  re-exported (fl.update.atomic_write_bytes)
+
 FORMAT = "gradleak.shared-update"
 FORMAT_VERSION = 1
 
@@ -68,20 +70,6 @@ class SharedUpdate:
                   "meta": self.meta, "bn_statistics": self.bn_statistics}
         fields.update(changes)
         return SharedUpdate(**fields)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write a file so that a crash never leaves it half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def is_finite_dict(tensors: dict[str, torch.Tensor]) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -200,6 +201,29 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
                      mean=mean, std=std, kwargs=kwargs)
     _check_runs(spec)
     return spec
+
+
+def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: int | None = None,
+                 width: int | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(state dict, trainable parameters) of a registry model as meta tensors: shapes and
+    dtypes without allocating memory, to check a file's declared tensors before the model is
+    built for real. A ``module:callable`` model is built for real (its code is the user's)."""
+    if name not in _REGISTRY:
+        spec = build_model(name, num_classes=num_classes, channels=channels, image_size=image_size, width=width)
+        module = spec.module
+    else:
+        if num_classes < 2:
+            raise ModelMismatchError(f"num_classes must be >= 2, got {num_classes}")
+        size = image_size or default_image_size(name)
+        if size < 4 or size > 1024:
+            raise ModelMismatchError(f"image size {size} is out of range (4..1024)")
+        kwargs = {"width": int(width)} if width is not None else {}
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")  # pretrained weights copied onto meta tensors: a no-op
+            module = _REGISTRY[name].build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
+    state = dict(module.state_dict())
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    return state, params
 
 
 def _check_runs(spec: ModelSpec) -> None:

@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save
 
 from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import _FLOAT_DTYPES, _get, _open, _shape_dtype, check_update_header
+from ..fl.files import _FLOAT_DTYPES, _get, _open, _shape_dtype, check_meta_bounds, check_update_header
 from ..fl.threats import ThreatModel, aggregate, step_assignment
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
 from .data import TextBatch
@@ -205,8 +205,7 @@ def _text_meta(f, path: Path) -> UpdateMeta:  # noqa: ANN001
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UpdateFileError(f"{path}: metadata field {'.'.join(str(x) for x in err['loc'])!r}: {err['msg']}") from None
-    if meta.batch_size < 1 or meta.num_classes < 2:
-        raise UpdateFileError(f"{path}: metadata batch_size/num_classes out of range")
+    check_meta_bounds(meta, path, image=False)
     return meta
 
 

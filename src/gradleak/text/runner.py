@@ -24,6 +24,7 @@ from ..config import AttackConfig
 from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
+from ..paths import StagedDir
 from ..runtime import resolve_device
 from .attacks import TEXT_ATTACKS, TextAttackSettings, TextReconstruction, run_text_attack
 from .client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
@@ -157,25 +158,30 @@ def run_text(cfg: AttackConfig, *, write: bool = True) -> TextRunResult:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out) if cfg.out else _default_out(cfg.attack)
-    if write and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
-    case = load_text_case(cfg) if cfg.update else simulate_text_client(cfg)
-    tok = case.model.tokenizer
-    observer = TokenAccuracyObserver(case.truth, tok.special_ids) if case.truth is not None else None
-    recon = run_text_attack(cfg.attack, case.update, case.model, text_settings(cfg, device), observer)
-    metrics = build_text_metrics(cfg, case, recon, device)
-    history = [dict(h) for h in recon.history]
-    if observer is not None:
-        for h in history:
-            if int(h["iteration"]) in observer.points:
-                h["token_accuracy"] = observer.points[int(h["iteration"])]
-    result = TextRunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history)
-    if write:
-        resolved = cfg.model_copy(update={
-            "out": str(out), "model": case.model.name, "batch_size": case.update.meta.batch_size
-            // (cfg.clients if cfg.threat == "aggregate" else 1),
-            **{k: v for k, v in recon.extra.get("resolved", {}).items() if k in TEXT_FIELDS and getattr(cfg, k) is None}})
-        result.run_dir = write_text_run_dir(out, resolved, metrics, history, recon, case)
+    stage = StagedDir(out) if write else None  # the output is checked and staged before the attack
+    try:
+        case = load_text_case(cfg) if cfg.update else simulate_text_client(cfg)
+        tok = case.model.tokenizer
+        observer = TokenAccuracyObserver(case.truth, tok.special_ids) if case.truth is not None else None
+        recon = run_text_attack(cfg.attack, case.update, case.model, text_settings(cfg, device), observer)
+        metrics = build_text_metrics(cfg, case, recon, device)
+        history = [dict(h) for h in recon.history]
+        if observer is not None:
+            for h in history:
+                if int(h["iteration"]) in observer.points:
+                    h["token_accuracy"] = observer.points[int(h["iteration"])]
+        result = TextRunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history)
+        if write:
+            resolved = cfg.model_copy(update={
+                "out": str(out), "model": case.model.name, "batch_size": case.update.meta.batch_size
+                // (cfg.clients if cfg.threat == "aggregate" else 1),
+                **{k: v for k, v in recon.extra.get("resolved", {}).items()
+                   if k in TEXT_FIELDS and getattr(cfg, k) is None}})
+            result.run_dir = write_text_run_dir(out, resolved, metrics, history, recon, case, stage=stage)
+    except BaseException:
+        if stage is not None:
+            stage.discard()
+        raise
     return result
 
 
@@ -247,15 +253,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_text_run_dir(out: Path, cfg: AttackConfig, metrics: dict[str, Any], history: list[dict[str, Any]],
-                       recon: TextReconstruction, case: TextCase) -> Path:
-    """Write every file into a hidden sibling folder, then rename it into place."""
+                       recon: TextReconstruction, case: TextCase, *, stage: StagedDir | None = None) -> Path:
+    """Write every file into a hidden staging folder (made up front by the caller, or here),
+    then rename it into place."""
     from .report import render_text_report
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    stage = stage if stage is not None else StagedDir(out)
+    tmp = stage.path
     try:
         tok = case.model.tokenizer
         (tmp / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
@@ -266,13 +270,10 @@ def write_text_run_dir(out: Path, cfg: AttackConfig, metrics: dict[str, Any], hi
             "bag_of_words": recon.bag.token_ids}), indent=2, ensure_ascii=False) + "\n")
         (tmp / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2, ensure_ascii=False) + "\n")
         render_text_report(tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked before the attack)
-        os.replace(tmp, out)
+        return stage.commit()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.discard()
         raise
-    return out
 
 
 def share_text(cfg: AttackConfig, out: Path, truth_path: Path | None) -> str:
