@@ -95,13 +95,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .runner import run
 
-    given = [n for n in AttackConfig.model_fields if hasattr(args, n) and n not in RESUME_OVERRIDES]
+    state_dir = find_state(args.resume)
+    values = read_saved_config(state_dir)
+    # The saved state is a file too: a module:callable model in it runs only when the user names
+    # the same model again (--model), their own decision.
+    flag_model = getattr(args, "model", None)
+    refuse_model_code(values.get("model"), flag_model, f"the saved state in {state_dir}")
+    given = [n for n in AttackConfig.model_fields if hasattr(args, n) and n not in RESUME_OVERRIDES
+             and not (n == "model" and flag_model == values.get("model"))]
     if getattr(args, "config", None) or given:
         flag = "--config" if getattr(args, "config", None) else "--" + given[0].replace("_", "-")
         raise ConfigError(f"{flag} cannot be given with --resume (the run continues with its saved config; "
-                          f"allowed: --threads, --no-progress, --checkpoint-every, --device)")
-    state_dir = find_state(args.resume)
-    values = read_saved_config(state_dir)
+                          f"allowed: --threads, --no-progress, --checkpoint-every, --device, and --model to "
+                          f"confirm a saved module:callable model)")
     values.update({n: getattr(args, n) for n in RESUME_OVERRIDES if hasattr(args, n)})
     result = run(make_config(**values), resume=state_dir)
     _print_summary(result.metrics, result.run_dir)

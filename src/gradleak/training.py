@@ -51,9 +51,11 @@ from .data import open_source
 from .data.batch import Batch
 from .data.sources import ImageSource
 from .defenses import DPSGD, Defense, client_update, dp_epsilon, parse_defenses
-from .errors import ConfigError, DataError, GradleakError, ModelMismatchError, NonFiniteError, UpdateFileError
+from .errors import (ConfigError, DataError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError,
+                     UpdateFileError)
 from .fl.client import fedsgd, trainable_parameters
 from .fl.update import atomic_write_bytes
+from .paths import check_input_file
 from .models import ModelSpec, build_model, default_image_size, model_names
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointInfo", "TrainConfig", "TrainResult", "apply_checkpoint",
@@ -284,8 +286,10 @@ def _checkpoint_bytes(model: ModelSpec, meta: dict[str, Any]) -> bytes:
 
 
 def _open_safetensors(path: Path):  # noqa: ANN202 - a safetensors handle
-    if not path.is_file():
-        raise UpdateFileError(f"checkpoint file {path} does not exist")
+    try:
+        check_input_file(path, "checkpoint file")
+    except InputFileError as exc:
+        raise UpdateFileError(str(exc)) from None
     size = path.stat().st_size
     with path.open("rb") as fh:
         head = fh.read(8)

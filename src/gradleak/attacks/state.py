@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..errors import GradleakError
+from ..errors import GradleakError, InputFileError
+from ..paths import read_text_file
 
 STATE_FORMAT = "gradleak-attack-state"
 STATE_VERSION = 1
@@ -290,8 +291,10 @@ def read_saved_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise StateFileError(f"{path} is missing; the state folder is incomplete")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raw = json.loads(read_text_file(path, "saved config", max_bytes=1 << 20))
+    except InputFileError as exc:
+        raise StateFileError(str(exc)) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise StateFileError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise StateFileError(f"{path} must hold a JSON object")

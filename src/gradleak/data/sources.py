@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import contextlib
 import os
 import re
 from abc import ABC, abstractmethod
@@ -40,6 +41,9 @@ SOURCE_NAMES: tuple[str, ...] = (
     "fashion-mnist",
 )
 SPLITS: tuple[str, ...] = ("train", "test")
+# Bounds of an ImageFolder walk (ImageNet's training set has 1.28 M files in 1000 folders).
+MAX_FOLDER_ENTRIES = 2_000_000
+MAX_FOLDERS = 20_000
 
 CIFAR10_CLASSES: tuple[str, ...] = (
     "airplane", "automobile", "bird", "cat", "deer",
@@ -207,8 +211,32 @@ class ImageFolderSource(FileListSource):
             raise DataError(f"folder {root} has no class subfolders{hint}")
         files: list[Path] = []
         labels: list[int] = []
+        # Linked folders are followed (a class folder may be a link), but each real folder is
+        # entered once, so a symlink loop ends; the walk is bounded (a folder such as / fails
+        # fast with one line instead of walking the whole file system).
+        visited: set[tuple[int, int]] = set()
+        class_roots: dict[tuple[int, int], str] = {}
+        for cls in class_dirs:  # a link into another class's folder never relabels its images
+            with contextlib.suppress(OSError):
+                st = os.stat(root / cls)
+                class_roots[(st.st_dev, st.st_ino)] = cls
+        seen_entries = 0
         for index, cls in enumerate(class_dirs):
             for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+                try:
+                    st = os.stat(dirpath)
+                except OSError:
+                    dirnames[:] = []
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in visited or class_roots.get(key, cls) != cls:
+                    dirnames[:] = []
+                    continue
+                visited.add(key)
+                seen_entries += len(dirnames) + len(filenames)
+                if seen_entries > MAX_FOLDER_ENTRIES or len(visited) > MAX_FOLDERS:
+                    raise DataError(f"folder {root} holds more than {MAX_FOLDER_ENTRIES} entries or "
+                                    f"{MAX_FOLDERS} folders; point --data at a folder of images")
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for fname in sorted(filenames):
                     if is_image_file(fname) and not fname.startswith("."):
