@@ -364,3 +364,22 @@ def test_resume_state_naming_code(tmp_path, capsys):
     line = clean_error(["attack", "--resume", tmp_path / "run"], capsys)
     assert "never imports code" in line and "this" not in sys.modules
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+# ------------------------------------------------------------ flags: absurd but well-typed values
+@pytest.mark.parametrize("args", [
+    ["train", "--data", "fashion-mnist", "--threads", "0"], ["train", "--data", "fashion-mnist", "--threads", "100000"],
+    ["train", "--data", "fashion-mnist", "--epochs", "1e12"], ["train", "--data", "fashion-mnist", "--width", "100000"],
+    ["train", "--data", "fashion-mnist", "--model-seed", "-1"],
+    ["train", "--data", "fashion-mnist", "--batch-size", "10000000"],
+    ["experiment", "optimizers", "--smoke", "--batches", "1000000"],
+    ["experiment", "optimizers", "--smoke", "--batch-sizes", "1,100000"],
+    ["experiment", "optimizers", "--smoke", "--samples", "1000000000"],
+    ["experiment", "optimizers", "--smoke", "--threads", "100000"],
+    ["attack", "--batch-size", "1000000"], ["attack", "--threads", "100000"],
+    ["attack", "--threat", "aggregate", "--clients", "100000"],
+    ["attack", "--threat", "fedavg", "--local-steps", "1000000000"],
+])
+def test_absurd_flags(args, tmp_path, capsys, no_attack):
+    clean_error([*args, "--out", tmp_path / "o"], capsys, seconds=10)
+    assert list(tmp_path.iterdir()) == []

@@ -227,6 +227,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .training import TrainConfig, train
 
+    if args.threads is not None and not 1 <= args.threads <= 512:
+        raise ConfigError(f"--threads must be in 1..512, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -305,8 +307,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     for cell in spec.cells:
         refuse_model_code(cell.config.get("model"), None, f"sweep spec {args.spec}")
-    if args.workers is not None and args.workers < 1:
-        raise GradleakError("--workers must be >= 1")
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        raise GradleakError("--workers must be in 1..256")
     if args.address and args.executor != "ray":
         raise GradleakError("--address applies to --executor ray only")
     try:

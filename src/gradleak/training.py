@@ -89,6 +89,9 @@ def _finite(name: str, value: Any) -> float:
     return x
 
 
+MAX_EPOCHS = 1000.0  # a bound on absurd requests (1e12 epochs would never end)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train, on what, under which defense, and where to checkpoint.
@@ -135,11 +138,13 @@ class TrainConfig:
         if self.image_size is not None and (not _is_int(self.image_size) or not 4 <= self.image_size <= 1024):
             raise ConfigError(f"training: image_size must be an integer in 4..1024 or None, got {self.image_size!r}")
         epochs = _finite("epochs", self.epochs)
-        if epochs <= 0:
-            raise ConfigError(f"training: epochs must be > 0, got {self.epochs!r}")
+        if not 0 < epochs <= MAX_EPOCHS:
+            raise ConfigError(f"training: epochs must be in (0, {MAX_EPOCHS}], got {self.epochs!r}")
         set_(self, "epochs", epochs)
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ConfigError(f"training: batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not _is_int(self.batch_size) or not 1 <= self.batch_size <= 65536:
+            raise ConfigError(f"training: batch_size must be an integer in 1..65536, got {self.batch_size!r}")
+        if self.width is not None and self.width > 4096:
+            raise ConfigError(f"training: width must be at most 4096, got {self.width!r}")
         lr = _finite("lr", self.lr)
         if lr <= 0:
             raise ConfigError(f"training: lr must be > 0, got {self.lr!r}")
@@ -176,8 +181,8 @@ class TrainConfig:
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"training: {name} must be an integer >= 1 or None, got {v!r}")
         for name in ("seed", "model_seed"):
-            if not _is_int(getattr(self, name)):
-                raise ConfigError(f"training: {name} must be an integer, got {getattr(self, name)!r}")
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ConfigError(f"training: {name} must be an integer >= 0, got {getattr(self, name)!r}")
         parse_defenses(list(defense))  # ConfigError / UnknownNameError for a bad spec, now
 
     def to_dict(self) -> dict[str, Any]:

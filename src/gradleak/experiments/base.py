@@ -33,15 +33,17 @@ class ExperimentOptions(BaseModel):
     out: str = Field(..., description="output folder")
     smoke: bool = Field(False, description="smallest meaningful setting (minutes on 2 cores)")
     model: str | None = Field(None, description="victim model")
-    width: int | None = Field(None, ge=1, description="model width")
+    width: int | None = Field(None, ge=1, le=4096, description="model width")
     data: str | None = Field(None, description="data source")
     attacks: list[str] | None = Field(None, description="attacks to compare (comma separated)")
-    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="batch sizes (comma separated)")
-    batches: int | None = Field(None, ge=1, description="random batches per setting")
-    samples: int | None = Field(None, ge=1, description="samples (batches attacked) per setting")
-    iterations: int | None = Field(None, ge=1, description="attack iterations")
+    # Upper bounds refuse absurd requests at once (like the attack's own flags).
+    batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(None, max_length=64,
+                                                                           description="batch sizes (comma separated)")
+    batches: int | None = Field(None, ge=1, le=100_000, description="random batches per setting")
+    samples: int | None = Field(None, ge=1, le=100_000, description="samples (batches attacked) per setting")
+    iterations: int | None = Field(None, ge=1, le=10_000_000, description="attack iterations")
     seed: int = Field(0, ge=0, description="base seed")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads")
+    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads")
     progress: bool = Field(True, description="show progress")
 
 
