@@ -61,12 +61,20 @@ def read_text_file(path: str | os.PathLike[str], what: str, *, max_bytes: int = 
         raise InputFileError(f"{what} {p} cannot be read: {exc.strerror or exc}") from None
 
 
-def _name_ok(text: str, what: str) -> None:
+def _output_path(path: str | os.PathLike[str], what: str, kind: str) -> Path:
+    """The checks every output path shares: UTF-8, a real name (not ``.``/``..``), not a link."""
+    text = os.fspath(path)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{what} {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8; "
                           "use a UTF-8 path") from None
+    p = Path(text)
+    if p.name in ("", ".", ".."):
+        raise ConfigError(f"{what} {text!r} names an existing folder; give a new {kind} name")
+    if p.is_symlink():
+        raise ConfigError(f"{what} {p} is a symbolic link; give the real {kind} path")
+    return p
 
 
 def _writable_ancestor(path: Path, what: str) -> None:
@@ -88,13 +96,7 @@ def _writable_ancestor(path: Path, what: str) -> None:
 def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
     """A file path gradleak may create or replace: absent or a regular file (not a folder, a
     link or a device), UTF-8, in a folder that can be written. Raises ConfigError."""
-    text = os.fspath(path)
-    _name_ok(text, what)
-    p = Path(text)
-    if p.name in ("", ".", ".."):
-        raise ConfigError(f"{what} {text!r} names a folder; give a file name")
-    if p.is_symlink():
-        raise ConfigError(f"{what} {p} is a symbolic link; give the path of the file itself")
+    p = _output_path(path, what, "file")
     if p.exists() and not p.is_file():
         kind = "a folder" if p.is_dir() else "not a regular file"
         raise ConfigError(f"{what} {p} is {kind}; give a file path")
@@ -105,13 +107,7 @@ def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Pat
 def check_output_dir(path: str | os.PathLike[str], what: str = "--out") -> Path:
     """A run folder gradleak may create: absent, or an empty real folder (not a link), with a
     name (not ``.`` or ``..``), UTF-8, below folders that exist or can be created and written."""
-    text = os.fspath(path)
-    _name_ok(text, what)
-    p = Path(text)
-    if p.name in ("", ".", ".."):
-        raise ConfigError(f"{what} {text!r} is an existing folder reference; name a new folder")
-    if p.is_symlink():
-        raise ConfigError(f"{what} {p} is a symbolic link; give a real folder path")
+    p = _output_path(path, what, "folder")
     if p.exists():
         if not p.is_dir():
             raise ConfigError(f"{what} {p} exists and is not a folder; choose another {what}")
