@@ -217,17 +217,20 @@ def test_width_in_range_but_not_in_the_file(tmp_path, capsys, no_attack):
 
 
 # ------------------------------------------------------------ inputs that are not regular files
-@pytest.mark.parametrize("flag", ["--update", "--config", "--checkpoint"])
+@pytest.mark.parametrize("flag", ["--update", "--config", "--checkpoint", "text --data"])
 @pytest.mark.parametrize("target", ["folder", "/dev/zero", "fifo"])
 def test_inputs_that_are_not_files(flag, target, tmp_path, capsys, no_attack):
     if target == "folder":
-        path, words = tmp_path, "is a folder"
+        path, words = tmp_path / "folder", "is a folder"
+        path.mkdir()
     elif target == "fifo":
         path, words = tmp_path / "pipe", "not a regular file"
         os.mkfifo(path)
     else:
         path, words = Path(target), "not a regular file"
-    line = clean_error(["attack", *FAST, flag, path, "--out", tmp_path / "r"], capsys, seconds=10)
+    args = (["--modality", "text", "--attack", "bow", "--data", path] if flag == "text --data"
+            else [*FAST, flag, path])
+    line = clean_error(["attack", *args, "--out", tmp_path / "r"], capsys, seconds=10)
     assert words in line and "does not exist" not in line
 
 

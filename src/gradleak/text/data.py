@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, InputFileError
+from ..paths import read_text_file
 from .models import TextModel
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -67,16 +68,10 @@ def read_sentences(texts: Sequence[str] | None = None, path: str | Path | None =
     if path is None:
         raise DataError("no sentences: give --text \"...\" (repeatable) or --data FILE.txt")
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"text file {p} does not exist (expected a UTF-8 .txt file, one sentence a line)")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise DataError(f"text file {p} is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"text file {p} is not UTF-8 text") from None
-    except OSError as exc:
-        raise DataError(f"text file {p} cannot be read: {exc.strerror}") from None
+    try:  # a folder, device or pipe is named as such and never read
+        raw = read_text_file(p, "text file", max_bytes=MAX_FILE_BYTES)
+    except InputFileError as exc:
+        raise DataError(f"{exc} (expected a UTF-8 .txt file, one sentence a line)") from None
     if "\x00" in raw:
         raise DataError(f"text file {p} is binary, not text")
     sentences = [line.strip() for line in raw.splitlines() if line.strip()]
