@@ -258,12 +258,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _is_text_run(run: Path) -> bool:
-    import json
+    from .report.html import read_metrics  # bounded: a folder, FIFO, huge or deep file is an error
 
     try:
-        return json.loads((run / "metrics.json").read_text(encoding="utf-8")).get("modality") == "text"
-    except (OSError, ValueError, AttributeError):
+        metrics = read_metrics(run)
+    except GradleakError:
         return False  # the image report gives the error
+    return isinstance(metrics, dict) and metrics.get("modality") == "text"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ Outputs: :func:`check_output_file` and :func:`check_output_dir` refuse, before a
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -22,8 +23,9 @@ import socket
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from .errors import ConfigError, InputFileError
+from .errors import ConfigError, DataError, GradleakError, InputFileError
 
 # What a config, sweep spec or metrics file may reasonably weigh: they are read whole.
 MAX_TEXT_FILE = 8 * 1024 * 1024
@@ -157,6 +159,51 @@ def _umask_mode(path: Path, *, folder: bool = False) -> None:
     os.chmod(path, (0o777 if folder else 0o666) & ~mask)
 
 
+# ---------------------------------------------------------------- bounded parsing of files
+MAX_JSON_DEPTH = 64
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` fit for a one-line error message: control characters escaped, at most ``limit``
+    characters (hostile files put newlines and megabytes where a name is expected)."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def check_tree(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH, max_items: int | None = None,
+               error: type[GradleakError] = DataError) -> None:
+    """Refuse a parsed JSON/YAML value nested deeper than ``max_depth`` or (with ``max_items``)
+    holding more than ``max_items`` values once YAML aliases are expanded. Iterative: no
+    recursion, stops as soon as a bound is passed (self-referencing values included)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    items = 0
+    while stack:
+        v, depth = stack.pop()
+        items += 1
+        if max_items is not None and items > max_items:
+            raise error(f"{what} holds more than {max_items} values (YAML aliases included); refusing to expand it")
+        if isinstance(v, (dict, list, tuple, set, frozenset)):
+            if depth >= max_depth:
+                raise error(f"{what} is nested more than {max_depth} levels deep")
+            children = v.values() if isinstance(v, dict) else v
+            stack.extend((c, depth + 1) for c in children)
+
+
+def loads_json(text: str, what: str, *, error: type[GradleakError] = DataError) -> Any:
+    """``json.loads`` of text read from a file or a store column, with every failure (syntax,
+    nesting deep enough to exhaust the recursion limit, an integer of too many digits) one
+    ``error`` naming ``what``; the value is also bounded by :func:`check_tree`."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise error(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, int digit limit
+        raise error(f"{what} is not valid JSON: {one_line(str(exc))}") from None
+    check_tree(value, what, error=error)
+    return value
+
+
+
 class _quiet:
     def __enter__(self) -> None:
         return None
@@ -262,4 +309,4 @@ class StagedDir:
 
 __all__ = ["InputFileError", "check_input_file", "read_text_file", "check_output_file", "check_output_dir",
            "check_distinct", "atomic_write_bytes", "atomic_write_text", "StagedDir", "remove_stale_partials",
-           "MAX_TEXT_FILE"]
+           "MAX_TEXT_FILE", "MAX_JSON_DEPTH", "one_line", "check_tree", "loads_json"]

@@ -2,8 +2,10 @@
 
 Uses :class:`matplotlib.figure.Figure` directly (Agg rendering on ``savefig``) instead of
 ``pyplot``, so there is no global figure state, no GUI backend and nothing to close. Every
-``save_*`` function writes atomically: it renders to ``<path>.tmp.png`` and then
-``os.replace``s it, so a reader never sees half a PNG.
+``save_*`` function writes atomically: it renders the PNG in memory and writes it through
+:func:`gradleak.paths.atomic_write_bytes` (a temporary file with an unpredictable name, created
+exclusively, then ``os.replace``), so a reader never sees half a PNG and a file or link planted
+under a predictable temporary name is never followed or overwritten.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ _ROW_TITLE_PX = 20
 _CAPTION_FONT_PT = 7
 _CAPTION_LINE_PX = 11
 _TITLE_FONT_PT = 9
+# Numbers beyond this magnitude are left out of plots: matplotlib cannot lay out an axis whose
+# span overflows (+-1e308 raises in the tick locator), and no real loss, PSNR or accuracy is near it.
+MAX_PLOTTED = 1e100
 # PNG "Software" metadata would embed matplotlib's URL; drop it (the HTML report must hold no URLs).
 _PNG_METADATA: dict[str, str | None] = {"Software": None}
 
@@ -38,16 +43,11 @@ _PNG_METADATA: dict[str, str | None] = {"Software": None}
 
 
 def _atomic_savefig(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Render ``fig`` as PNG to ``path`` via a temporary file and ``os.replace``."""
+    """Render ``fig`` as PNG and write it to ``path`` atomically (see the module docstring)."""
+    from ..paths import atomic_write_bytes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    try:
-        fig.savefig(tmp, format="png", dpi=_DPI, metadata=_PNG_METADATA)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():  # only when savefig or replace failed
-            tmp.unlink()
+    atomic_write_bytes(path, _png_bytes(fig))
     return path
 
 
@@ -162,14 +162,15 @@ def save_image_grid(
 
 
 def _as_float(value: Any) -> float | None:
-    """A finite float from a history cell (float, int, numeric string), else None."""
+    """A plottable float from a history cell (float, int, numeric string): finite and at most
+    MAX_PLOTTED in magnitude, else None."""
     if value is None or value == "":
         return None
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return out if math.isfinite(out) else None
+    return out if math.isfinite(out) and abs(out) <= MAX_PLOTTED else None
 
 
 def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:

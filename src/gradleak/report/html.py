@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import io
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
@@ -31,8 +33,18 @@ from typing import Any
 
 from gradleak.errors import DataError
 from gradleak.report.figures import loss_plot_png
+from gradleak.paths import atomic_write_bytes, check_input_file, check_output_file, loads_json, read_text_file
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Bounds on the run folder's files, which are read whole: metrics.json and config.json are a few
+# KB, history.csv one line per logged iteration, the PNGs a few hundred KB.
+MAX_JSON_BYTES = 8 * 1024 * 1024
+MAX_HISTORY_BYTES = 32 * 1024 * 1024
+MAX_PNG_BYTES = 64 * 1024 * 1024
+# A run folder being written is a hidden staging folder next to its final place:
+# ".<name>.partial-<host>-<pid>-<random>" (gradleak.paths.StagedDir) or, from older writers,
+# ".<name>.partial-<pid>". The report names the run by its final name.
+_STAGING = re.compile(r"^\.(?P<name>.+)\.partial-(?:[A-Za-z0-9_-]+-\d+-[A-Za-z0-9_]+|\d+)$")
 
 #: metrics.json keys that get their own place on the page (everything else is listed generically).
 _SUMMARY_KEYS = (
@@ -72,38 +84,107 @@ pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; bor
 """
 
 
+# --------------------------------------------------------------------------- names
+
+
+def display_name(path: str | os.PathLike[str], *, full: bool = False) -> str:
+    """A path's name (or, with ``full``, the whole path) as text that can always be printed and
+    encoded as UTF-8: bytes that are not UTF-8 (surrogate escapes) show as U+FFFD; ``.`` and
+    ``..`` show as the folder they name."""
+    text = os.fspath(path)
+    if not full:
+        p = Path(text)
+        text = p.name if p.name not in ("", ".", "..") else Path(os.path.abspath(text)).name or text
+    return os.fsencode(text).decode("utf-8", "replace")
+
+
+def run_name(run_dir: str | os.PathLike[str]) -> str:
+    """The name a run folder is known by: its staging folder's name without the hidden-staging
+    decoration (``.r01-dlg.partial-host-8807-x1y2`` -> ``r01-dlg``)."""
+    name = display_name(run_dir)
+    m = _STAGING.match(name)
+    return m["name"] if m else name
+
+
 # --------------------------------------------------------------------------- reading
 
 
-def _read_json(path: Path, required: bool) -> Any:
-    """Parsed JSON at ``path``; None if absent and not required."""
-    if not path.is_file():
+def _check_run_dir(run_dir: Path) -> None:
+    if not os.path.lexists(run_dir):
+        raise DataError(f"run folder {run_dir} does not exist")
+    if not run_dir.is_dir():
+        kind = "a file" if run_dir.is_file() else "not a folder"
+        raise DataError(f"run folder {run_dir} is {kind}; give the folder of a run")
+
+
+def read_json_file(path: Path, required: bool, what: str = "run file") -> Any:
+    """Parsed JSON at ``path`` (a regular file of at most MAX_JSON_BYTES, nested at most
+    MAX_JSON_DEPTH levels); None if absent and not required. Present but unusable (a folder,
+    a device or FIFO, too large, not UTF-8, not JSON, too deep) is one DataError."""
+    if not os.path.lexists(path):
         if required:
-            raise DataError(f"{path} not found: a run folder needs metrics.json to be reported")
+            raise DataError(f"{path} not found: a run folder needs {path.name} to be reported")
         return None
+    text = read_text_file(path, what, max_bytes=MAX_JSON_BYTES)
+    return loads_json(text, str(path))
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """RUN/metrics.json as a dict (what ``gradleak report`` reads to choose the image or text
+    report), or one DataError / InputFileError."""
+    path = Path(run_dir) / "metrics.json"
+    metrics = read_json_file(path, required=True)
+    if not isinstance(metrics, dict):
+        raise DataError(f"{path} must hold a JSON object")
+    return metrics
+
+
+def read_csv_rows(path: Path, what: str = "run file") -> list[dict[str, Any]] | None:
+    """Rows of a small CSV file as dicts of strings (empty cells kept as ""), None if absent.
+    A folder, device, too large a file, undecodable text or broken CSV is one DataError."""
+
+    if not os.path.lexists(path):
+        return None
+    text = read_text_file(path, what, max_bytes=MAX_HISTORY_BYTES)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON: {exc}") from exc
+        return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
+    except csv.Error as exc:
+        raise DataError(f"{path} is not a readable CSV file: {exc}") from None
 
 
 def _read_history(path: Path) -> list[dict[str, Any]] | None:
-    """Rows of history.csv as dicts of strings (empty cells kept as ""), None if absent."""
-    if not path.is_file():
-        return None
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return [dict(row) for row in csv.DictReader(f)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{path} is not a readable CSV file: {exc}") from exc
+    return read_csv_rows(path)
 
 
 def _read_png(path: Path) -> bytes | None:
     """PNG bytes at ``path``, None if absent or not a PNG (never embed something mislabelled)."""
-    if not path.is_file():
+
+    if not os.path.lexists(path):
         return None
-    data = path.read_bytes()
+    p = check_input_file(path, "run file", max_bytes=MAX_PNG_BYTES)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise DataError(f"run file {path} cannot be read: {exc.strerror or exc}") from None
     return data if data.startswith(_PNG_MAGIC) else None
+
+
+def check_report_target(run_dir: Path) -> Path:
+    """RUN/report.html may be written: not a folder, link or device, in a folder that can be
+    written (checked before anything is read or drawn)."""
+
+    return check_output_file(run_dir / "report.html", "report")
+
+
+def write_page(path: Path, page: str) -> Path:
+    """Write an HTML page atomically (unpredictable temporary name, then rename): a crash or a
+    full disk leaves the previous page; a link planted next to it is never followed."""
+
+    try:
+        atomic_write_bytes(path, page.encode("utf-8"))
+    except OSError as exc:
+        raise DataError(f"{path} cannot be written: {exc.strerror or exc}") from None
+    return path
 
 
 # --------------------------------------------------------------------------- formatting
@@ -306,29 +387,32 @@ def _config(config: Any) -> str:
 # --------------------------------------------------------------------------- page
 
 
-def render_report(run_dir: str | os.PathLike[str]) -> Path:
+def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
     """Write ``run_dir/report.html``, a self-contained page describing one run, and return its path.
 
     Reads the run folder contract described in this module's docstring. Only metrics.json is
     required; missing optional files are mentioned on the page. When no ground truth was given
     (``psnr_mean`` null and ``per_image`` empty) the page says so and still renders.
-    Raises :class:`gradleak.errors.DataError` if metrics.json is missing or unreadable.
+    ``name``: the run's name in the subtitle (default: the folder's name, without the staging
+    decoration when ``run_dir`` is a staging folder, see :func:`run_name`).
+    Raises :class:`gradleak.errors.DataError` (or InputFileError, ConfigError for a report.html
+    that cannot be replaced) before anything is written if a file is missing or unusable.
     """
     run_dir = Path(run_dir)
-    metrics = _read_json(run_dir / "metrics.json", required=True)
-    if not isinstance(metrics, dict):
-        raise DataError(f"{run_dir / 'metrics.json'} must hold a JSON object")
-    config = _read_json(run_dir / "config.json", required=False)
+    _check_run_dir(run_dir)
+    target = check_report_target(run_dir)
+    metrics = read_metrics(run_dir)
+    config = read_json_file(run_dir / "config.json", required=False)
     history = _read_history(run_dir / "history.csv")
     recon = _read_png(run_dir / "reconstruction.png")
     candidates = _read_png(run_dir / "candidates.png")
     has_truth = metrics.get("psnr_mean") is not None or bool(metrics.get("per_image"))
 
-    def name(key: str) -> str:
+    def field(key: str) -> str:
         v = metrics.get(key)
         return escape(str(v)) if v not in (None, "") else "?"
 
-    title = f"{name('attack')} on {name('model')}, {name('data')}"
+    title = f"{field('attack')} on {field('model')}, {field('data')}"
     page = f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -340,7 +424,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> Path:
 </head>
 <body>
 <h1>{title}</h1>
-<p class="sub">gradleak run report &middot; {escape(run_dir.name)}</p>
+<p class="sub">gradleak run report &middot; {escape(name if name is not None else run_name(run_dir))}</p>
 {_summary(metrics, has_truth)}
 <div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>
 {_per_image(metrics, has_truth)}
@@ -351,12 +435,4 @@ def render_report(run_dir: str | os.PathLike[str]) -> Path:
 </body>
 </html>
 """
-    out = run_dir / "report.html"
-    tmp = run_dir / "report.html.tmp"
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+    return write_page(target, page)

@@ -14,6 +14,7 @@ from the store (configs hold user-chosen names: data folders, model callables, d
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections import defaultdict
@@ -22,32 +23,55 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..report.figures import _png_bytes
-from ..report.html import _CSS, _figure, _fmt
-from .store import STORE_NAME, CellRecord, ResultStore, readable_by_umask
+from ..errors import ConfigError, DataError
+from ..report.figures import MAX_PLOTTED, _png_bytes
+from ..report.html import _CSS, _figure, _fmt, display_name
+from .store import CSV_NAME, LOCK_NAME, STORE_NAME, STORE_SIDE_FILES, CellRecord, ResultStore, one_line
 
 MAX_TABLE_ROWS = 1000
+# audit.csv is read whole (one row per audited update, ~200 bytes each).
+MAX_AUDIT_BYTES = 32 * 1024 * 1024
+AUDIT_REQUIRED = ("round", "client")
+AUDIT_NUMERIC = ("num_examples", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance",
+                 "iterations", "attack_seconds", "update_norm", "local_steps", "local_batch_size", "local_lr")
+# Written on every dashboard page, early: an existing --out file is replaced only if it holds it.
+GENERATOR = "gradleak dashboard"
 # Keys that may hold the accuracy of the attacked model (for the defense trade-off).
 ACCURACY_KEYS = ("model_accuracy", "test_accuracy", "accuracy")
 
 
 # ------------------------------------------------------------------ data
 def _num(v: Any) -> float | None:
+    """A plottable number: finite, not a bool, at most MAX_PLOTTED in magnitude; else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v) if math.isfinite(v) else None
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float range
+        return None
+    return f if math.isfinite(f) and abs(f) <= MAX_PLOTTED else None
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-    return m, math.sqrt(var)
+    """Mean and sample std; values near the float limit give inf/nan, never OverflowError
+    (``x ** 2`` raises where ``x * x`` overflows to inf)."""
+    m = sum(values) / len(values)        # not math.fsum: it raises on intermediate overflow
+    var = sum((v - m) * (v - m) for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return m, math.sqrt(var) if var == var and var >= 0 else float("nan")
+
+
+def _batch(cfg: Mapping[str, Any]) -> int | None:
+    """The batch size of a cell (x of the leakage curves), None when the stored value is not a
+    positive integer."""
+    k = cfg.get("batch_size", 1)
+    return k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < 2**31 else None
 
 
 def _defense_name(cfg: Mapping[str, Any]) -> str:
     d = cfg.get("defense") or []
-    return ";".join(str(x) for x in d) if d else "none"
+    if isinstance(d, list):
+        return ";".join(str(x) for x in d) if d else "none"
+    return str(d)
 
 
 def _series_key(cfg: Mapping[str, Any], vary: Sequence[str]) -> str:
@@ -71,8 +95,9 @@ def _grouped(records: Sequence[CellRecord], metric: str, series_of: Any, x_of: A
     groups: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         v = _num((r.metrics or {}).get(metric))
-        if v is not None:
-            groups[series_of(r)][x_of(r)].append(v)
+        x = x_of(r)
+        if v is not None and x is not None:
+            groups[series_of(r)][x].append(v)
     return groups
 
 
@@ -176,7 +201,7 @@ def _notice(text: str) -> str:
 
 
 # ------------------------------------------------------------------ sections
-def _summary(records: Sequence[CellRecord], sweeps: Sequence[tuple[Any, ...]], folder: Path) -> str:
+def _summary(records: Sequence[CellRecord], sweeps: int, folder: Path) -> str:
     ok = [r for r in records if r.status == "ok"]
     def distinct(key: str) -> str:
         vals = sorted({str(r.config.get(key)) for r in records})
@@ -184,7 +209,7 @@ def _summary(records: Sequence[CellRecord], sweeps: Sequence[tuple[Any, ...]], f
     items = {"cells finished": len(records), "ok": len(ok), "failed": len(records) - len(ok),
              "attacks": distinct("attack"), "models": distinct("model"), "data": distinct("data"),
              "threat models": distinct("threat"), "defenses": ", ".join(sorted({_defense_name(r.config) for r in records})),
-             "sweep runs": len(sweeps)}
+             "sweep runs": sweeps}
     if records:
         items["first finished"] = min(r.finished_at for r in records)
         items["last finished"] = max(r.finished_at for r in records)
@@ -195,7 +220,7 @@ def _summary(records: Sequence[CellRecord], sweeps: Sequence[tuple[Any, ...]], f
 def _vs_batch(records: Sequence[CellRecord], vary: Sequence[str]) -> str:
     out = ["<h2>Leakage vs batch size</h2>"]
     series = (lambda r: _series_key(r.config, vary))  # noqa: E731
-    x_of = (lambda r: int(r.config.get("batch_size", 1)))  # noqa: E731
+    x_of = (lambda r: _batch(r.config))  # noqa: E731
     any_plot = False
     for metric, label in (("psnr_mean", "PSNR (dB, mean over the batch)"), ("label_accuracy", "label accuracy"),
                           ("ssim_mean", "SSIM (mean)")):
@@ -213,7 +238,7 @@ def _vs_batch(records: Sequence[CellRecord], vary: Sequence[str]) -> str:
 
 
 def _iip(records: Sequence[CellRecord], vary: Sequence[str]) -> str:
-    groups = _grouped(records, "iip", lambda r: _series_key(r.config, vary), lambda r: int(r.config.get("batch_size", 1)))
+    groups = _grouped(records, "iip", lambda r: _series_key(r.config, vary), lambda r: _batch(r.config))
     head = "<h2>IIP curve (image identifiability precision vs batch size)</h2>"
     if not groups:
         return head + _notice("No cell computed IIP: set paper_metrics: true in the spec (the default) to get it.")
@@ -293,6 +318,7 @@ def _page(title: str, subtitle: str, body: str) -> str:
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta name="generator" content="{GENERATOR}">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>gradleak: {escape(title)}</title>
@@ -308,16 +334,62 @@ def _page(title: str, subtitle: str, body: str) -> str:
 
 
 # ------------------------------------------------------------------ audit.csv (Flower audit)
+def _read_audit(path: Path) -> list[dict[str, str]]:
+    """Rows of a Flower audit's audit.csv. Every row must have as many fields as the header,
+    the header must name round and client, round must be an integer and the numeric columns
+    numbers (or empty); otherwise one DataError naming the file and line."""
+    from ..paths import read_text_file
+
+    text = read_text_file(path, "audit file", max_bytes=MAX_AUDIT_BYTES)
+    if "\x00" in text:
+        raise DataError(f"audit file {path} holds NUL bytes: not a CSV file")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"audit file {path} is empty: no header line")
+        missing = [c for c in AUDIT_REQUIRED if c not in header]
+        if missing:
+            raise DataError(f"audit file {path} has no column {', '.join(missing)} "
+                            f"(header: {one_line(','.join(header), 120)})")
+        if len(set(header)) != len(header):
+            raise DataError(f"audit file {path}: a column name appears twice in the header")
+        rows: list[dict[str, str]] = []
+        for fields in reader:
+            line = reader.line_num
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                raise DataError(f"audit file {path} line {line}: {len(fields)} fields, the header has {len(header)}")
+            row = dict(zip(header, fields))
+            try:
+                rnd = int(row["round"])
+            except ValueError:
+                raise DataError(f"audit file {path} line {line}: round {one_line(repr(row['round']), 40)} "
+                                "is not an integer") from None
+            if not 0 <= rnd < 2**31:
+                raise DataError(f"audit file {path} line {line}: round {rnd} is out of range")
+            for c in AUDIT_NUMERIC:
+                v = row.get(c, "")
+                if v:
+                    try:
+                        float(v)
+                    except ValueError:
+                        raise DataError(f"audit file {path} line {line}: {c} {one_line(repr(v), 40)} "
+                                        "is not a number") from None
+            rows.append(row)
+    except csv.Error as exc:
+        raise DataError(f"audit file {path} is not a readable CSV file: {one_line(str(exc))}") from None
+    return rows
+
+
 def _audit_page(folder: Path) -> str:
-    with open(folder / "audit.csv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = _read_audit(folder / "audit.csv")
     groups: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        try:
-            groups[f"client {r.get('client')}"][int(r.get("round") or 0)].append(float(r.get("psnr_mean") or "nan"))
-        except ValueError:
-            continue
-    groups = {k: {x: [v for v in vs if math.isfinite(v)] for x, vs in g.items()} for k, g in groups.items()}
+        v = _num(float(r["psnr_mean"])) if r.get("psnr_mean") else None
+        if v is not None:
+            groups[f"client {r.get('client')}"][int(r["round"])].append(v)
     groups = {k: {x: vs for x, vs in g.items() if vs} for k, g in groups.items() if any(g.values())}
     body = [f"<h2>Summary</h2><p>{len(rows)} audited updates, "
             f"{len({r.get('client') for r in rows})} clients, {len({r.get('round') for r in rows})} rounds.</p>"]
@@ -331,32 +403,82 @@ def _audit_page(folder: Path) -> str:
 
     def conv(c: str, v: str) -> Any:
         if c in ("psnr_mean", "ssim_mean", "label_accuracy", "gradient_distance") and v:
-            try:
-                return float(v)
-            except ValueError:
-                return v
+            return float(v)
         return v
     body.append("<h2>All audited updates</h2>" + _table(cols, [[conv(c, r.get(c, "")) for c in cols]
                                                                 for r in rows[:MAX_TABLE_ROWS]]))
-    return _page(f"Flower audit: {folder.name}", "gradleak dashboard · per-client leakage", "".join(body))
+    return _page(f"Flower audit: {display_name(folder)}", "gradleak dashboard · per-client leakage", "".join(body))
 
 
 # ------------------------------------------------------------------ entry point
+def _is_dashboard(path: Path) -> bool:
+    """Whether ``path`` holds a page this command wrote (the generator mark near the top)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16384)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in head
+
+
+def check_dashboard_target(folder: Path, out: str | os.PathLike[str] | None) -> Path:
+    """Where the page goes, checked before anything is read: a file path (not a folder, link or
+    device, in a folder that can be written, a UTF-8 name), never one of the sweep's or audit's
+    own files, and if it exists, a page an earlier dashboard wrote (nothing else is replaced)."""
+    from ..paths import check_distinct, check_output_file
+
+    what = "--out" if out is not None else "dashboard page"
+    target = check_output_file(out if out is not None else folder / "dashboard.html", what)
+    own = [(name, folder / name) for name in (STORE_NAME, *STORE_SIDE_FILES, CSV_NAME, LOCK_NAME, "audit.csv",
+                                               "audit.json")]
+    for name, path in own:
+        check_distinct((what, target), (f"the folder's {name}", path))
+    if target.exists() and not _is_dashboard(target):
+        raise ConfigError(f"{what} {target} exists and is not a page gradleak dashboard wrote; "
+                          "choose a new file name (nothing else is replaced)")
+    return target
+
+
+def _check_folder(folder: Path) -> None:
+    if not os.path.lexists(folder):
+        raise DataError(f"sweep folder {folder} does not exist")
+    if not folder.is_dir():
+        kind = "a file" if folder.is_file() else "not a folder"
+        raise DataError(f"sweep folder {folder} is {kind}; give the --out folder of a sweep or a Flower audit")
+
+
 def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
-    """Write DIR/dashboard.html (or ``out``) from DIR/results.sqlite (or DIR/audit.csv)."""
-    from ..fl.update import atomic_write_bytes
+    """Write DIR/dashboard.html (or ``out``) from DIR/results.sqlite (or DIR/audit.csv).
+
+    Checks first, before reading anything: DIR is a folder; ``out`` is a file path that is not
+    one of DIR's data files and, if it exists, an earlier dashboard page. Then the store is
+    validated whole (every row), so a damaged store is one DataError naming it and row, and the
+    page is written atomically: a failure leaves the previous page (or nothing) in place.
+    """
+    from ..paths import atomic_write_bytes
 
     folder = Path(folder)
-    target = Path(out) if out else folder / "dashboard.html"
-    if not (folder / STORE_NAME).is_file():
-        if (folder / "audit.csv").is_file():
-            atomic_write_bytes(target, _audit_page(folder).encode("utf-8"))
-            readable_by_umask(target)
-            return target
+    _check_folder(folder)
+    target = check_dashboard_target(folder, out)
+    store_path = folder / STORE_NAME
+    if os.path.lexists(store_path):
+        with ResultStore(folder, create=False) as store:
+            store.quick_check()
+            records = list(store.records())
+            sweeps = store.sweep_count()
+        page = _sweep_page(folder, records, sweeps)
+    elif os.path.lexists(folder / "audit.csv"):
+        page = _audit_page(folder)
+    else:
         raise DataError(f"{folder} holds no sweep results ({STORE_NAME}) and no audit.csv")
-    with ResultStore(folder, create=False) as store:
-        records = list(store.records())
-        sweeps = store.conn.execute("SELECT started_at, executor, workers, cells, pending FROM sweeps").fetchall()
+    try:
+        atomic_write_bytes(target, page.encode("utf-8"))
+    except OSError as exc:
+        raise DataError(f"{target} cannot be written: {exc.strerror or exc}") from None
+    return target
+
+
+def _sweep_page(folder: Path, records: list[CellRecord], sweeps: int) -> str:
     grid_fields: list[str] = []
     for r in records:
         for k in r.grid:
@@ -369,20 +491,18 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
                  _cells(records, grid_fields)]
     else:
         body.append(_notice("No cell has finished yet."))
-    page = _page(f"Sweep: {folder.name}", "gradleak dashboard · from results.sqlite", "".join(body))
-    atomic_write_bytes(target, page.encode("utf-8"))
-    readable_by_umask(target)
-    return target
+    return _page(f"Sweep: {display_name(folder)}", "gradleak dashboard · from results.sqlite", "".join(body))
 
 
 def add_dashboard_parser(sub: Any) -> None:
     d = sub.add_parser("dashboard", help="one self-contained HTML page from a sweep folder (or a Flower audit)")
     d.add_argument("dir", help="sweep --out folder (results.sqlite) or audit-flower --out folder (audit.csv)")
-    d.add_argument("--out", default=None, help="page to write (default DIR/dashboard.html)")
+    d.add_argument("--out", default=None, help="page to write (default DIR/dashboard.html); an existing file "
+                                               "is replaced only if it is an earlier dashboard page")
     d.set_defaults(func=cmd_dashboard)
 
 
 def cmd_dashboard(args: Any) -> int:
     path = render_dashboard(args.dir, args.out)
-    print(f"wrote {path}")
+    print(f"wrote {display_name(path, full=True)}")
     return 0

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..errors import ConfigError
 from .executors import EXECUTORS, available_cpus, run_cells
 from .spec import SweepSpec
-from .store import FolderLock, ResultStore
+from .store import STORE_NAME, FolderLock, ResultStore, check_sweep_folder
 
 
 @dataclass
@@ -64,11 +65,26 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     finishes is committed to DIR/results.sqlite at once and DIR/results.csv is rewritten
     atomically. KeyboardInterrupt (Ctrl-C, or SIGTERM) stops the workers and propagates; the
     store then holds every cell that finished.
+
+    Everything that could stop the sweep after a cell has run is checked first, before any
+    worker starts and before anything is written: the options, ``out``
+    (:func:`~gradleak.sweep.store.check_sweep_folder`) and, when resuming, every row of the
+    existing store (ConfigError / DataError naming what is wrong).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    out = Path(out)
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor: unknown {executor!r}; known: {', '.join(EXECUTORS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"--workers must be an integer >= 1 (got {workers!r})")
+    if address and executor != "ray":
+        raise ConfigError("--address applies to --executor ray only")
+    out = check_sweep_folder(out, save_runs=save_runs)
+    store_path = out / STORE_NAME
+    if store_path.exists() and store_path.stat().st_size > 0:  # resuming: a damaged store fails now, not mid-sweep
+        with ResultStore(out, create=False) as existing:
+            existing.validate()
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
     with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 
 from ..config import AttackConfig
 from ..errors import ConfigError
+from ..paths import check_tree, one_line
 
 SPEC_KEYS = ("base", "grid", "description")
 # Fields that never change a cell's result; they are left out of its identity.
@@ -38,7 +40,14 @@ IDENTITY_EXCLUDED = frozenset({"out", "progress"})
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
              "progress": "the sweep shows one progress bar for all cells"}
-MAX_CELLS = 1_000_000
+# A cell costs ~0.3 ms and ~2 KB to expand and validate: 100 000 cells is ~30 s and ~200 MB before
+# any runs. A larger grid is refused before any value is validated.
+MAX_CELLS = 100_000
+# The spec file is read whole; a spec is a few lines (1 MiB holds a grid of 100 000 values).
+MAX_SPEC_BYTES = 1024 * 1024
+# Nesting and size (YAML aliases expanded) of the parsed spec: a real one is 3-4 levels deep.
+MAX_SPEC_DEPTH = 32
+MAX_SPEC_ITEMS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -75,29 +84,53 @@ def _is_list_field(name: str) -> bool:
     return typing.get_origin(AttackConfig.model_fields[name].annotation) is list
 
 
+def _shown_name(name: Any) -> str:
+    """A key as it goes into a one-line message: itself when short and printable, else its repr."""
+    if isinstance(name, str) and name.isprintable() and len(name) <= 60:
+        return name
+    return one_line(repr(name), 60)
+
+
 def _check_field(where: str, name: Any) -> str:
     if not isinstance(name, str) or name not in AttackConfig.model_fields:
         import difflib
 
-        close = difflib.get_close_matches(str(name), list(AttackConfig.model_fields), n=1)
+        close = difflib.get_close_matches(str(name)[:100], list(AttackConfig.model_fields), n=1)
         hint = f"did you mean {close[0]!r}?" if close else "known: " + ", ".join(AttackConfig.model_fields)
-        raise ConfigError(f"sweep spec {where}.{name}: unknown field; {hint}")
+        raise ConfigError(f"sweep spec {where}.{_shown_name(name)}: unknown field; {hint}")
     if name in FORBIDDEN:
         raise ConfigError(f"sweep spec {where}.{name}: not allowed in a sweep; {FORBIDDEN[name]}")
     return name
 
 
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    return False
+
+
 def _validated(where: str, values: dict[str, Any], field_name: str | None = None) -> AttackConfig:
     try:
-        return AttackConfig(**values, progress=False)
+        cfg = AttackConfig(**values, progress=False)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         if loc == field_name:  # where already names it: grid.batch_size[1]
             loc = ""
         got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        raise ConfigError(f"sweep spec {where}{'.' + loc if loc else ''}: {err['msg']}{shown}") from None
+        shown = "" if isinstance(got, dict) else f" (got {one_line(repr(got), 100)})"
+        message = one_line(f"sweep spec {where}{'.' + loc if loc else ''}: {err['msg']}", 400)
+        raise ConfigError(message + shown) from None
+    # A cell's identity is the JSON of its config: inf/nan (which the config may accept) have none.
+    for key, value in cfg.model_dump(mode="json").items():
+        if _non_finite(value):
+            loc = "" if key == field_name else f".{key}"
+            raise ConfigError(f"sweep spec {where}{loc}: must be a finite number (got {value!r})")
+    return cfg
 
 
 def parse_spec(raw: Any) -> SweepSpec:
@@ -106,11 +139,12 @@ def parse_spec(raw: Any) -> SweepSpec:
     Raises ConfigError naming the offending key: unknown fields, an empty or non-list grid
     entry, a value of the wrong type, a field set in both base and grid, duplicates.
     """
+    check_tree(raw, "sweep spec", max_depth=MAX_SPEC_DEPTH, max_items=MAX_SPEC_ITEMS, error=ConfigError)
     if not isinstance(raw, dict):
         raise ConfigError("sweep spec: must be a mapping with keys base: and grid:")
     for key in raw:
         if key not in SPEC_KEYS:
-            raise ConfigError(f"sweep spec: unknown key {key!r} (known: {', '.join(SPEC_KEYS)})")
+            raise ConfigError(f"sweep spec: unknown key {_shown_name(key)!r} (known: {', '.join(SPEC_KEYS)})")
     base = raw.get("base") or {}
     if not isinstance(base, dict):
         raise ConfigError("sweep spec base: must be a mapping of config fields")
@@ -123,15 +157,20 @@ def parse_spec(raw: Any) -> SweepSpec:
     for name in base:
         _check_field("base", name)
     _validated("base", base)
-    norm_grid: dict[str, list[Any]] = {}
+    total = 1
     for name, values in grid.items():
         _check_field("grid", name)
         if name in base:
             raise ConfigError(f"sweep spec grid.{name}: also set in base; set it in one place")
         if not isinstance(values, list):
-            raise ConfigError(f"sweep spec grid.{name}: must be a list of values (got {values!r})")
+            raise ConfigError(f"sweep spec grid.{name}: must be a list of values (got {one_line(repr(values), 100)})")
         if not values:
             raise ConfigError(f"sweep spec grid.{name}: empty list (a grid field needs at least one value)")
+        total *= len(values)
+    if total > MAX_CELLS:  # refused before a single value is validated
+        raise ConfigError(f"sweep spec grid: {total} cells is more than {MAX_CELLS}; split the sweep")
+    norm_grid: dict[str, list[Any]] = {}
+    for name, values in grid.items():
         if _is_list_field(name):  # defense: ["a", ["b", "c"], []] -> [["a"], ["b", "c"], []]
             values = [[v] if isinstance(v, str) else v for v in values]
         seen: set[str] = set()
@@ -139,20 +178,15 @@ def parse_spec(raw: Any) -> SweepSpec:
             cfg = _validated(f"grid.{name}[{i}]", {**base, name: v}, name)
             key = json.dumps(cfg.model_dump(mode="json")[name], sort_keys=True)
             if key in seen:
-                raise ConfigError(f"sweep spec grid.{name}[{i}]: duplicate value {v!r}")
+                raise ConfigError(f"sweep spec grid.{name}[{i}]: duplicate value {one_line(repr(v), 100)}")
             seen.add(key)
         norm_grid[name] = values
-    total = 1
-    for values in norm_grid.values():
-        total *= len(values)
-    if total > MAX_CELLS:
-        raise ConfigError(f"sweep spec grid: {total} cells is more than {MAX_CELLS}")
     names = list(norm_grid)
     cells: list[Cell] = []
     ids: set[str] = set()
     for combo in itertools.product(*(norm_grid[n] for n in names)):
         values = dict(zip(names, combo))
-        where = "grid(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
+        where = "grid(" + ", ".join(f"{k}={one_line(repr(v), 60)}" for k, v in values.items()) + ")"
         config = _validated(where, {**base, **values}).model_dump(mode="json")
         cid = cell_identity(config)
         if cid in ids:
@@ -163,16 +197,114 @@ def parse_spec(raw: Any) -> SweepSpec:
     return SweepSpec(base=dict(base), grid=norm_grid, description=description, cells=cells)
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read a YAML (or JSON, a subset of YAML) spec file and expand it."""
+class _SpecSyntax(Exception):
+    """A spec the loader refuses (duplicate key, merge key, too deep); load_spec adds the path."""
+
+
+def _spec_loader() -> type:
+    """A SafeLoader (libyaml's when present) that refuses what yaml.safe_load silently accepts:
+    a key given twice in one mapping (safe_load keeps the last value) and merge keys (``<<``,
+    whose expansion copies entries and can grow exponentially)."""
     import yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"sweep spec {p} does not exist")
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class SpecLoader(base):  # type: ignore[misc,valid-type]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    line = key_node.start_mark.line + 1
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        raise _SpecSyntax(f"merge key '<<' at line {line} is not supported; write the fields out")
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        dup = key in seen
+                    except TypeError:  # unhashable: SafeConstructor says so below
+                        continue
+                    if dup:
+                        raise _SpecSyntax(f"duplicate key {_shown_name(key)!r} at line {line}; "
+                                          "a key may appear once in a mapping")
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return SpecLoader
+
+
+def _yaml_problem(exc: Exception) -> str:
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return one_line(f"{exc.problem}{where}", 200)
+    text = str(exc).strip()
+    return one_line(text.splitlines()[0] if text else type(exc).__name__, 200)
+
+
+def _check_nesting(text: str) -> None:
+    """Walk the YAML events (libyaml's parser is iterative) and refuse a document nested deeper
+    than MAX_SPEC_DEPTH before anything builds it: building is recursive."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                raise _SpecSyntax(f"nested more than {MAX_SPEC_DEPTH} levels deep "
+                                  f"(at line {event.start_mark.line + 1})")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _SpecSyntax(f"duplicate key {_shown_name(key)!r}; a key may appear once in an object")
+        out[key] = value
+    return out
+
+
+def loads_spec_text(text: str, what: str = "sweep spec", *, json_format: bool = False) -> Any:
+    """Parse spec text into plain values: YAML (JSON is its subset), or with ``json_format`` JSON
+    itself (for .json files: YAML refuses some valid JSON, e.g. escaped astral characters).
+    Refuses duplicate keys, merge keys, nesting deeper than MAX_SPEC_DEPTH and alias
+    expansions of more than MAX_SPEC_ITEMS values. Raises ConfigError naming ``what``."""
+    import json as _json
+
+    import yaml
+
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"sweep spec {p} is not valid YAML: {detail}") from None
-    return parse_spec(raw)
+        if json_format:
+            raw = _json.loads(text, object_pairs_hook=_json_pairs)
+        else:
+            _check_nesting(text)
+            raw = yaml.load(text, Loader=_spec_loader())  # noqa: S506 - a SafeLoader subclass
+    except _SpecSyntax as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: nested more than {MAX_SPEC_DEPTH} levels deep") from None
+    except _json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {one_line(exc.msg)} at line {exc.lineno}, "
+                          f"column {exc.colno}") from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        # ValueError: an integer of more digits than Python converts, a date that does not exist
+        kind = "JSON" if json_format else "YAML"
+        raise ConfigError(f"{what} is not valid {kind}: {_yaml_problem(exc)}") from None
+    check_tree(raw, what, max_depth=MAX_SPEC_DEPTH, max_items=MAX_SPEC_ITEMS, error=ConfigError)
+    return raw
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read a YAML (or JSON: a file named *.json) spec file and expand it.
+
+    The file must be a regular file of at most MAX_SPEC_BYTES (a folder, FIFO or device is
+    refused before it is opened: InputFileError); the text is parsed by :func:`loads_spec_text`.
+    """
+    from ..paths import read_text_file
+
+    text = read_text_file(path, "sweep spec", max_bytes=MAX_SPEC_BYTES)
+    return parse_spec(loads_spec_text(text, f"sweep spec {Path(path)}",
+                                      json_format=Path(path).suffix.lower() == ".json"))

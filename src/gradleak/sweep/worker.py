@@ -26,6 +26,15 @@ def init_worker() -> None:
         pass
 
 
+def _clear(run_dir: Path) -> None:
+    """Remove what an interrupted sweep left at DIR/runs/<cell>: a link or a file is removed
+    itself (never followed), a folder with what it holds."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        run_dir.unlink()
+    elif run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
 def run_cell(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Run one attack as configured; never raises for a failed attack.
 
@@ -45,8 +54,7 @@ def run_cell(config: dict[str, Any], run_dir: str | None = None) -> dict[str, An
         cfg = AttackConfig(**{**config, "progress": False})
         torch.set_num_threads(cfg.threads or 1)
         if run_dir is not None:
-            if Path(run_dir).exists():
-                shutil.rmtree(run_dir)
+            _clear(Path(run_dir))
             cfg = cfg.model_copy(update={"out": run_dir})
         if getattr(cfg, "modality", "image") == "text":  # token-level attacks have their own runner
             from ..text.runner import run_text

@@ -13,7 +13,6 @@ history.csv (iteration,loss,phase,token_accuracy) optional.
 from __future__ import annotations
 
 import base64
-import csv
 import io
 import json
 import math
@@ -23,7 +22,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..report.figures import _as_float
+from ..report.html import (_check_run_dir, check_report_target, read_csv_rows, read_json_file, read_metrics, run_name,
+                           write_page)
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
@@ -85,6 +86,15 @@ def _table(items: Mapping[str, Any], labels: Mapping[str, str] | None = None) ->
     return f"<table>{''.join(rows)}</table>"
 
 
+def _list(v: Any) -> list[Any]:
+    """A list field of metrics.json as a list (anything else written there counts as empty)."""
+    return v if isinstance(v, list) else []
+
+
+def _defenses(v: Any) -> list[Any]:
+    return [v] if isinstance(v, str) and v else _list(v)
+
+
 def _tokens(tokens: list[Any], classes: list[str]) -> str:
     return "".join(f'<span class="tok {c}">{escape(str(t))}</span>' for t, c in zip(tokens, classes)) or \
         '<span class="muted">(none)</span>'
@@ -93,7 +103,7 @@ def _tokens(tokens: list[Any], classes: list[str]) -> str:
 def _sentences(metrics: Mapping[str, Any]) -> str:
     rows = metrics.get("per_sentence")
     if not isinstance(rows, list) or not rows:
-        recovered = metrics.get("recovered_sentences") or []
+        recovered = _list(metrics.get("recovered_sentences"))
         items = "".join(f"<li>{escape(str(s))}</li>" for s in recovered)
         return ('<h2>Sentences</h2><p class="notice">No ground truth given: only the reconstruction is shown.</p>'
                 f"<ol>{items}</ol>")
@@ -102,10 +112,10 @@ def _sentences(metrics: Mapping[str, Any]) -> str:
     for r in rows:
         if not isinstance(r, Mapping):
             continue
-        t_tok = list(r.get("tokens_true") or [])
-        r_tok = list(r.get("tokens_recovered") or [])
-        match = list(r.get("match") or [])
-        in_set = list(r.get("recovered_in_set") or [])
+        t_tok = _list(r.get("tokens_true"))
+        r_tok = _list(r.get("tokens_recovered"))
+        match = _list(r.get("match"))
+        in_set = _list(r.get("recovered_in_set"))
         t_cls = ["hit" if i < len(match) and match[i] else "plain" for i in range(len(t_tok))]
         r_cls = []
         for j in range(len(r_tok)):
@@ -130,7 +140,7 @@ def _bag(metrics: Mapping[str, Any]) -> str:
     bag = metrics.get("bag_of_words")
     if not isinstance(bag, Mapping):
         return ""
-    tokens = [str(t) for t in bag.get("tokens", [])]
+    tokens = [str(t) for t in _list(bag.get("tokens"))]
     how = "exactly non-zero rows" if bag.get("exact") else "largest rows (the update is noisy: approximate)"
     return (f"<h2>Bag of words</h2><p>{len(tokens)} tokens from the word-embedding gradient ({escape(how)}); "
             f"longest sentence: {_fmt('length', bag.get('length'))} tokens.</p>"
@@ -143,10 +153,8 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
     from matplotlib.figure import Figure
 
     def num(v: str | None) -> float:
-        try:
-            return float(v) if v not in (None, "") else float("nan")
-        except ValueError:
-            return float("nan")
+        x = _as_float(v)   # finite and plottable, else NaN (left out)
+        return float("nan") if x is None else x
     fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     for phase, colour in (("dlg", "C0"), ("discrete", "C1"), ("search", "C1"), ("bow", "C2")):
@@ -176,36 +184,28 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
 
 
 def _read_history(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return [dict(r) for r in csv.DictReader(f)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{path} is not a readable CSV file: {exc}") from None
+    return read_csv_rows(path) or []
 
 
-def render_text_report(run_dir: str | os.PathLike[str]) -> Path:
-    """Write ``run_dir/report.html`` for a text run folder and return its path."""
+def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
+    """Write ``run_dir/report.html`` for a text run folder and return its path.
+
+    ``name``: the run's name in the subtitle (default: the folder's name without the staging
+    decoration). Every file is checked and read (bounded, see :mod:`gradleak.report.html`)
+    before anything is drawn or written; a problem is one DataError / InputFileError /
+    ConfigError naming the file."""
     run_dir = Path(run_dir)
-    mpath = run_dir / "metrics.json"
-    if not mpath.is_file():
-        raise DataError(f"{mpath} not found: a run folder needs metrics.json to be reported")
-    try:
-        metrics = json.loads(mpath.read_text(encoding="utf-8"))
-        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8")) \
-            if (run_dir / "config.json").is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{run_dir} holds invalid JSON: {exc}") from None
-    if not isinstance(metrics, dict):
-        raise DataError(f"{mpath} must hold a JSON object")
+    _check_run_dir(run_dir)
+    target = check_report_target(run_dir)
+    metrics = read_metrics(run_dir)
+    config = read_json_file(run_dir / "config.json", required=False)
     png = _history_png(_read_history(run_dir / "history.csv"))
     title = " ".join(escape(str(metrics.get(k, "?"))) for k in ("attack",)) + \
         f" on {escape(str(metrics.get('model', '?')))}, {escape(str(metrics.get('data', '?')))}"
     summary = {k: metrics.get(k) for k, _ in _SUMMARY}
     attacked = {"model": metrics.get("model"), "data": metrics.get("data"), "batch size": metrics.get("batch_size"),
                 "attack": metrics.get("attack"), "threat": metrics.get("threat"),
-                "defenses": ", ".join(str(d) for d in metrics.get("defenses") or []) or "none",
+                "defenses": ", ".join(str(d) for d in _defenses(metrics.get("defenses"))) or "none",
                 "label method": metrics.get("label_method")}
     before = ""
     if metrics.get("token_accuracy_dlg") is not None:
@@ -230,7 +230,7 @@ def render_text_report(run_dir: str | os.PathLike[str]) -> Path:
 </head>
 <body>
 <h1>{title}</h1>
-<p class="sub">gradleak text run report &middot; {escape(run_dir.name.split('.partial-')[0].lstrip('.'))}</p>
+<p class="sub">gradleak text run report &middot; {escape(name if name is not None else run_name(run_dir))}</p>
 <h2>Summary</h2>{_table(summary, dict(_SUMMARY))}{before}
 <h2>What was attacked</h2>{_table(attacked)}
 {_sentences(metrics)}
@@ -241,15 +241,7 @@ def render_text_report(run_dir: str | os.PathLike[str]) -> Path:
 </body>
 </html>
 """
-    out = run_dir / "report.html"
-    tmp = run_dir / "report.html.tmp"
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+    return write_page(target, page)
 
 
 __all__ = ["render_text_report"]
