@@ -21,7 +21,9 @@ def cifar10():
 # (the Ray sweep, Flower's simulation engine) take an exclusive file lock first, so two Ray
 # instances never run at once on a 2-core machine, whichever worker runs them. (A lock rather
 # than xdist's loadgroup scheduling: after a worker crash, loadgroup can wait forever.)
-_RAY_TESTS = ("test_sweep.py::test_ray_sweep", "test_flower_audit.py::test_flower_example_federation")
+_RAY_TESTS = ("test_sweep.py::test_ray_sweep", "test_flower_audit.py::test_flower_example_federation",
+              "test_loopback.py::test_ray_sweep_stays_on_loopback",
+              "test_loopback.py::test_flower_audit_stays_on_loopback")
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import torch
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray's settings (loopback only, no probes) are gradleak.localray's, set by the code under test.
 
 from gradleak.audit import AuditSettings, FedAvgKeys, LeakageAuditor  # noqa: E402
 from gradleak.audit.example import (FederationSettings, build_example_model, client_batch,  # noqa: E402
@@ -93,16 +93,66 @@ def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
         LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "dlg", "batch_size": 2}, out=tmp_path))
 
 
-@pytest.mark.timeout(240)
-def test_flower_example_federation_audits_every_client_every_round(tmp_path, capsys):
-    """Flower's own simulation engine, 2 clients x 2 rounds, FedAvg; one audit row per client per round."""
+BAD_FLAGS = [
+    (["--image-size", "0"], "--image-size"), (["--image-size", "-3"], "--image-size"),
+    (["--image-size", "100000"], "--image-size"),
+    (["--rounds", "0"], "--rounds"), (["--rounds", "-1"], "--rounds"), (["--rounds", str(10**12)], "--rounds"),
+    (["--rounds", "abc"], "--rounds"),
+    (["--clients", "0"], "--clients"), (["--clients", "1"], "--clients"), (["--clients", "100000"], "--clients"),
+    (["--clients", "1000", "--examples", "100"], "partitions of 60"),
+    (["--examples", "0"], "--examples"), (["--examples", "100000"], "--examples"),
+    (["--local-steps", "0"], "--local-steps"), (["--local-steps", "1000000"], "--local-steps"),
+    (["--batch-size", "0"], "--batch-size"), (["--batch-size", "2"], "--batch-size"),
+    (["--lr", "0"], "--lr"), (["--lr", "-0.1"], "--lr"), (["--lr", "nan"], "--lr"), (["--lr", "inf"], "--lr"),
+    (["--model", "convnet", "--width", "0"], "--width"), (["--model", "convnet", "--width", "100000"], "--width"),
+    (["--seed", "-1"], "--seed"), (["--seed", str(2**64)], "--seed"),
+    (["--attack-seed", "-1"], "--attack-seed"), (["--attack-seed", str(2**64)], "--attack-seed"),
+    (["--iterations", "-1"], "iterations"), (["--iterations", str(10**12)], "iterations"),
+    (["--attack-lr", "0"], "--attack-lr"), (["--attack-lr", "inf"], "--attack-lr"),
+    (["--attack-lr", "nan"], "--attack-lr"),
+    (["--attack", "gradinversion", "--seeds", "0"], "seeds"), (["--attack", "ig", "--restarts", "0"], "restarts"),
+    (["--attack", "nope"], "attack"), (["--model", "nope"], "model"), (["--defense", "gaussian:-1"], "gaussian"),
+]
+
+
+@pytest.mark.parametrize("flags, named", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_audit_flower_refuses_bad_flags_before_anything_starts(flags, named, tmp_path, capsys, monkeypatch):
+    """Zero, negative, absurd or unusable values: exit status 2 and one line naming the flag,
+    before Ray starts and before the output folder exists."""
+    import gradleak.localray
     from gradleak.cli import main
 
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for settings that should have been refused")
+
+    monkeypatch.setattr(gradleak.localray, "local_ray", no_ray)
+    out = tmp_path / "audit"
+    try:
+        code = main(["audit-flower", "--out", str(out), *flags])
+    except SystemExit as exc:   # argparse: not a number at all
+        code = exc.code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("gradleak: error: "), captured.err[-2000:]
+    assert named in lines[0] and captured.out == ""
+    assert not out.exists()
+
+
+@pytest.mark.timeout(240)
+def test_flower_example_federation_audits_every_client_every_round(tmp_path, capsys):
+    """Flower's own simulation engine, 2 clients x 2 rounds, FedAvg; one audit row per client per round.
+    Ray runs as gradleak.localray starts it (loopback only; tests/test_loopback.py traces it) and
+    the caller's environment is given back unchanged."""
+    from gradleak.cli import main
+    from gradleak.localray import ENVIRONMENT
+
+    before = {key: os.environ.get(key) for key in ENVIRONMENT}
     out = tmp_path / "audit"
     code = main(["audit-flower", "--rounds", "2", "--clients", "2", "--attack", "idlg", "--iterations", "8",
                  "--out", str(out), "--save-reconstructions"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
+    assert {key: os.environ.get(key) for key in ENVIRONMENT} == before
     rows = list(csv.DictReader(open(out / "audit.csv")))
     assert {"round", "client", "attack", "psnr_mean", "label_accuracy"} <= set(rows[0])
     assert sorted((r["round"], r["client"]) for r in rows) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]

@@ -16,8 +16,6 @@ from gradleak.cli import main
 from gradleak.errors import ConfigError
 from gradleak.sweep import ResultStore, cell_identity, load_spec, parse_spec, run_sweep
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
 # Tiny cells: DLG on the paper's LeNet, a few L-BFGS steps, no IIP pool.
 BASE = {"attack": "dlg", "model": "lenet-dlg", "iterations": 5, "paper_metrics": False, "threads": 1}
 # Metrics that legitimately differ between two runs of the same cell.
@@ -148,17 +146,22 @@ CELLS = {"base": BASE, "grid": {"batch_size": [1, 2], "seed": [0, 1]}}
 
 @pytest.mark.timeout(240)
 def test_ray_sweep_matches_local_executor(tmp_path):
+    """The local Ray is gradleak.localray's (loopback only; tests/test_loopback.py traces it)."""
     import ray
+
+    from gradleak.localray import ENVIRONMENT
 
     spec = parse_spec(CELLS)
     s_local = run_sweep(spec, tmp_path / "local", executor="local", workers=2, progress=False)
     assert len(s_local.computed) == 4 and not s_local.failed
+    env = {key: os.environ.get(key) for key in ENVIRONMENT}
     try:
         s_ray = run_sweep(spec, tmp_path / "ray", executor="ray", workers=2, progress=False)
     finally:
         if ray.is_initialized():
             ray.shutdown()
     assert not ray.is_initialized()          # the sweep shut down the Ray it started
+    assert {key: os.environ.get(key) for key in ENVIRONMENT} == env   # and gave the environment back
     assert len(s_ray.computed) == 4 and not s_ray.failed
     local, remote = stable_metrics(tmp_path / "local"), stable_metrics(tmp_path / "ray")
     assert local.keys() == remote.keys() == {c.cell_id for c in spec.cells}
@@ -245,5 +248,8 @@ def test_dashboard_is_self_contained_and_escaped(tmp_path):
     assert page.count("data:image/png;base64,") >= 6          # psnr, label acc, ssim, IIP, defense bars, trade-off
     for section in ("Leakage vs batch size", "IIP curve", "Defense trade-off", "All cells", "Failed cells"):
         assert section in page
+    with pytest.raises(Exception, match="does not exist"):
+        render_dashboard(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="no sweep results"):
         render_dashboard(tmp_path / "empty")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,16 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
                                   model=args.model, width=args.width, image_size=args.image_size,
                                   data_root=args.data_root, seed=args.seed, defense=list(args.defense),
                                   verbose=args.verbose)
-    # Validate everything (attack name and options included) before Ray starts.
+    # Validate everything (attack name and options included) before anything starts: each bad
+    # value is one line and exit status 2, with no Ray started and no output written.
     from .auditor import AuditSettings
 
     settings.check()
+    if not 0 <= args.attack_seed <= FederationSettings.MAX_SEED:
+        raise ConfigError(f"audit-flower: --attack-seed must be in 0..{FederationSettings.MAX_SEED} "
+                          f"(got {args.attack_seed})")
+    if args.attack_lr is not None and not (math.isfinite(args.attack_lr) and args.attack_lr > 0):
+        raise ConfigError(f"audit-flower: --attack-lr must be a positive finite number (got {args.attack_lr})")
     cfg = AuditSettings(attack=attack, out=out).attack_config()
     from ..runner import attack_settings, check_attack_name, resolve_device
 

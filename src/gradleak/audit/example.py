@@ -21,14 +21,19 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+# Flower sends no telemetry and checks for no update from gradleak, whatever the caller's
+# environment says (Flower reads the telemetry switch once, when it is first imported; see
+# _flower_offline for a process that imported it earlier). Ray's settings: gradleak.localray.
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -62,22 +67,55 @@ class FederationSettings:
     ray_cpus: int | None = None     # CPUs of the local Ray instance (default: min(clients, available))
     verbose: bool = False
 
+    # Bounds of the flags (those shared with `gradleak attack` are AttackConfig's): beyond them a
+    # run cannot work (an image of 0 pixels, a seed torch cannot take) or is not an example any more.
+    MAX_ROUNDS = 10_000
+    MAX_CLIENTS = 1024
+    MAX_EXAMPLES = 4096
+    MAX_LOCAL_STEPS = 10_000
+    MAX_SEED = 2**32 - 1
+
     def check(self) -> None:
-        for name in ("rounds", "clients", "examples", "local_steps"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"audit-flower: --{name.replace('_', '-')} must be >= 1")
-        if self.clients < 2:
-            raise ConfigError("audit-flower: --clients must be >= 2 (FedAvg averages at least two clients)")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError("audit-flower: --batch-size must be >= 1")
-        if not self.lr > 0:
-            raise ConfigError("audit-flower: --lr must be > 0")
+        """Refuse settings the federation cannot run with: one ConfigError naming the flag,
+        raised before anything starts (no data read, no Ray, no output)."""
+        self._int("rounds", 1, self.MAX_ROUNDS)
+        if isinstance(self.clients, int) and not isinstance(self.clients, bool) and self.clients < 2:
+            raise ConfigError(f"audit-flower: --clients must be >= 2 (FedAvg averages at least two clients; "
+                              f"got {self.clients})")
+        self._int("clients", 2, self.MAX_CLIENTS)
+        self._int("examples", 1, self.MAX_EXAMPLES)
+        self._int("local_steps", 1, self.MAX_LOCAL_STEPS)
+        if self.batch_size is not None:
+            self._int("batch_size", 1, self.examples, "--examples, the images a client trains on")
+        self._positive("lr")
+        self._int("image_size", 4, 1024)
+        if self.width is not None:
+            self._int("width", 1, 4096)
+        self._int("seed", 0, self.MAX_SEED)
+        self._positive("client_cpus", flag="client_cpus")
+        if self.ray_cpus is not None:
+            self._int("ray_cpus", 1, 4096, flag="ray_cpus")
         if self.defense:
             from ..defenses import parse_defenses
 
             if any(d.client_side for d in parse_defenses(self.defense)):
                 raise ConfigError("audit-flower: client-side defenses (dpsgd) act on FedSGD gradients; the example "
                                   "clients run FedAvg, so use update-level defenses (gaussian, prune, quantize)")
+
+    def _int(self, name: str, lo: int, hi: int, hi_is: str | None = None, *, flag: str | None = None) -> None:
+        value = getattr(self, name)
+        flag = flag or "--" + name.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"audit-flower: {flag} must be an integer (got {value!r})")
+        if not lo <= value <= hi:
+            upper = f"{hi} ({hi_is})" if hi_is else str(hi)
+            raise ConfigError(f"audit-flower: {flag} must be in {lo}..{upper} (got {value})")
+
+    def _positive(self, name: str, *, flag: str | None = None) -> None:
+        value = getattr(self, name)
+        flag = flag or "--" + name.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"audit-flower: {flag} must be a positive finite number (got {value!r})")
 
 
 # ---------------------------------------------------------------- shared by clients and the truth oracle
@@ -217,10 +255,15 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
     from .auditor import AuditSettings, LeakageAuditor
 
     s.check()
-    from flwr.simulation import run_simulation
-
+    _check_partitions(s)
     out = Path(out)
     model = build_example_model(s)   # the auditor's copy of the architecture (public)
+    try:
+        from flwr.simulation import run_simulation
+    except ImportError:
+        raise ConfigError("the Flower audit needs flwr[simulation]: pip install 'gradleak[fl]'") from None
+    from ..localray import local_ray
+
     settings = AuditSettings(attack=dict(attack), out=out, local_steps=s.local_steps, local_batch_size=s.batch_size,
                              local_lr=s.lr, max_batch_size=max(64, s.examples), save_reconstructions=save_reconstructions,
                              defenses=tuple(s.defense))
@@ -233,16 +276,16 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
     cpus = s.ray_cpus or max(1, min(s.clients, _available_cpus()))
     t0 = time.perf_counter()
     try:
-        run_simulation(server_app=server_app(s, auditor, result), client_app=client_app(s),
-                       num_supernodes=s.clients,
-                       backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0},
-                                       "init_args": {"num_cpus": cpus, "include_dashboard": False,
-                                                     "log_to_driver": bool(s.verbose)}},
-                       verbose_logging=s.verbose)
+        # Flower's simulation engine uses the Ray instance running in this process (and shuts it
+        # down at the end): gradleak's, on loopback only and probing nothing.
+        with local_ray(cpus, verbose=s.verbose), _flower_offline():
+            run_simulation(server_app=server_app(s, auditor, result), client_app=client_app(s),
+                           num_supernodes=s.clients,
+                           backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0}},
+                           verbose_logging=s.verbose)
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
-        _shutdown_ray()
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     auditor.write_summary({"federation": asdict(s), "train_metrics": result.get("train_metrics", {})})
     if "error" in result:
@@ -264,11 +307,25 @@ def _available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _shutdown_ray() -> None:
-    try:
-        import ray
+def _check_partitions(s: FederationSettings) -> None:
+    """Every client's partition (the images whose index is p mod clients) holds ``examples``
+    images; the smallest has len(source) // clients."""
+    n = len(_source(s.data, s.data_root))
+    if n // s.clients < s.examples:
+        raise ConfigError(f"audit-flower: {s.clients} clients split the {n} images of {s.data} into partitions of "
+                          f"{n // s.clients}, fewer than --examples {s.examples}")
 
-        if ray.is_initialized():
-            ray.shutdown()
-    except ImportError:
-        pass
+
+@contextlib.contextmanager
+def _flower_offline() -> Iterator[None]:
+    """Flower's telemetry off for the block, also in a process that imported Flower before this
+    module set FLWR_TELEMETRY_ENABLED=0 (Flower reads it once, at import)."""
+    telemetry = sys.modules.get("flwr.supercore.telemetry")
+    enabled = getattr(telemetry, "FLWR_TELEMETRY_ENABLED", None)
+    if enabled is not None:
+        telemetry.FLWR_TELEMETRY_ENABLED = "0"
+    try:
+        yield
+    finally:
+        if enabled is not None:
+            telemetry.FLWR_TELEMETRY_ENABLED = enabled

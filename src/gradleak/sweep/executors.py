@@ -3,8 +3,9 @@
 * ``local``:  a process pool (concurrent.futures, spawn context) of ``workers`` processes, one
               torch thread each; default workers = the CPUs this process may use.
 * ``ray``:    Ray tasks (``ray.remote(num_cpus=1)``) on a local Ray instance started for the
-              sweep (``num_cpus=workers``), or on the cluster at ``address``; a Ray instance
-              that is already initialised in this process is used as is and left running.
+              sweep (``num_cpus=workers``; loopback only, no probes: :mod:`gradleak.localray`),
+              or on the cluster at ``address``; a Ray instance that is already initialised in
+              this process is used as is and left running.
 * ``inline``: in this process, one cell after another (debugging, tiny sweeps).
 
 At most ``2 x workers`` cells are submitted ahead, so an interrupted sweep has little queued
@@ -16,6 +17,7 @@ the workers.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -24,6 +26,8 @@ from .spec import Cell
 from .worker import init_worker, run_cell
 
 EXECUTORS = ("local", "ray", "inline")
+# Connecting to a user's Ray cluster (--address): no usage stats from this driver, GPU env left alone.
+_REMOTE_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
 Result = dict[str, Any]
 # An executor yields (cell, None) for a cell lost to the infrastructure (a Ray worker or node
 # died): it is not recorded, so the next run of the sweep computes it again.
@@ -98,24 +102,35 @@ def _local(cells: Iterable[Cell], workers: int, run_dirs: dict[str, str]) -> Ite
 
 def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
          run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave the GPU env alone
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'gradleak[fl]'") from None
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        if address:
+    from contextlib import ExitStack
+
+    from ..localray import ENVIRONMENT, environment, local_ray
+
+    with ExitStack() as stack:
+        running = sys.modules.get("ray")   # not imported yet: certainly not initialised
+        if running is not None and running.is_initialized():
+            pass                           # the caller's Ray, used as is and left running
+        elif address:                      # the user's cluster: its network is the user's choice
+            stack.enter_context(environment({k: ENVIRONMENT[k] for k in _REMOTE_ENV}))
+            try:
+                import ray
+            except ImportError:
+                raise ConfigError("--executor ray needs Ray: pip install 'gradleak[fl]'") from None
             _check_reachable(address)
             try:
-                ray.init(address=address, **kwargs)
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: {exc}") from None
-        else:
-            ray.init(address="local", num_cpus=workers or available_cpus(), **kwargs)
-        started = True
+            stack.callback(ray.shutdown)
+        else:                              # a local Ray on loopback only, probing nothing
+            stack.enter_context(local_ray(workers or available_cpus()))
+        yield from _ray_tasks(cells, workers, run_dirs)
+
+
+def _ray_tasks(cells: Iterable[Cell], workers: int | None,
+               run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
+    import ray
+
     slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
     todo = iter(cells)
@@ -146,8 +161,6 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
                 ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        if started:
-            ray.shutdown()
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:

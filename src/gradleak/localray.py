@@ -1,0 +1,107 @@
+"""A local Ray instance that stays on this machine: loopback listeners, no probes.
+
+What a plain ``ray.init(include_dashboard=False)`` with ``RAY_USAGE_STATS_ENABLED=0`` does on a
+Linux machine (Ray 2.55, seen with strace):
+
+* it takes as the node's address the one that routes to 8.8.8.8 (a UDP ``connect`` to
+  8.8.8.8:53, in the driver and in the runtime-env agent), and with a node address that is not
+  127.0.0.1 every Ray server listens on all interfaces: the GCS, the raylet's node manager and
+  object manager, every worker's (and the driver's) core-worker gRPC server on ``[::]``, the
+  runtime-env agent on the node address; by Ray's source, the dashboard agent's gRPC server and,
+  with ``ray[default]`` installed, its HTTP server and metrics exporter on ``0.0.0.0``. All Ray
+  traffic then goes through that routable address;
+* it starts its dashboard process all the same (with only the ``UsageStatsHead`` module), and
+  that module probes cloud metadata services whether usage stats are enabled or not: HTTP to
+  169.254.169.254 (Azure, AWS) and to ``metadata.google.internal`` (a DNS query first).
+
+:func:`local_ray` starts Ray in its single-machine mode instead (Ray's default on macOS and
+Windows): node address 127.0.0.1, with which Ray binds every server above to 127.0.0.1; metrics
+collection off (no exporter, no metrics traffic); and every HTTP(S) request of Ray's processes
+sent to a proxy at 127.0.0.1 port 0, which nothing can listen on, so the metadata probes fail on
+this machine without a DNS query or a packet out (loopback addresses bypass the proxy; Ray's
+gRPC ignores proxies). The environment is set for the block only: Ray's processes inherit it
+when they start, the caller's environment is restored on exit. ``tests/test_loopback.py``
+traces both users (the Ray sweep executor, the Flower audit) with strace: every AF_INET/AF_INET6
+``bind`` is to loopback and every ``connect``/``sendto`` goes to loopback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .errors import ConfigError, GradleakError
+
+LOOPBACK = "127.0.0.1"
+# Requests sent through this proxy fail at once with "connection refused": no socket can listen
+# on port 0 (binding port 0 picks another port).
+_NOWHERE = "http://127.0.0.1:0"
+_NO_PROXY = "localhost,127.0.0.1,::1"
+
+ENVIRONMENT: dict[str, str] = {
+    # Ray's single-machine mode: the node address is loopback (read by each Ray process at import).
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # No metrics exporter (a listener) in the dashboard agent, no metrics export from the workers.
+    "RAY_enable_metrics_collection": "0",
+    # Ray's gRPC channels ignore HTTP proxies (Ray's default; a user may have switched it on).
+    "RAY_grpc_enable_http_proxy": "0",
+    # CPU tasks: Ray leaves CUDA_VISIBLE_DEVICES alone (and does not warn that it will).
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    # The cloud-metadata probes of Ray's dashboard process (see the module docstring), and any other
+    # HTTP(S) request a Ray process makes with requests/urllib, go nowhere; a user's own proxy
+    # settings would send them to that proxy, off this machine.
+    "http_proxy": _NOWHERE, "https_proxy": _NOWHERE, "HTTP_PROXY": _NOWHERE, "HTTPS_PROXY": _NOWHERE,
+    "all_proxy": _NOWHERE, "ALL_PROXY": _NOWHERE,
+    "no_proxy": _NO_PROXY, "NO_PROXY": _NO_PROXY,
+}
+
+
+@contextmanager
+def local_ray(num_cpus: int, *, verbose: bool = False) -> Iterator[None]:
+    """Start a local Ray instance of ``num_cpus`` CPUs that listens on loopback only and probes
+    nothing (see the module docstring); shut it down on exit and restore the environment.
+
+    Raises ConfigError when Ray is already initialised in this process (its network settings
+    are not gradleak's to vouch for), GradleakError when Ray did not take 127.0.0.1 as the node
+    address (it is shut down again at once)."""
+    with environment(ENVIRONMENT):   # before ray is imported: Ray reads some of it at import
+        try:
+            import ray
+            from ray._private import ray_constants
+        except ImportError:
+            raise ConfigError("Ray is not installed: pip install 'gradleak[fl]'") from None
+        if ray.is_initialized():
+            raise ConfigError("a Ray instance is already running in this process; gradleak starts its own")
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is read once, when ray is first imported: set its effect
+        # here too in case this process imported ray earlier (Ray's processes read the variable).
+        cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, dashboard_host=LOOPBACK,
+                     include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
+            node = ray.util.get_node_ip_address()
+            if node != LOOPBACK:
+                raise GradleakError(f"Ray took {node} as this machine's address instead of {LOOPBACK}; gradleak "
+                                    "runs Ray on loopback only and stopped it")
+            yield
+        finally:
+            ray.shutdown()   # also after a failed ray.init: stops whatever it started
+            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in os.environ for the block (processes started in it inherit them), then
+    restore what was there."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
