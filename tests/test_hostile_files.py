@@ -386,3 +386,20 @@ def test_resume_state_naming_code(tmp_path, capsys):
 def test_absurd_flags(args, tmp_path, capsys, no_attack):
     clean_error([*args, "--out", tmp_path / "o"], capsys, seconds=10)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["afile", "afile/x", ".", "link", "/proc/gradleak-audit", "full"])
+def test_audit_flower_out_checked_before_the_federation(out, tmp_path, capsys, monkeypatch):
+    import gradleak.audit.example as example
+
+    started = []
+    monkeypatch.setattr(example, "run_federation", lambda *a, **k: started.append(a))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("keep")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "audit.csv").write_text("keep")
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    before = snapshot(tmp_path)
+    clean_error(["audit-flower", "--rounds", "1", "--clients", "2", "--iterations", "1", "--out", out], capsys)
+    assert started == [] and snapshot(tmp_path) == before

@@ -47,9 +47,11 @@ def add_audit_flower_parser(sub: Any) -> None:
 def cmd_audit_flower(args: argparse.Namespace) -> int:
     from .example import FederationSettings, run_federation
 
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} already exists and is not empty; choose another --out")
+    from ..paths import check_output_dir
+
+    # The audit writes audit.csv as rounds finish (a live folder, not staged): its path is
+    # checked here and the folder created just before the federation starts.
+    out = check_output_dir(args.out)
     attack: dict[str, Any] = {"attack": args.attack, "seed": args.attack_seed, "device": args.device}
     for key, value in (("iterations", args.iterations), ("lr", args.attack_lr), ("optimizer", args.optimizer),
                        ("dtype", args.dtype), ("preset", args.preset), ("seeds", args.seeds),
@@ -76,7 +78,17 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
 
     check_attack_name(cfg.attack)
     attack_settings(cfg, resolve_device(cfg.device))
-    result = run_federation(settings, attack, out, save_reconstructions=args.save_reconstructions)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
+    try:
+        result = run_federation(settings, attack, out, save_reconstructions=args.save_reconstructions)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # nothing was audited: leave no empty folder behind
+        raise
     _print_rows(result["rows"], out, result.get("wall_seconds"))
     return 0
 
