@@ -10,6 +10,18 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 
 @pytest.fixture(scope="session")
+def valid(tmp_path_factory):
+    """A folder with a valid update (u.safetensors) and its truth (t.safetensors): lenet-dlg,
+    one CIFAR-10 photo. The malformed-input suites derive their hostile files from it."""
+    from gradleak.cli import main
+
+    d = tmp_path_factory.mktemp("valid")
+    assert main(["share", "--model", "lenet-dlg", "--out", str(d / "u.safetensors"),
+                 "--truth", str(d / "t.safetensors")]) == 0
+    return d
+
+
+@pytest.fixture(scope="session")
 def cifar10():
     from gradleak.data import open_source
 

@@ -29,14 +29,6 @@ SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, phases=[Pha
 FAST = ["--iterations", "1", "--no-progress", "--threads", "1", "--attack", "idlg"]
 
 
-@pytest.fixture(scope="module")
-def valid(tmp_path_factory):
-    d = tmp_path_factory.mktemp("valid")
-    assert main(["share", "--model", "lenet-dlg", "--out", str(d / "u.safetensors"),
-                 "--truth", str(d / "t.safetensors")]) == 0
-    return d
-
-
 @pytest.fixture
 def no_attack(monkeypatch):
     """Fails the test if an attack starts: the error must come before any work."""

@@ -25,14 +25,6 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True, phases=[Ph
 FAST = ["--iterations", "1", "--no-progress", "--threads", "1", "--attack", "idlg"]
 
 
-@pytest.fixture(scope="module")
-def valid(tmp_path_factory):
-    d = tmp_path_factory.mktemp("valid")
-    assert main(["share", "--model", "lenet-dlg", "--out", str(d / "u.safetensors"),
-                 "--truth", str(d / "t.safetensors")]) == 0
-    return d
-
-
 _counter = [0]
 
 
