@@ -156,6 +156,23 @@ def fifo(path: Path) -> Path:
     return path
 
 
+def make_not_a_file(path: Path, kind: str, size: int) -> bool:
+    """Put at ``path`` something that is not a readable small file: a folder, /dev/zero, a FIFO,
+    or a sparse file of ``size`` bytes. False when ``kind`` is none of these."""
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        fifo(path)
+    elif kind == "too-large":
+        with open(path, "wb") as fh:
+            fh.truncate(size)        # sparse: no disk used
+    else:
+        return False
+    return True
+
+
 # ================================================================== sweep spec: parsers
 def _nest(inner: str, kinds: list[str]) -> str:
     for kind in kinds:
@@ -377,19 +394,12 @@ def test_random_structures_as_spec_are_a_spec_or_one_config_error(raw):
 ])
 def test_spec_that_is_not_a_readable_file(kind, message, tmp_path, capsys, no_work):
     path = tmp_path / "spec.yaml"
-    if kind == "folder":
-        path.mkdir()
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "fifo":
-        fifo(path)
+    if make_not_a_file(path, kind, 64 * 1024 * 1024):
+        pass
     elif kind == "dangling-link":
         path.symlink_to(tmp_path / "nowhere")
     elif kind == "latin-1":
         path.write_bytes("base: {data: caf\xe9}\ngrid: {seed: [0]}\n".encode("latin-1"))
-    elif kind == "too-large":
-        with open(path, "wb") as fh:
-            fh.truncate(64 * 1024 * 1024)        # sparse: no disk used
     elif kind == "empty":
         path.write_bytes(b"")
     expect_clean_error(["sweep", path, "--out", tmp_path / "out"], capsys, tmp_path, contains=message, seconds=5)
@@ -1138,17 +1148,10 @@ def test_run_folder_files_that_are_not_what_they_claim(file, kind, message, tmp_
     path = run / file
     if path.exists():
         path.unlink()
-    if kind == "folder":
-        path.mkdir()
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "fifo":
-        fifo(path)
+    if make_not_a_file(path, kind, 100 * 1024 * 1024):
+        pass
     elif kind == "latin-1":
         path.write_bytes('{"attack": "caf\xe9"}\n'.encode("latin-1"))
-    elif kind == "too-large":
-        with open(path, "wb") as fh:
-            fh.truncate(100 * 1024 * 1024)
     elif kind == "list":
         path.write_text("[1, 2]")
     elif kind == "bad-json":
