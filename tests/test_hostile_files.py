@@ -395,3 +395,34 @@ def test_audit_flower_out_checked_before_the_federation(out, tmp_path, capsys, m
     before = snapshot(tmp_path)
     clean_error(["audit-flower", "--rounds", "1", "--clients", "2", "--iterations", "1", "--out", out], capsys)
     assert started == [] and snapshot(tmp_path) == before
+
+
+def test_flags_that_an_update_file_decides(tmp_path, capsys, no_attack):
+    """With --update the file decides what the client did: a flag that contradicts it, or that
+    describes the client's private choices, is an error (never silently ignored)."""
+    u = tmp_path / "u.safetensors"
+    assert main(["share", "--model", "convnet", "--width", "8", "--threat", "fedavg", "--local-steps", "2",
+                 "--batch-size", "2", "--out", str(u)]) == 0
+    for flags in (["--threat", "fedsgd"], ["--batch-size", "4"], ["--model", "lenet-dlg"], ["--width", "16"],
+                  ["--local-steps", "3"], ["--local-lr", "0.5"], ["--model-seed", "3"], ["--allow-repeats"],
+                  ["--share-bn-statistics"], ["--threat", "aggregate", "--clients", "2"]):
+        line = clean_error(["attack", *FAST, "--update", u, *flags, "--out", tmp_path / "r"], capsys)
+        assert "update file" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.safetensors"]
+
+
+def test_update_run_records_what_the_file_stands_for(tmp_path, capsys):
+    """config.json of an update-file run holds the file's model, batch and threat, so that
+    `--config` reruns it with identical numbers."""
+    u = tmp_path / "u.safetensors"
+    assert main(["share", "--model", "convnet", "--width", "8", "--threat", "fedavg", "--local-steps", "2",
+                 "--batch-size", "2", "--out", str(u), "--truth", str(tmp_path / "t.safetensors")]) == 0
+    assert main(["attack", *FAST, "--update", str(u), "--truth", str(tmp_path / "t.safetensors"),
+                 "--model", "convnet", "--out", str(tmp_path / "a")]) == 0
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert (cfg["model"], cfg["width"], cfg["batch_size"], cfg["threat"], cfg["local_steps"]) == \
+        ("convnet", 8, 2, "fedavg", 2)
+    assert main(["attack", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in "ab")
+    assert a["psnr_mean"] == b["psnr_mean"] and a["labels_restored"] == b["labels_restored"]
+    capsys.readouterr()

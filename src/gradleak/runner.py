@@ -131,11 +131,60 @@ def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn
     return share(model, batch, threat, private_seed=private_seed, client_fn=one_client)
 
 
+# Config fields that describe the client. With --update the file decides them: given values must
+# agree with the file, and fields the file does not record (the client's private choices) may not
+# be given at all; config.json then records the file's values (issue 16: no flag ignored).
+UPDATE_DECIDES = ("model", "width", "batch_size", "image_size", "num_classes", "threat", "local_steps",
+                  "local_batch_size", "local_lr", "clients", "inner")
+CLIENT_ONLY = ("model_seed", "allow_repeats", "checkpoint", "share_bn_statistics")
+
+
+def update_file_values(cfg: AttackConfig, meta: Any, *, image: bool = True) -> dict[str, Any]:
+    """The client-describing config values an update file stands for (its public metadata).
+    Raises ConfigError naming the first given flag that contradicts the file or does not apply
+    to an update file."""
+    rec = meta.threat if isinstance(meta.threat, dict) else {}
+    name = str(rec.get("name", "fedsgd"))
+    clients = int(rec.get("clients", 1)) if name == "aggregate" else 1
+    inner = str(rec.get("inner", "fedsgd")) if name == "aggregate" else "fedsgd"
+    per_client = meta.batch_size // clients
+    fedavg = (inner if name == "aggregate" else name) == "fedavg"
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
+    values: dict[str, Any] = {
+        "model": meta.model, "width": meta.model_kwargs.get("width"), "batch_size": per_client,
+        "image_size": meta.input_shape[1] if image else defaults["image_size"], "num_classes": meta.num_classes,
+        "threat": name, "clients": clients, "inner": inner,
+        "local_steps": int(rec.get("local_steps", 1)) if fedavg else defaults["local_steps"],
+        "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
+        "local_lr": float(rec.get("local_lr", defaults["local_lr"])) if fedavg else defaults["local_lr"],
+    }
+
+    def agrees(key: str, given: Any) -> bool:
+        if given == values[key]:
+            return True
+        if key == "local_batch_size" and fedavg:  # None means the whole client batch
+            return (given or per_client) == (values[key] or per_client)
+        # "use the file's / the data's" defaults agree with any recorded value
+        return given is None and key in ("width", "image_size", "num_classes")
+
+    for key in UPDATE_DECIDES:
+        given = getattr(cfg, key)
+        if key in cfg.model_fields_set and not agrees(key, given):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {given} does not match the update file, which records {values[key]!r}; "
+                              f"with --update the file decides {flag} (leave it out)")
+    for key in CLIENT_ONLY:
+        if key in cfg.model_fields_set and getattr(cfg, key) != defaults[key]:
+            raise ConfigError(f"--{key.replace('_', '-')} describes the client and does not apply to an update file")
+    return values
+
+
 def load_case(cfg: AttackConfig) -> Case:
     """An update file (and optional truth file) as the attacker receives it."""
     assert cfg.update is not None
     # A module:callable model only when the user chose it (--model), never because a file names it.
     update, model = load_update(cfg.update, user_model=cfg.model if ":" in cfg.model else None)
+    update_file_values(cfg, update.meta)
     truth = load_truth(cfg.truth, update.meta) if cfg.truth else None
     if cfg.defense:
         from .defenses import apply_defenses, parse_defenses
@@ -303,7 +352,9 @@ def run(cfg: AttackConfig, *, write: bool = True, console: Any = None, resume: P
         if write:
             used = {k: v for k, v in recon.extra.get("resolved", {}).items()
                     if k in AttackConfig.model_fields and getattr(cfg, k) is None}
-            resolved = cfg.model_copy(update={"out": str(out), **used})
+            # An update file's run records what the file stands for, not the flags' defaults.
+            from_file = update_file_values(cfg, case.update.meta) if cfg.update else {}
+            resolved = cfg.model_copy(update={"out": str(out), **from_file, **used})
             result.run_dir = write_run_dir(out, resolved, case, recon, metrics, history, stage=stage)
             shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
         return result
