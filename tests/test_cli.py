@@ -196,3 +196,24 @@ def test_train_then_attack_a_checkpoint(tmp_path, capsys):
     assert code == 2 and not (tmp_path / "bad").exists()
     assert main(["train", "--epochs", "-1", "--out", str(tmp_path / "t2")]) == 2
     assert not (tmp_path / "t2").exists()
+
+
+@pytest.mark.parametrize("attack", [["gradinversion", "--model", "convnet", "--batch-size", "2", "--seeds", "2"],
+                                    ["ig", "--model", "convnet", "--restarts", "2"]])
+def test_run_records_what_ran(attack, tmp_path, capsys):
+    """config.json holds every field the attack resolved (no null preset/lr/labels) and
+    metrics.json's settings every constant (alphas included); --config reruns it identically."""
+    args = ["attack", "--attack", *attack, "--iterations", "4", "--no-progress", "--threads", "1"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    settings = json.loads((tmp_path / "a" / "metrics.json").read_text())["settings"]
+    assert all(cfg[k] is not None for k in ("lr", "optimizer", "dtype", "labels", "iterations"))
+    if attack[0] == "gradinversion":
+        assert (cfg["preset"], cfg["seeds"], cfg["group"], cfg["bn"]) == ("cpu", 2, "registered", "exact")
+        assert {"alpha_g", "alpha_tv", "alpha_bn", "alpha_group", "alpha_n", "alpha_l2"} <= set(settings)
+    else:
+        assert cfg["restarts"] == 2 and settings["alpha_tv"] == 0.1
+    assert main(["attack", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in "ab")
+    assert (a["psnr_mean"], a["gradient_distance"]) == (b["psnr_mean"], b["gradient_distance"])
+    capsys.readouterr()

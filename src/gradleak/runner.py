@@ -375,7 +375,8 @@ def build_metrics(cfg: AttackConfig, case: Case, recon: Reconstruction, device: 
         "seed": cfg.seed, "update": meta.to_dict(),
     }
     metrics.update({k: v for k, v in recon.extra.items() if isinstance(v, (int, float, str, bool, type(None)))})
-    metrics["settings"] = recon.extra.get("resolved", {})
+    # what ran: the resolved config fields and, where the attack has them, all its constants (alphas)
+    metrics["settings"] = {**recon.extra.get("resolved", {}), **recon.extra.get("settings", {})}
     if case.truth is not None:
         ev = evaluate(recon, case.truth)
         metrics.update(ev.to_dict())

@@ -132,7 +132,11 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
         extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
                "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
                "alpha_tv": alpha_tv, "lr": s.lr,
-               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations)})
+               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
+               "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True},
+               # the config fields this run resolved (recorded in config.json: --config reruns it)
+               "resolved": {"iterations": int(s.iterations), "lr": float(s.lr), "optimizer": str(s.optimizer),
+                            "dtype": str(s.dtype), "restarts": restarts, "labels": method}})
 
 
 ig = inverting_gradients
