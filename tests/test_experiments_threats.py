@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,14 @@ def _check_written(result, folder: Path) -> list[dict[str, str]]:
     return lines
 
 
+def _declared_threshold(folder: Path) -> tuple[str, float]:
+    """The success threshold results.md declares to its reader: ("<" or ">=", dB)."""
+    line = next(ln for ln in (folder / "results.md").read_text().splitlines() if "**success threshold**" in ln)
+    match = re.search(r"PSNR (<|>=) ([0-9.]+) dB", line)
+    assert match, line
+    return match.group(1), float(match.group(2))
+
+
 # --------------------------------------------------------------------------- the FedAvg attack
 def test_unrolled_fedavg_attack_recovers_a_real_photo_from_a_two_step_update_without_labels():
     """One CIFAR-10 photo, two local SGD steps (lr 0.1) on the DLG LeNet; the client shares only
@@ -75,24 +84,42 @@ def test_unrolled_fedavg_attack_recovers_a_real_photo_from_a_two_step_update_wit
 
 # --------------------------------------------------------------------------- experiments
 def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path):
-    """Measured at --smoke: gaussian 1e-4 leaves 49.4 dB, gaussian 1e-1 leaves 5.3 dB (undefended 48.9 dB)."""
+    """Measured at --smoke (iDLG, float64, 20 iterations, the same held-out Fashion-MNIST image for
+    every row): undefended 47.9 dB; gaussian 1e-4 48.6, fp16 48.4, int8 39.5 dB (no defense);
+    gaussian 0.1 5.3, laplace 0.1 4.8, prune 0.9 4.1, DP-SGD (noise 1) 3.6 dB. Accuracy after the
+    short training: 0.58 undefended, 0.37 under prune 0.9, 0.16 under DP-SGD."""
     result, folder, lines = _smoke("defenses", tmp_path / "defenses")
     assert result.columns[:6] == ["defense", "strength", "accuracy", "psnr", "ssim", "defended"]
     rows = result.rows
-    gauss = sorted((r for r in rows if r["defense"] == "gaussian"), key=lambda r: r["strength"])
-    assert len(gauss) >= 2
-    weakest, strongest = gauss[0], gauss[-1]
-    assert strongest["defended"] is True and strongest["psnr"] < RECOVERED_DB - MARGIN_DB
-    assert weakest["defended"] is False and weakest["psnr"] > RECOVERED_DB + MARGIN_DB
     assert {r["defense"] for r in rows} >= {"none", "gaussian", "laplace", "prune", "fp16", "int8", "dpsgd"}
     for r in rows:
         assert 0 <= r["accuracy"] <= 1
-        assert r["defended"] == (r["psnr"] < RECOVERED_DB)
     none = next(r for r in rows if r["defense"] == "none")
-    assert none["accuracy"] > 0.3 and not none["defended"]  # trained well above chance (0.1); measured 0.58
+    gauss = sorted((r for r in rows if r["defense"] == "gaussian"), key=lambda r: r["strength"])
+    assert len(gauss) >= 2
+    weakest, strongest = gauss[0], gauss[-1]
+    # every row attacks the same image (seed 0): the defense alone moves the PSNR. The strongest
+    # setting of each noise/pruning defense destroys the leak the undefended update gives...
+    strong = [r for r in rows if r["spec"] in ("laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")]
+    assert len(strong) == 3
+    for r in [strongest, *strong]:
+        assert r["psnr"] < RECOVERED_DB - MARGIN_DB and r["psnr"] < none["psnr"] - 4 * MARGIN_DB, r
+        assert r["defended"] is True
+    # ...while the weakest noise and fp16 leave it where it was (a tiny perturbation of the update)
+    for r in [weakest, next(r for r in rows if r["defense"] == "fp16")]:
+        assert abs(r["psnr"] - none["psnr"]) < MARGIN_DB and r["defended"] is False, r
+    assert none["psnr"] > RECOVERED_DB + MARGIN_DB and not none["defended"]
+    # the verdicts a reader gets in results.csv follow the threshold results.md declares
+    op, threshold = _declared_threshold(folder)
+    assert (op, threshold) == ("<", RECOVERED_DB)
+    for ln in lines:
+        assert ln["defended"] == str(float(ln["psnr"]) < threshold), ln
+    # the trade-off: the model trained well above chance (0.1) without a defense, and DP-SGD's
+    # noise costs accuracy (measured 0.58 vs 0.16)
+    assert none["accuracy"] > 0.3
     dp = next(r for r in rows if r["defense"] == "dpsgd")
+    assert dp["accuracy"] < none["accuracy"] - 0.2
     assert dp["epsilon"] is not None and 0 < dp["epsilon"] < math.inf
-    assert {ln["defended"] for ln in lines} <= {"True", "False"}
 
 
 def test_local_iterations_smoke(tmp_path):
@@ -124,17 +151,27 @@ def test_training_stage_smoke(tmp_path):
 
 
 def test_batch_size_smoke(tmp_path):
-    """Measured at --smoke, K=1 vs K=2: dlg 40.1 / 19.9, idlg 30.6 / 18.3, gradinversion 18.2 / 17.5,
-    ig 18.2 / 15.6 dB. Asserted: DLG and iDLG lose at least MARGIN_DB from K=1 to K=2."""
-    result, _, _ = _smoke("batch-size", tmp_path / "bs")
+    """Measured at --smoke, K=1 vs K=2: dlg 40.1 / 19.9, idlg 29.8 / 18.4, gradinversion 18.1 / 17.4,
+    ig 18.4 / 15.5 dB; every attack restored both labels. Asserted: DLG and iDLG lose at least
+    MARGIN_DB from K=1 to K=2, GradInversion (BN statistics, batch-aware) at least MARGIN_DB less."""
+    result, folder, lines = _smoke("batch-size", tmp_path / "bs")
     attacks = result.setup["attacks"]
     assert set(attacks) >= {"dlg", "idlg", "gradinversion", "ig"}
     psnr = {(r["attack"], r["batch_size"]): r["psnr"] for r in result.rows}
     assert set(psnr) == {(a, k) for a in attacks for k in (1, 2)}
+    drop = {a: psnr[(a, 1)] - psnr[(a, 2)] for a in attacks}
     for a in ("dlg", "idlg"):
-        assert psnr[(a, 1)] >= psnr[(a, 2)] + MARGIN_DB
+        assert drop[a] >= MARGIN_DB
+        assert drop["gradinversion"] <= drop[a] - MARGIN_DB
+    # labels come from the update (iDLG, Eq. 8) before any optimisation: exact for distinct labels
     for r in result.rows:
-        assert r["psnr_min"] <= r["psnr"] + 1e-9
+        if r["attack"] in ("idlg", "gradinversion", "ig"):
+            assert r["label_accuracy"] == 1.0, r
+    # the recovered column a reader gets follows the threshold results.md declares
+    op, threshold = _declared_threshold(folder)
+    assert (op, threshold) == (">=", RECOVERED_DB)
+    for ln in lines:
+        assert ln["recovered"] == str(float(ln["psnr"]) >= threshold), ln
 
 
 def test_model_size_smoke_through_the_cli(tmp_path, capsys):

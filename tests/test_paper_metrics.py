@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,15 +74,12 @@ def test_fft2d_distance(imagenet32) -> None:
 def test_registered_psnr_recovers_shift_and_rotation(imagenet32) -> None:
     x = imagenet32[:8]
     moved = _rotate_shift(x, 5.0, 3.0, 2.0)
-    start = time.perf_counter()
-    rpsnr = registered_psnr(moved, x)
-    elapsed = time.perf_counter() - start
+    rpsnr = registered_psnr(moved, x)  # its time: benchmarks/checks.py
     plain = psnr(moved, x)
     assert rpsnr.shape == (8,) and rpsnr.dtype == torch.float64
     assert (rpsnr >= plain).all()
     assert (rpsnr - plain).mean() > 5.0
     assert (rpsnr - plain).min() > 3.0
-    assert elapsed < 15.0  # ~1 s on an idle 2-core CPU; generous for loaded CI machines
 
 
 def test_registered_psnr_never_below_psnr(imagenet32) -> None:
