@@ -139,7 +139,7 @@ UPDATE_DECIDES = ("model", "width", "batch_size", "image_size", "num_classes", "
 CLIENT_ONLY = ("model_seed", "allow_repeats", "checkpoint", "share_bn_statistics")
 
 
-def update_file_values(cfg: AttackConfig, meta: Any, *, image: bool = True) -> dict[str, Any]:
+def update_file_values(cfg: AttackConfig, meta: Any) -> dict[str, Any]:
     """The client-describing config values an update file stands for (its public metadata).
     Raises ConfigError naming the first given flag that contradicts the file or does not apply
     to an update file."""
@@ -152,7 +152,7 @@ def update_file_values(cfg: AttackConfig, meta: Any, *, image: bool = True) -> d
     defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
     values: dict[str, Any] = {
         "model": meta.model, "width": meta.model_kwargs.get("width"), "batch_size": per_client,
-        "image_size": meta.input_shape[1] if image else defaults["image_size"], "num_classes": meta.num_classes,
+        "image_size": meta.input_shape[1], "num_classes": meta.num_classes,
         "threat": name, "clients": clients, "inner": inner,
         "local_steps": int(rec.get("local_steps", 1)) if fedavg else defaults["local_steps"],
         "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
