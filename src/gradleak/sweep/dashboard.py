@@ -151,7 +151,7 @@ def _bar_png(groups: Mapping[str, Mapping[str, list[float]]], ylabel: str, title
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    if names:
+    if names and ax.get_legend_handles_labels()[0]:  # no legend when every bar was left out
         ax.legend(loc="best", fontsize=8)
     return _png_bytes(fig)
 
