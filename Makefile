@@ -1,6 +1,6 @@
 # gradleak: two commands on a fresh machine.
 #   make demo   set up .venv (pinned) and run the main job: DLG on one real CIFAR-10 photo
-#   make test   set up .venv and run the test suite
+#   make test   set up .venv, lint (ruff, import contracts) and run the test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -33,6 +33,8 @@ demo: setup
 	$(BIN)/gradleak attack
 
 test: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2
 
 bench: setup

@@ -20,7 +20,7 @@ import torch
 from gradleak.attacks.label_counts import classifier_signal, count_labels, llg_counts
 from gradleak.attacks.labels import LABEL_METHODS, restore_labels
 from gradleak.data import open_source, sample_batch
-from gradleak.errors import ConfigError, DataError, GradleakError
+from gradleak.errors import ConfigError, GradleakError
 from gradleak.fl import fedsgd
 from gradleak.metrics import label_accuracy
 from gradleak.models import build_model

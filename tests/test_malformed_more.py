@@ -8,7 +8,6 @@ folder (``expect_clean_error`` from test_malformed.py).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

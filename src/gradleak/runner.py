@@ -10,7 +10,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import platform
 import shutil
 import time

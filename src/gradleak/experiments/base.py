@@ -10,8 +10,6 @@ import csv
 import io
 import json
 import math
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import config_error
 from ..paths import StagedDir
-from ..errors import ConfigError, UnknownNameError
+from ..errors import UnknownNameError
 
 
 class ExperimentOptions(BaseModel):

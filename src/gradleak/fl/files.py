@@ -212,7 +212,7 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
         params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}
         bn_modules = {n: m for n, m in spec.module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
         bn_keys = {k for k in keys if k.startswith("bn/")}
-        expected = check_update_header(f, p, meta.model, state, params, ignore=bn_keys)
+        check_update_header(f, p, meta.model, state, params, ignore=bn_keys)  # the real model too
         bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for k in sorted(bn_keys):
             _, _, rest = k.partition("/")

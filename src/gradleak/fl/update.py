@@ -5,12 +5,8 @@ It holds tensors and public metadata only: never the data, never the labels.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import ConfigError, DataError, GradleakError
+from ..errors import ConfigError, DataError
 from ..paths import MAX_JSON_DEPTH, check_tree, loads_json, one_line  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = "1"

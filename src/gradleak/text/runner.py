@@ -12,8 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
