@@ -131,22 +131,33 @@ def check_distinct(*named: tuple[str, str | os.PathLike[str] | None]) -> None:
         seen[key] = what
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> None:
     """Write a file so that a crash never leaves it half-written: a temporary file with an
     unpredictable name (``mkstemp``, O_EXCL) in the same folder, then ``os.replace``. The new
-    file gets the mode a plain ``open()`` would give it."""
+    file gets the mode a plain ``open()`` would give it. ``durable``: the data and the rename
+    are flushed to disk (fsync of the file and of its folder) before returning."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         _umask_mode(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         with _quiet():
             os.unlink(tmp)
         raise
+    if durable:
+        with _quiet():  # make the rename itself durable (POSIX)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -36,8 +36,6 @@ import contextvars
 import hashlib
 import json
 import math
-import os
-import tempfile
 import re
 import signal
 import threading
@@ -48,7 +46,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import GradleakError, InputFileError
-from ..paths import read_text_file
+from ..paths import atomic_write_bytes, read_text_file
 
 STATE_FORMAT = "gradleak-attack-state"
 STATE_VERSION = 1
@@ -198,25 +196,7 @@ def find_state(run: Path | str) -> Path:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    # An unpredictable name created with O_EXCL (mkstemp): a planted link is never followed.
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    atomic_write_bytes(path, data, durable=True)  # mkstemp name (no planted link followed), fsync
 
 
 _TENSOR_FILE = re.compile(r"^state-[A-Za-z0-9_.-]{1,80}-\d{1,12}\.safetensors$")

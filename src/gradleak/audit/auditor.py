@@ -32,7 +32,6 @@ from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes
 from ..models import ModelSpec
-from ..sweep.store import readable_by_umask
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
@@ -217,7 +216,6 @@ class LeakageAuditor:
             w.writerow({k: _csv(row.get(k)) for k in CSV_COLUMNS})
         path = self.out / "audit.csv"
         atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
-        readable_by_umask(path)
         return path
 
     def write_summary(self, extra: Mapping[str, Any] | None = None) -> Path:
@@ -227,7 +225,6 @@ class LeakageAuditor:
                "rows": self.rows, **dict(extra or {})}
         path = self.out / "audit.json"
         atomic_write_bytes(path, (json.dumps(doc, indent=2, default=str) + "\n").encode("utf-8"))
-        readable_by_umask(path)
         return path
 
 

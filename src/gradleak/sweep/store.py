@@ -379,16 +379,6 @@ class ResultStore:
         return path
 
 
-def readable_by_umask(path: Path) -> None:
-    """Give a file written through mkstemp (mode 0600) the mode a plain open() would have."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    try:
-        os.chmod(path, 0o666 & ~mask)
-    except OSError:
-        pass
-
-
 def _csv_value(v: Any) -> str:
     if v is None:
         return ""
