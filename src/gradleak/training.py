@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +50,11 @@ from .data import open_source
 from .data.batch import Batch
 from .data.sources import ImageSource
 from .defenses import DPSGD, Defense, client_update, dp_epsilon, parse_defenses
-from .errors import (ConfigError, DataError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError,
+from .errors import (ConfigError, DataError, GradleakError, ModelMismatchError, NonFiniteError,
                      UpdateFileError)
 from .fl.client import fedsgd, trainable_parameters
+from .fl.files import open_safetensors
 from .fl.update import atomic_write_bytes
-from .paths import check_input_file
 from .models import ModelSpec, build_model, default_image_size, model_names
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointInfo", "TrainConfig", "TrainResult", "apply_checkpoint",
@@ -67,7 +66,6 @@ TRAINING_FORMAT = "gradleak.training"
 #: The test subset is drawn with this fixed seed, independent of ``TrainConfig.seed``, so runs with
 #: different seeds (or defenses) are scored on the same images.
 TEST_SUBSET_SEED = 0
-_MAX_HEADER = 64 * 1024 * 1024
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 _EVAL_BATCH = 1000
 
@@ -290,28 +288,6 @@ def _checkpoint_bytes(model: ModelSpec, meta: dict[str, Any]) -> bytes:
                                    "meta": json.dumps(meta, allow_nan=False)})
 
 
-def _open_safetensors(path: Path):  # noqa: ANN202 - a safetensors handle
-    try:
-        check_input_file(path, "checkpoint file")
-    except InputFileError as exc:
-        raise UpdateFileError(str(exc)) from None
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(8)
-    if len(head) < 8:
-        raise UpdateFileError(f"checkpoint {path} is not a safetensors file (only {size} bytes)")
-    (n,) = struct.unpack("<Q", head)
-    if n > _MAX_HEADER or n + 8 > size:
-        raise UpdateFileError(f"checkpoint {path} is not a valid safetensors file "
-                              f"(declared header of {n} bytes, file has {size})")
-    from safetensors import safe_open
-
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
-        raise UpdateFileError(f"checkpoint {path} is not a valid safetensors file: {exc}") from None
-
-
 def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
     md = md or {}
     if md.get("format") != CHECKPOINT_FORMAT:
@@ -365,7 +341,7 @@ def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
 def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
     """Only the validated metadata of a checkpoint (no tensor is read)."""
     p = Path(path)
-    with _open_safetensors(p) as f:
+    with open_safetensors(p, "checkpoint") as f:
         return _validate_meta(f.metadata(), p)
 
 
@@ -382,7 +358,7 @@ def load_checkpoint(path: str | Path, *, trust_model_code: bool = False) -> tupl
     (unknown model name).
     """
     p = Path(path)
-    with _open_safetensors(p) as f:
+    with open_safetensors(p, "checkpoint") as f:
         meta = _validate_meta(f.metadata(), p)
         if ":" in meta["model"] and meta["model"] not in model_names() and not trust_model_code:
             raise UpdateFileError(f"{p}: checkpoint names the user model {meta['model']!r}, which would import "

@@ -54,7 +54,10 @@ def save_truth(batch: Batch, path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def _open(path: str | Path, what: str):  # noqa: ANN202 - safetensors handle
+def open_safetensors(path: str | Path, what: str):  # noqa: ANN201 - safetensors handle
+    """A safetensors handle on ``path`` (``what``: "update", "truth", "checkpoint"), opened only
+    after the path is a readable regular file and its declared header length is sane; every
+    failure is one UpdateFileError. Nothing is unpickled, nothing executed."""
     try:
         p = check_input_file(path, f"{what} file")
     except InputFileError as exc:
@@ -63,14 +66,18 @@ def _open(path: str | Path, what: str):  # noqa: ANN202 - safetensors handle
     with p.open("rb") as fh:
         head = fh.read(8)
     if len(head) < 8:
-        raise UpdateFileError(f"{p} is not a safetensors file (only {size} bytes)")
+        raise UpdateFileError(f"{what} {p} is not a safetensors file (only {size} bytes)")
     (n,) = struct.unpack("<Q", head)
     if n > _MAX_HEADER or n + 8 > size:
-        raise UpdateFileError(f"{p} is not a valid safetensors file (declared header of {n} bytes, file has {size})")
+        raise UpdateFileError(f"{what} {p} is not a valid safetensors file (declared header of {n} bytes, "
+                              f"file has {size})")
     try:
         return safe_open(str(p), framework="pt", device="cpu")
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types
-        raise UpdateFileError(f"{p} is not a valid safetensors file: {exc}") from None
+        raise UpdateFileError(f"{what} {p} is not a valid safetensors file: {exc}") from None
+
+
+_open = open_safetensors
 
 
 def _shape_dtype(handle: Any, key: str) -> tuple[tuple[int, ...], str]:
