@@ -24,6 +24,8 @@ from safetensors.torch import load_file, save_file
 import gradleak.runner as runner
 from gradleak.cli import main
 
+# A hang (a FIFO read, an endless walk) fails the test here; timings belong in benchmarks/.
+pytestmark = pytest.mark.timeout(180)
 SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 FAST = ["--iterations", "1", "--no-progress", "--threads", "1", "--attack", "idlg"]
@@ -42,23 +44,32 @@ def no_attack(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Records every real model an update file makes gradleak build (meta-device shapes aside)."""
+    import gradleak.fl.files as files
+
+    built = []
+    real = files.build_model
+    monkeypatch.setattr(files, "build_model", lambda *a, **k: built.append(a) or real(*a, **k))
+    return built
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<dir/link>")
             for p in sorted(folder.rglob("*"))}
 
 
-def clean_error(args, capsys, *, seconds: float = 20.0) -> str:
-    start = time.monotonic()
+def clean_error(args, capsys) -> str:
+    """Exit 2 and one line ``gradleak: error: ...`` (a hang fails the module's timeout)."""
     try:
         code = main([os.fspath(a) if isinstance(a, Path) else a for a in args])
     except SystemExit as exc:
         code = exc.code
-    elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, (args, code, err)
     assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), err
-    assert elapsed < seconds, f"took {elapsed:.1f} s"
     return lines[0]
 
 
@@ -170,9 +181,7 @@ def test_symlink_loop_in_a_data_folder(tmp_path, cifar10):
         (tmp_path / "d" / cls / f"{cls}.png").write_bytes(cifar10.path(index).read_bytes())
     (tmp_path / "d" / "a" / "sub" / "loop").symlink_to("../..")
     (tmp_path / "d" / "b" / "sub" / "self").symlink_to(".")
-    start = time.monotonic()
     src = open_source(str(tmp_path / "d"))
-    assert time.monotonic() - start < 5
     assert len(src) == 2 and [src.label(i) for i in range(2)] == [0, 1]
 
 
@@ -180,7 +189,7 @@ def test_symlink_loop_in_a_data_folder(tmp_path, cifar10):
 @SETTINGS
 @given(change=st.sampled_from([
     {"batch_size": 10**9}, {"batch_size": 10**12}, {"batch_size": 5000}, {"num_classes": 10**9},
-    {"num_classes": 10**12}, {"model_kwargs.width": 10**9}, {"model_kwargs.width": 4096},
+    {"num_classes": 10**12}, {"model_kwargs.width": 10**9}, {"model_kwargs.width": 4097},
     {"model_kwargs.depth": 3}, {"input_shape": [3, 10**6, 10**6]}, {"input_shape": [10**4, 32, 32]},
     {"threat.name": "fedavg", "threat.local_steps": 10**9},
     {"threat.name": "fedavg", "threat.local_steps": 2, "threat.local_batch_size": 10**6},
@@ -189,23 +198,20 @@ def test_symlink_loop_in_a_data_folder(tmp_path, cifar10):
     {"threat.name": "fedavg", "threat.local_lr": True},
     {"threat.name": "fedavg", "threat.surprise": 1},
 ]))
-def test_absurd_metadata(change, valid, tmp_path, capsys, no_attack):
-    import resource
-
+def test_absurd_metadata(change, valid, tmp_path, capsys, no_attack, no_model_built):
     bad = rewrite_meta(valid / "u.safetensors", tmp_path / "absurd.safetensors", **change)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    clean_error(["attack", *FAST, "--update", bad, "--out", tmp_path / "r"], capsys, seconds=10)
-    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert grown_mb < 200, f"peak memory grew by {grown_mb:.0f} MB"
+    clean_error(["attack", *FAST, "--update", bad, "--out", tmp_path / "r"], capsys)
+    assert no_model_built == []  # refused before any model (of any size) was allocated
 
 
-def test_width_in_range_but_not_in_the_file(tmp_path, capsys, no_attack):
+def test_width_in_range_but_not_in_the_file(tmp_path, capsys, no_attack, no_model_built):
     """A convnet of width 4096 is allowed by the bounds; the file's tensors decide, before the
     model is allocated (meta-device shapes)."""
     u = tmp_path / "u.safetensors"
     assert main(["share", "--model", "convnet", "--width", "8", "--out", str(u)]) == 0
     bad = rewrite_meta(u, tmp_path / "wide.safetensors", **{"model_kwargs.width": 4096})
-    assert "shape" in clean_error(["attack", *FAST, "--update", bad, "--out", tmp_path / "r"], capsys, seconds=10)
+    assert "shape" in clean_error(["attack", *FAST, "--update", bad, "--out", tmp_path / "r"], capsys)
+    assert no_model_built == []
 
 
 # ------------------------------------------------------------ inputs that are not regular files
@@ -222,7 +228,7 @@ def test_inputs_that_are_not_files(flag, target, tmp_path, capsys, no_attack):
         path, words = Path(target), "not a regular file"
     args = (["--modality", "text", "--attack", "bow", "--data", path] if flag == "text --data"
             else [*FAST, flag, path])
-    line = clean_error(["attack", *args, "--out", tmp_path / "r"], capsys, seconds=10)
+    line = clean_error(["attack", *args, "--out", tmp_path / "r"], capsys)
     assert words in line and "does not exist" not in line
 
 
@@ -273,7 +279,7 @@ def test_other_outputs_checked_first(command, tmp_path, capsys):
     extra = (["--data", "fashion-mnist", "--epochs", "0.01"] if command == "train"
              else ["optimizers", "--smoke"])
     for out in (tmp_path / "afile" / "x", ".", tmp_path / "afile", "/proc/gradleak-out"):
-        clean_error([command, *extra, "--out", out], capsys, seconds=10)
+        clean_error([command, *extra, "--out", out], capsys)
     assert snapshot(tmp_path) == before
 
 
@@ -285,9 +291,8 @@ def test_killed_run_leaves_no_partial_for_long(tmp_path, capsys):
                              "--threads", "1", "--out", str(tmp_path / "killed")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
         while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -344,9 +349,8 @@ def test_resume_state_naming_code(tmp_path, capsys):
     proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--iterations", "100000", "--no-progress",
                              "--threads", "1", "--checkpoint-every", "0", "--out", str(tmp_path / "run")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
     while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         time.sleep(0.2)
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
@@ -376,7 +380,7 @@ def test_resume_state_naming_code(tmp_path, capsys):
     ["attack", "--threat", "fedavg", "--local-steps", "1000000000"],
 ])
 def test_absurd_flags(args, tmp_path, capsys, no_attack):
-    clean_error([*args, "--out", tmp_path / "o"], capsys, seconds=10)
+    clean_error([*args, "--out", tmp_path / "o"], capsys)
     assert list(tmp_path.iterdir()) == []
 
 

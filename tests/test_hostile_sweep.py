@@ -20,7 +20,6 @@ import json
 import os
 import sqlite3
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,8 @@ from gradleak.errors import ConfigError, GradleakError
 from gradleak.sweep import ResultStore, load_spec, parse_spec
 from gradleak.sweep.spec import MAX_CELLS, MAX_SPEC_DEPTH, MAX_SPEC_ITEMS, loads_spec_text
 
+# A hang (a FIFO read, an alias bomb) fails the test here; timings belong in benchmarks/.
+pytestmark = pytest.mark.timeout(180)
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 ROOT = os.geteuid() == 0
@@ -63,25 +64,22 @@ def snapshot(*roots: Path) -> dict[str, tuple]:
     return out
 
 
-def run_cli(args, capsys) -> tuple[int, list[str], float]:
-    t0 = time.monotonic()
+def run_cli(args, capsys) -> tuple[int, list[str]]:
     try:
         code = main([os.fspath(a) for a in args])
     except SystemExit as exc:
         code = exc.code
-    elapsed = time.monotonic() - t0
     err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()], elapsed
+    return code, [line for line in err.splitlines() if line.strip()]
 
 
-def expect_clean_error(args, capsys, *roots: Path, contains: str | None = None, seconds: float = 15.0) -> str:
-    """Exit 2, one line ``gradleak: error: ...``, within ``seconds``, nothing below ``roots``
-    changed or added. Returns the line."""
+def expect_clean_error(args, capsys, *roots: Path, contains: str | None = None) -> str:
+    """Exit 2, one line ``gradleak: error: ...``, nothing below ``roots`` changed or added.
+    Returns the line. (A hang fails the module's timeout; timings belong in benchmarks/.)"""
     before = snapshot(*roots)
-    code, lines, elapsed = run_cli(args, capsys)
+    code, lines = run_cli(args, capsys)
     assert code == 2, (args, code, lines)
     assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    assert elapsed < seconds, f"took {elapsed:.1f} s"
     assert snapshot(*roots) == before, "a file was changed, added or removed"
     if contains is not None:
         assert contains in lines[0], lines[0]
@@ -243,10 +241,8 @@ def test_deep_nesting_is_refused_quickly(depth, kind, where, tmp_path, capsys, n
         doc = "- " * depth + "x\n"
     path = tmp_path / "deep.yaml"
     path.write_text(doc)
-    t0 = time.monotonic()
     with pytest.raises(ConfigError, match="nested more than"):
         load_spec(path)
-    assert time.monotonic() - t0 < 5
     expect_clean_error(["sweep", path, "--out", tmp_path / "out"], capsys, tmp_path, contains="nested more than")
 
 
@@ -302,10 +298,8 @@ def test_alias_expansion_is_bounded(levels, fanout, where, tmp_path, capsys, no_
     expanded = sum(fanout ** k for k in range(1, levels + 1))
     path = tmp_path / "bomb.yaml"
     path.write_text(doc)
-    t0 = time.monotonic()
     with pytest.raises(ConfigError) as err:
         load_spec(path)
-    assert time.monotonic() - t0 < 10
     if expanded > 2 * MAX_SPEC_ITEMS:
         assert "more than" in str(err.value)
     expect_clean_error(["sweep", path, "--out", tmp_path / "out"], capsys, tmp_path)
@@ -349,10 +343,8 @@ def test_non_finite_numbers_in_spec(field, value, where, tmp_path, capsys, no_wo
 
 def test_huge_grid_is_refused_before_validation(tmp_path):
     side = int(MAX_CELLS ** 0.5) + 2
-    t0 = time.monotonic()
     with pytest.raises(ConfigError, match="cells is more than"):
         parse_spec({"base": BASE, "grid": {"seed": list(range(side)), "model_seed": list(range(side))}})
-    assert time.monotonic() - t0 < 2
 
 
 @SETTINGS
@@ -402,7 +394,7 @@ def test_spec_that_is_not_a_readable_file(kind, message, tmp_path, capsys, no_wo
         path.write_bytes("base: {data: caf\xe9}\ngrid: {seed: [0]}\n".encode("latin-1"))
     elif kind == "empty":
         path.write_bytes(b"")
-    expect_clean_error(["sweep", path, "--out", tmp_path / "out"], capsys, tmp_path, contains=message, seconds=5)
+    expect_clean_error(["sweep", path, "--out", tmp_path / "out"], capsys, tmp_path, contains=message)
 
 
 # ================================================================== sweep --out
@@ -517,7 +509,7 @@ def test_sweep_out_that_could_only_fail_is_refused_before_any_cell(kind, tmp_pat
         deny_writes_as_root(monkeypatch, tmp_path / ("ro" if kind == "unwritable-new" else "sw"))
     try:
         expect_clean_error(["sweep", spec, "--executor", "inline", "--no-progress", *args], capsys, tmp_path,
-                           contains=message, seconds=10)
+                           contains=message)
     finally:
         for p in (tmp_path / "ro", tmp_path / "sw"):
             if p.exists():
@@ -530,7 +522,7 @@ def test_sweep_out_accepts_an_earlier_sweep_folder(tmp_path, capsys, no_work, mo
     sweep = make_sweep(tmp_path / "sw")
     monkeypatch.chdir(tmp_path)
     for out in (sweep, str(sweep) + "/", "sw"):     # all cells finished: nothing runs
-        code, lines, _ = run_cli(["sweep", spec, "--out", out, "--executor", "inline", "--no-progress"], capsys)
+        code, lines = run_cli(["sweep", spec, "--out", out, "--executor", "inline", "--no-progress"], capsys)
         assert code == 0, lines
     assert no_work == [[], [], []]
 
@@ -542,7 +534,7 @@ def test_sweep_out_accepts_new_and_empty_folders(kind, tmp_path, capsys):
     out = {"new": tmp_path / "sw", "new-below-new": tmp_path / "a" / "b" / "sw", "empty": tmp_path / "sw"}[kind]
     if kind == "empty":
         out.mkdir()
-    code, lines, _ = run_cli(["sweep", spec, "--out", out, "--executor", "inline", "--no-progress"], capsys)
+    code, lines = run_cli(["sweep", spec, "--out", out, "--executor", "inline", "--no-progress"], capsys)
     assert code == 0, lines
     assert (out / "results.sqlite").is_file() and (out / "results.csv").is_file()
 
@@ -570,7 +562,7 @@ def test_random_out_names_for_sweep_and_dashboard(name, below, tmp_path, capsys)
     for args in (["sweep", spec, "--out", out, "--executor", "inline", "--no-progress"],
                  ["dashboard", sweep, "--out", page]):
         if utf8:
-            code, lines, _ = run_cli(args, capsys)
+            code, lines = run_cli(args, capsys)
             assert code == 0, lines
         else:
             expect_clean_error(args, capsys, tmp_path, contains="not valid UTF-8")
@@ -583,7 +575,7 @@ def test_dashboard_of_a_non_utf8_folder(tmp_path, capsys):
     make_sweep(Path(folder))
     # the default page would get a non-UTF-8 name: refused; an explicit --out works
     expect_clean_error(["dashboard", folder], capsys, tmp_path, contains="not valid UTF-8")
-    code, lines, _ = run_cli(["dashboard", folder, "--out", tmp_path / "page.html"], capsys)
+    code, lines = run_cli(["dashboard", folder, "--out", tmp_path / "page.html"], capsys)
     assert code == 0, lines
     assert "Sweep: sw\ufffd" in (tmp_path / "page.html").read_text()
 
@@ -678,8 +670,7 @@ def test_random_values_in_store_columns(column, value, tmp_path, capsys, no_work
     finally:
         con.close()
     before = snapshot(tmp_path)
-    code, lines, elapsed = run_cli(["dashboard", sweep], capsys)
-    assert elapsed < 30
+    code, lines = run_cli(["dashboard", sweep], capsys)
     if code == 0:   # a value gradleak could have written: the page is the only new file
         after = snapshot(tmp_path)
         assert set(after) - set(before) == {str(sweep / "dashboard.html")}
@@ -729,8 +720,7 @@ def test_flipped_byte_in_store(pos, byte, tmp_path, capsys, no_work):
     for args in (["dashboard", sweep, "--out", tmp_path / "page.html"],
                  ["sweep", spec_file(tmp_path), "--out", sweep, "--executor", "inline", "--no-progress"]):
         before = snapshot(tmp_path)
-        code, lines, elapsed = run_cli(args, capsys)
-        assert elapsed < 30
+        code, lines = run_cli(args, capsys)
         if code != 0:      # a harmless flip (free space, a digit) may leave a valid store
             assert code == 2 and len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
             assert snapshot(tmp_path) == before
@@ -817,7 +807,7 @@ def test_dashboard_out_never_replaces_a_data_or_user_file(kind, tmp_path, capsys
     if kind == "unwritable":
         deny_writes_as_root(monkeypatch, tmp_path / "ro")
     try:
-        expect_clean_error(["dashboard", sweep, "--out", out], capsys, tmp_path, contains=message, seconds=10)
+        expect_clean_error(["dashboard", sweep, "--out", out], capsys, tmp_path, contains=message)
     finally:
         if (tmp_path / "ro").exists():
             os.chmod(tmp_path / "ro", 0o755)
@@ -866,7 +856,7 @@ def test_dashboard_dir_that_is_not_what_it_claims(kind, message, tmp_path, capsy
             fh.truncate(200 * 1024 * 1024)
     elif kind == "audit-huge-field":
         target.write_text("round,client,error\n1,a," + "x" * 200_000 + "\n")
-    expect_clean_error(["dashboard", d], capsys, tmp_path, contains=message, seconds=10)
+    expect_clean_error(["dashboard", d], capsys, tmp_path, contains=message)
 
 
 AUDIT_HEADER = ["round", "client", "node_id", "attack", "status", "num_examples", "psnr_mean", "ssim_mean",
@@ -951,7 +941,7 @@ def test_extreme_numbers_render(tmp_path, capsys):
     d = tmp_path / "audit"
     d.mkdir()
     (d / "audit.csv").write_text(buf.getvalue())
-    code, lines, _ = run_cli(["dashboard", d], capsys)
+    code, lines = run_cli(["dashboard", d], capsys)
     assert code == 0, lines
 
 
@@ -965,7 +955,7 @@ def test_well_formed_audit_still_renders(tmp_path, capsys):
     d = tmp_path / "audit"
     d.mkdir()
     (d / "audit.csv").write_text(buf.getvalue())
-    code, lines, _ = run_cli(["dashboard", d], capsys)
+    code, lines = run_cli(["dashboard", d], capsys)
     assert code == 0, lines
     assert "Flower audit" in (d / "dashboard.html").read_text()
 
@@ -1160,10 +1150,9 @@ def test_run_folder_files_that_are_not_what_they_claim(file, kind, message, tmp_
         path.write_text("iteration,loss\n1," + "9" * 200_000 + "\n")
     before = snapshot(tmp_path)
     for render in _renderers()[:1] if file == "reconstruction.png" else _renderers():   # text runs have no PNG
-        t0 = time.monotonic()
         with pytest.raises(GradleakError, match=message) as err:
             render(run)
-        assert time.monotonic() - t0 < 5 and "\n" not in str(err.value)
+        assert "\n" not in str(err.value)
     assert snapshot(tmp_path) == before
 
 

@@ -306,5 +306,13 @@ def load_spec(path: str | Path) -> SweepSpec:
     from ..paths import read_text_file
 
     text = read_text_file(path, "sweep spec", max_bytes=MAX_SPEC_BYTES)
-    return parse_spec(loads_spec_text(text, f"sweep spec {Path(path)}",
+    spec = parse_spec(loads_spec_text(text, f"sweep spec {Path(path)}",
                                       json_format=Path(path).suffix.lower() == ".json"))
+    # A file never makes gradleak import code: no module:callable model from a spec file (the
+    # API's parse_spec, called by the user's own code, may name one).
+    for cell in spec.cells:
+        model = cell.config.get("model")
+        if isinstance(model, str) and ":" in model:
+            raise ConfigError(f"sweep spec {Path(path)} names the user model {one_line(model)!r}; gradleak never "
+                              "imports code a file names (sweep your own model from Python with parse_spec)")
+    return spec
