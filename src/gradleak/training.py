@@ -50,6 +50,7 @@ from .data import open_source
 from .data.batch import Batch
 from .data.sources import ImageSource
 from .defenses import DPSGD, Defense, client_update, dp_epsilon, parse_defenses
+from .defenses.base import as_float
 from .errors import (ConfigError, DataError, GradleakError, ModelMismatchError, NonFiniteError,
                      UpdateFileError)
 from .fl.client import fedsgd, trainable_parameters
@@ -76,12 +77,9 @@ def _is_int(x: Any) -> bool:
 
 
 def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool):
+    x = as_float(value)
+    if x is None:
         raise ConfigError(f"training: {name} must be a number, got {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"training: {name} must be a number, got {value!r}") from None
     if not math.isfinite(x):
         raise ConfigError(f"training: {name} must be finite, got {value!r}")
     return x

@@ -38,6 +38,17 @@ def record_defense(meta: UpdateMeta, spec: str) -> UpdateMeta:
     return dataclasses.replace(meta, defenses=[*meta.defenses, spec])
 
 
+def as_float(value: Any) -> float | None:
+    """``value`` as a float (a number or the text of one), or None where it is not one: a bool,
+    None, a list, text that does not parse. Infinity and NaN pass (check ``math.isfinite``)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_finite(defense: str, field: str, value: Any, *, minimum: float | None = None,
                  minimum_inclusive: bool = True, maximum: float | None = None,
                  maximum_inclusive: bool = True) -> float:
@@ -46,13 +57,8 @@ def check_finite(defense: str, field: str, value: Any, *, minimum: float | None 
     hi = "" if maximum is None else f"{'<=' if maximum_inclusive else '<'} {format_value(float(maximum))}"
     want = " and ".join(s for s in (lo, hi) if s)
     what = f"defense {defense}: {field} must be a finite number" + (f" {want}" if want else "")
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}, got {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}, got {value!r}") from None
-    if not math.isfinite(x):
+    x = as_float(value)
+    if x is None or not math.isfinite(x):
         raise ConfigError(f"{what}, got {value!r}")
     if minimum is not None and (x < minimum or (x == minimum and not minimum_inclusive)):
         raise ConfigError(f"{what}, got {format_value(x)}")

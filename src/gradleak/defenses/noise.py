@@ -45,38 +45,50 @@ def laplace_like(t: torch.Tensor, b: float, generator: torch.Generator) -> torch
 
 
 @dataclass(frozen=True)
-class GaussianNoise(Defense):
+class _AdditiveNoise(Defense):
+    """Add zero-mean i.i.d. noise to every gradient entry. A subclass has one field, its
+    ``positional`` one: the noise scale (a finite number >= 0; 0 leaves the gradients as they
+    are), and draws the noise in :meth:`noise_like`."""
+
+    def __post_init__(self) -> None:
+        field = str(self.positional)
+        object.__setattr__(self, field, check_finite(self.name, field, getattr(self, field), minimum=0.0))
+
+    @property
+    def scale(self) -> float:
+        return float(getattr(self, str(self.positional)))
+
+    def noise_like(self, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Noise shaped like ``t`` on t.device, drawn with ``generator``."""
+        raise NotImplementedError
+
+    def transform(self, gradients: dict[str, torch.Tensor],
+                  generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if self.scale == 0:
+            return {k: g.detach().clone() for k, g in gradients.items()}
+        return {k: (g.detach() + self.noise_like(g, generator)).to(g.dtype)
+                for k, g in gradients.items()}
+
+
+@dataclass(frozen=True)
+class GaussianNoise(_AdditiveNoise):
     """``gaussian:SIGMA``: add N(0, SIGMA^2) i.i.d. to every gradient entry."""
 
     name: ClassVar[str] = "gaussian"
     positional: ClassVar[str | None] = "sigma"
     sigma: float
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sigma", check_finite(self.name, "sigma", self.sigma, minimum=0.0))
-
-    def transform(self, gradients: dict[str, torch.Tensor],
-                  generator: torch.Generator) -> dict[str, torch.Tensor]:
-        if self.sigma == 0:
-            return {k: g.detach().clone() for k, g in gradients.items()}
-        return {k: (g.detach() + gaussian_like(g, self.sigma, generator)).to(g.dtype)
-                for k, g in gradients.items()}
+    def noise_like(self, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return gaussian_like(t, self.sigma, generator)
 
 
 @dataclass(frozen=True)
-class LaplaceNoise(Defense):
+class LaplaceNoise(_AdditiveNoise):
     """``laplace:B``: add Laplace(0, B) i.i.d. to every gradient entry (std = sqrt(2) B)."""
 
     name: ClassVar[str] = "laplace"
     positional: ClassVar[str | None] = "b"
     b: float
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "b", check_finite(self.name, "b", self.b, minimum=0.0))
-
-    def transform(self, gradients: dict[str, torch.Tensor],
-                  generator: torch.Generator) -> dict[str, torch.Tensor]:
-        if self.b == 0:
-            return {k: g.detach().clone() for k, g in gradients.items()}
-        return {k: (g.detach() + laplace_like(g, self.b, generator)).to(g.dtype)
-                for k, g in gradients.items()}
+    def noise_like(self, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return laplace_like(t, self.b, generator)

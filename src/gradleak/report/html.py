@@ -19,11 +19,9 @@ Run folder contract (see :func:`render_report`)::
 
 from __future__ import annotations
 
-import base64
 import csv
 import io
 import json
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.errors import DataError
+from gradleak.paths import check_input_file, check_output_file, loads_json, read_text_file
 from gradleak.report.figures import loss_plot_png
-from gradleak.paths import atomic_write_bytes, check_input_file, check_output_file, loads_json, read_text_file
+from gradleak.report.page import figure, format_value, html_page, kv_table, page_css, value_cell, write_page
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Bounds on the run folder's files, which are read whole: metrics.json and config.json are a few
@@ -60,28 +59,15 @@ _PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "fft2d", "rpsnr", 
                       "label_true", "label_restored")
 _LABEL_COLUMNS = frozenset({"label_true", "label_restored"})
 
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
-       max-width: 1200px; padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
-h1 { font-size: 1.6em; margin-bottom: .2em; }
-h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
-h3 { font-size: 1em; margin: 1em 0 .3em; }
-.sub { color: #666; margin-top: 0; }
-table { border-collapse: collapse; margin: .4em 0; font-size: .92em; }
-th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #f5f5f7; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.miss td { background: #fff4f4; }
+#: The image report's stylesheet (the dashboard's too): the shared rules with these in between.
+_CSS = page_css("""tr.miss td { background: #fff4f4; }
 .notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
 .flex { display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }
 .flex > aside { flex: 0 0 320px; }
 .flex > div { flex: 1 1 500px; min-width: 0; }
 figure { margin: 0 0 1.2em; }
 figure img { max-width: 100%; image-rendering: pixelated; border: 1px solid #eee; }
-figcaption { color: #555; font-size: .9em; }
-pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
-.muted { color: #888; }
-"""
+""")
 
 
 # --------------------------------------------------------------------------- names
@@ -109,12 +95,18 @@ def run_name(run_dir: str | os.PathLike[str]) -> str:
 # --------------------------------------------------------------------------- reading
 
 
+def check_folder(folder: Path, what: str, hint: str) -> None:
+    """DataError unless ``folder`` is a folder: "WHAT FOLDER does not exist" / "WHAT FOLDER is a
+    file; HINT" (``hint`` says what to give instead)."""
+    if not os.path.lexists(folder):
+        raise DataError(f"{what} {folder} does not exist")
+    if not folder.is_dir():
+        kind = "a file" if folder.is_file() else "not a folder"
+        raise DataError(f"{what} {folder} is {kind}; {hint}")
+
+
 def _check_run_dir(run_dir: Path) -> None:
-    if not os.path.lexists(run_dir):
-        raise DataError(f"run folder {run_dir} does not exist")
-    if not run_dir.is_dir():
-        kind = "a file" if run_dir.is_file() else "not a folder"
-        raise DataError(f"run folder {run_dir} is {kind}; give the folder of a run")
+    check_folder(run_dir, "run folder", "give the folder of a run")
 
 
 def read_json_file(path: Path, required: bool, what: str = "run file") -> Any:
@@ -176,44 +168,26 @@ def check_report_target(run_dir: Path) -> Path:
     return check_output_file(run_dir / "report.html", "report")
 
 
-def write_page(path: Path, page: str) -> Path:
-    """Write an HTML page atomically (unpredictable temporary name, then rename): a crash or a
-    full disk leaves the previous page; a link planted next to it is never followed."""
-
-    try:
-        atomic_write_bytes(path, page.encode("utf-8"))
-    except OSError as exc:
-        raise DataError(f"{path} cannot be written: {exc.strerror or exc}") from None
-    return path
-
-
 # --------------------------------------------------------------------------- formatting
+
+
+def _number(key: str, value: float) -> str:
+    """A finite float with the unit its key suggests (PSNR in dB, accuracy in %, seconds)."""
+    k = key.lower()
+    if "psnr" in k:
+        return f"{value:.2f} dB"
+    if "ssim" in k:
+        return f"{value:.4f}"
+    if "accuracy" in k:
+        return f"{100.0 * value:.1f} %"
+    if "seconds" in k:
+        return f"{value:.1f} s"
+    return f"{value:.4g}"
 
 
 def _fmt(key: str, value: Any) -> str:
     """Human-readable, HTML-escaped rendering of one value, with units inferred from its key."""
-    if value is None:
-        return '<span class="muted">n/a</span>'
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return escape(str(value))
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return escape(str(value))
-        k = key.lower()
-        if "psnr" in k:
-            return f"{value:.2f} dB"
-        if "ssim" in k:
-            return f"{value:.4f}"
-        if "accuracy" in k:
-            return f"{100.0 * value:.1f} %"
-        if "seconds" in k:
-            return f"{value:.1f} s"
-        return escape(f"{value:.4g}")
-    if isinstance(value, str):
-        return escape(value)
-    return escape(json.dumps(value, default=str, ensure_ascii=False))
+    return format_value(key, value, _number)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -221,14 +195,12 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _cell(key: str, value: Any) -> str:
-    cls = ' class="num"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-    return f"<td{cls}>{_fmt(key, value)}</td>"
+    return value_cell(value, _fmt(key, value))
 
 
 def _kv_table(items: Mapping[str, Any]) -> str:
     """Two-column key/value table; keys and values escaped."""
-    rows = "".join(f"<tr><th>{escape(str(k))}</th>{_cell(str(k), v)}</tr>" for k, v in items.items())
-    return f"<table>{rows}</table>"
+    return kv_table(items, _fmt)
 
 
 def _label(value: Any, class_names: Sequence[Any]) -> str:
@@ -236,15 +208,6 @@ def _label(value: Any, class_names: Sequence[Any]) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(class_names):
         return f"{escape(str(value))} ({escape(str(class_names[value]))})"
     return _fmt("label", value)
-
-
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def _figure(png: bytes, alt: str, caption: str) -> str:
-    return (f'<figure><img src="{_data_uri(png)}" alt="{escape(alt)}">'
-            f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
 # --------------------------------------------------------------------------- sections
@@ -317,12 +280,12 @@ def _pictures(recon: bytes | None, candidates: bytes | None, has_truth: bool) ->
     if recon is not None:
         caption = ("Originals (top) and the reconstructions paired with them (bottom)."
                    if has_truth else "Reconstructions.")
-        parts.append(_figure(recon, "reconstruction", caption))
+        parts.append(figure(recon, "reconstruction", caption))
     else:
         parts.append('<p class="muted">no reconstruction.png in this run folder</p>')
     if candidates is not None:
-        parts.append(_figure(candidates, "candidates",
-                             "Candidates: one row per seed, then the consensus."))
+        parts.append(figure(candidates, "candidates",
+                            "Candidates: one row per seed, then the consensus."))
     return "".join(parts)
 
 
@@ -366,8 +329,8 @@ def _other_metrics(metrics: Mapping[str, Any]) -> str:
 def _loss(history: list[dict[str, Any]] | None) -> str:
     if history is None:
         return '<h2>Loss</h2><p class="muted">no history.csv in this run folder</p>'
-    return "<h2>Loss</h2>" + _figure(loss_plot_png(history), "loss curve",
-                                     "Gradient-matching loss per logged iteration (log scale).")
+    return "<h2>Loss</h2>" + figure(loss_plot_png(history), "loss curve",
+                                    "Gradient-matching loss per logged iteration (log scale).")
 
 
 def _versions(metrics: Mapping[str, Any]) -> str:
@@ -385,6 +348,12 @@ def _config(config: Any) -> str:
 
 
 # --------------------------------------------------------------------------- page
+
+
+def report_subtitle(kind: str, run_dir: Path, name: str | None) -> str:
+    """A run report's subtitle (HTML): ``gradleak KIND · NAME``, NAME the run's (escaped) name,
+    by default the folder's (see :func:`run_name`)."""
+    return f"gradleak {kind} &middot; {escape(name if name is not None else run_name(run_dir))}"
 
 
 def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
@@ -413,26 +382,13 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
         return escape(str(v)) if v not in (None, "") else "?"
 
     title = f"{field('attack')} on {field('model')}, {field('data')}"
-    page = f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>gradleak: {title}</title>
-<style>{_CSS}</style>
-</head>
-<body>
-<h1>{title}</h1>
-<p class="sub">gradleak run report &middot; {escape(name if name is not None else run_name(run_dir))}</p>
-{_summary(metrics, has_truth)}
-<div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>
-{_per_image(metrics, has_truth)}
-{_other_metrics(metrics)}
-{_loss(history)}
-{_versions(metrics)}
-{_config(config)}
-</body>
-</html>
-"""
-    return write_page(target, page)
+    body = "\n".join([
+        _summary(metrics, has_truth),
+        f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>',
+        _per_image(metrics, has_truth),
+        _other_metrics(metrics),
+        _loss(history),
+        _versions(metrics),
+        _config(config),
+    ])
+    return write_page(target, html_page(title, report_subtitle("run report", run_dir, name), body, css=_CSS))

@@ -25,7 +25,8 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 from ..report.figures import MAX_PLOTTED, _png_bytes
-from ..report.html import _CSS, _figure, _fmt, display_name
+from ..report.html import _CSS, _fmt, check_folder, display_name
+from ..report.page import figure, html_page, value_cell, write_page
 from .store import CSV_NAME, LOCK_NAME, STORE_NAME, STORE_SIDE_FILES, CellRecord, ResultStore, one_line
 
 MAX_TABLE_ROWS = 1000
@@ -178,11 +179,8 @@ def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], keys: Sequence
     head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
     body = []
     for row in rows:
-        cells = []
-        for k, v in zip(keys, row):
-            cls = ' class="num"' if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
-            cells.append(f"<td{cls}>{_fmt(str(k), v)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+        cells = "".join(value_cell(v, _fmt(str(k), v)) for k, v in zip(keys, row))
+        body.append(f"<tr>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
@@ -230,7 +228,7 @@ def _vs_batch(records: Sequence[CellRecord], vary: Sequence[str]) -> str:
         any_plot = True
         logx = len({x for g in groups.values() for x in g}) > 2
         png = _line_png(groups, "batch size K", label, f"{metric} vs batch size (mean ± std over cells)", logx=logx)
-        out.append(f'<div class="flex"><div>{_figure(png, f"{metric} vs batch size", f"{metric} per attack")}</div>'
+        out.append(f'<div class="flex"><div>{figure(png, f"{metric} vs batch size", f"{metric} per attack")}</div>'
                    f"<aside>{_stats_table(groups, 'batch_size', metric)}</aside></div>")
     if not any_plot:
         out.append(_notice("No cell has ground-truth scores (psnr_mean): nothing to plot."))
@@ -244,7 +242,7 @@ def _iip(records: Sequence[CellRecord], vary: Sequence[str]) -> str:
         return head + _notice("No cell computed IIP: set paper_metrics: true in the spec (the default) to get it.")
     png = _line_png(groups, "batch size K", "IIP (fraction of images identified)", "IIP vs batch size",
                     logx=len({x for g in groups.values() for x in g}) > 2)
-    return head + f'<div class="flex"><div>{_figure(png, "IIP vs batch size", "IIP per attack")}</div>' \
+    return head + f'<div class="flex"><div>{figure(png, "IIP vs batch size", "IIP per attack")}</div>' \
                   f"<aside>{_stats_table(groups, 'batch_size', 'iip')}</aside></div>"
 
 
@@ -258,7 +256,7 @@ def _defenses(records: Sequence[CellRecord]) -> str:
         groups = _grouped(records, metric, series, lambda r: _defense_name(r.config))
         if groups:
             png = _bar_png(groups, label, f"{metric} per defense setting (lower = more private)")
-            out.append(f'<div class="flex"><div>{_figure(png, f"{metric} per defense", f"{metric} per defense")}</div>'
+            out.append(f'<div class="flex"><div>{figure(png, f"{metric} per defense", f"{metric} per defense")}</div>'
                        f"<aside>{_stats_table(groups, 'defense', metric)}</aside></div>")
     acc_key = next((k for k in ACCURACY_KEYS if any(_num((r.metrics or {}).get(k)) is not None for r in records)), None)
     if acc_key is None:
@@ -272,7 +270,7 @@ def _defenses(records: Sequence[CellRecord]) -> str:
                 points[_defense_name(r.config)].append((p, a))
         if points:
             png = _scatter_png(points, "leakage: PSNR (dB)", f"model {acc_key}", "accuracy vs leakage per defense")
-            out.append(_figure(png, "accuracy vs leakage", "each point is one cell; up and left is better"))
+            out.append(figure(png, "accuracy vs leakage", "each point is one cell; up and left is better"))
     return "".join(out)
 
 
@@ -314,23 +312,8 @@ def _cells(records: Sequence[CellRecord], grid_fields: Sequence[str]) -> str:
 
 
 def _page(title: str, subtitle: str, body: str) -> str:
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="generator" content="{GENERATOR}">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>gradleak: {escape(title)}</title>
-<style>{_CSS}</style>
-</head>
-<body>
-<h1>{escape(title)}</h1>
-<p class="sub">{escape(subtitle)}</p>
-{body}
-</body>
-</html>
-"""
+    """The page: ``title`` and ``subtitle`` as text (escaped here), ``body`` HTML."""
+    return html_page(escape(title), escape(subtitle), body, css=_CSS, generator=GENERATOR)
 
 
 # ------------------------------------------------------------------ audit.csv (Flower audit)
@@ -395,7 +378,7 @@ def _audit_page(folder: Path) -> str:
             f"{len({r.get('client') for r in rows})} clients, {len({r.get('round') for r in rows})} rounds.</p>"]
     if groups:
         png = _line_png(groups, "round", "PSNR (dB)", "leakage per client and round")
-        body.append(_figure(png, "PSNR per round and client", "reconstruction PSNR of each client's update"))
+        body.append(figure(png, "PSNR per round and client", "reconstruction PSNR of each client's update"))
     else:
         body.append(_notice("No ground truth in this audit (a real federation): see gradient_distance below."))
     cols = ["round", "client", "attack", "status", "num_examples", "psnr_mean", "ssim_mean", "label_accuracy",
@@ -439,14 +422,6 @@ def check_dashboard_target(folder: Path, out: str | os.PathLike[str] | None) -> 
     return target
 
 
-def _check_folder(folder: Path) -> None:
-    if not os.path.lexists(folder):
-        raise DataError(f"sweep folder {folder} does not exist")
-    if not folder.is_dir():
-        kind = "a file" if folder.is_file() else "not a folder"
-        raise DataError(f"sweep folder {folder} is {kind}; give the --out folder of a sweep or a Flower audit")
-
-
 def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write DIR/dashboard.html (or ``out``) from DIR/results.sqlite (or DIR/audit.csv).
 
@@ -455,10 +430,8 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     validated whole (every row), so a damaged store is one DataError naming it and row, and the
     page is written atomically: a failure leaves the previous page (or nothing) in place.
     """
-    from ..paths import atomic_write_bytes
-
     folder = Path(folder)
-    _check_folder(folder)
+    check_folder(folder, "sweep folder", "give the --out folder of a sweep or a Flower audit")
     target = check_dashboard_target(folder, out)
     store_path = folder / STORE_NAME
     if os.path.lexists(store_path):
@@ -471,11 +444,7 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
         page = _audit_page(folder)
     else:
         raise DataError(f"{folder} holds no sweep results ({STORE_NAME}) and no audit.csv")
-    try:
-        atomic_write_bytes(target, page.encode("utf-8"))
-    except OSError as exc:
-        raise DataError(f"{target} cannot be written: {exc.strerror or exc}") from None
-    return target
+    return write_page(target, page)
 
 
 def _sweep_page(folder: Path, records: list[CellRecord], sweeps: int) -> str:

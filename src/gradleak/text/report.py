@@ -12,8 +12,6 @@ history.csv (iteration,loss,phase,token_accuracy) optional.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 import os
@@ -22,22 +20,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..report.figures import _as_float
-from ..report.html import (_check_run_dir, check_report_target, read_csv_rows, read_json_file, read_metrics, run_name,
-                           write_page)
+from ..report.figures import _as_float, _png_bytes
+from ..report.html import (_check_run_dir, check_report_target, read_csv_rows, read_json_file, read_metrics,
+                           report_subtitle)
+from ..report.page import data_uri, format_value, html_page, kv_table, page_css, write_page
 
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
-       max-width: 1200px; padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
-h1 { font-size: 1.6em; margin-bottom: .2em; }
-h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
-h3 { font-size: 1em; margin: 1em 0 .3em; }
-.sub { color: #666; margin-top: 0; }
-table { border-collapse: collapse; margin: .4em 0; font-size: .92em; }
-th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #f5f5f7; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
+#: The shared rules with these in between: word pieces coloured by match.
+_CSS = page_css(""".notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
 .tok { display: inline-block; margin: 1px; padding: 0 .3em; border-radius: 3px; font-family: ui-monospace,
        SFMono-Regular, Menlo, monospace; font-size: .9em; border: 1px solid transparent; }
 .hit { background: #d9f2d9; border-color: #8fd18f; }
@@ -45,10 +34,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .miss { background: #fbdada; border-color: #e79b9b; }
 .plain { background: #eef0f3; border-color: #d5d9df; }
 figure { margin: 0 0 1.2em; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { color: #555; font-size: .9em; }
-pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
-.muted { color: #888; }
-"""
+""")
 
 _SUMMARY = (("token_accuracy", "Token accuracy (position-wise)"), ("token_set_precision", "Token-set precision"),
             ("token_set_recall", "Token-set recall"), ("bleu", "BLEU (sacrebleu, 0-100)"), ("rouge1", "ROUGE-1 F1"),
@@ -56,34 +42,23 @@ _SUMMARY = (("token_accuracy", "Token accuracy (position-wise)"), ("token_set_pr
             ("gradient_distance", "Gradient distance"), ("iterations", "Iterations"), ("wall_seconds", "Wall time"))
 
 
+def _number(key: str, v: float) -> str:
+    """A finite float: the accuracies, precision and recall in %, seconds, BLEU to one decimal."""
+    if key in ("token_accuracy", "label_accuracy", "token_set_precision", "token_set_recall"):
+        return f"{100 * v:.1f} %"
+    if key == "wall_seconds":
+        return f"{v:.1f} s"
+    if key == "bleu":
+        return f"{v:.1f}"
+    return f"{v:.4g}"
+
+
 def _fmt(key: str, v: Any) -> str:
-    if v is None:
-        return '<span class="muted">n/a</span>'
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return escape(str(v))
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return escape(str(v))
-        if key in ("token_accuracy", "label_accuracy", "token_set_precision", "token_set_recall"):
-            return f"{100 * v:.1f} %"
-        if key == "wall_seconds":
-            return f"{v:.1f} s"
-        if key == "bleu":
-            return f"{v:.1f}"
-        return escape(f"{v:.4g}")
-    if isinstance(v, str):
-        return escape(v)
-    return escape(json.dumps(v, default=str, ensure_ascii=False))
+    return format_value(key, v, _number)
 
 
 def _table(items: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
-    rows = []
-    for k, v in items.items():
-        cls = ' class="num"' if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
-        rows.append(f"<tr><th>{escape((labels or {}).get(k, str(k)))}</th><td{cls}>{_fmt(k, v)}</td></tr>")
-    return f"<table>{''.join(rows)}</table>"
+    return kv_table(items, _fmt, labels)
 
 
 def _list(v: Any) -> list[Any]:
@@ -178,9 +153,7 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
         handles, labels = handles + h2, labels + l2
     if handles:
         ax.legend(handles, labels, loc="center right", fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
+    return _png_bytes(fig)
 
 
 def _read_history(path: Path) -> list[dict[str, str]]:
@@ -200,8 +173,8 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
     metrics = read_metrics(run_dir)
     config = read_json_file(run_dir / "config.json", required=False)
     png = _history_png(_read_history(run_dir / "history.csv"))
-    title = " ".join(escape(str(metrics.get(k, "?"))) for k in ("attack",)) + \
-        f" on {escape(str(metrics.get('model', '?')))}, {escape(str(metrics.get('data', '?')))}"
+    title = (f"{escape(str(metrics.get('attack', '?')))} on {escape(str(metrics.get('model', '?')))}, "
+             f"{escape(str(metrics.get('data', '?')))}")
     summary = {k: metrics.get(k) for k, _ in _SUMMARY}
     attacked = {"model": metrics.get("model"), "data": metrics.get("data"), "batch size": metrics.get("batch_size"),
                 "attack": metrics.get("attack"), "threat": metrics.get("threat"),
@@ -214,34 +187,22 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
                   f"{_fmt('x', metrics.get('gradient_distance_dlg'))}.</p>")
     figure = ""
     if png is not None:
-        figure = (f'<h2>Progress</h2><figure><img alt="progress" src="data:image/png;base64,'
-                  f'{base64.b64encode(png).decode("ascii")}"><figcaption>Gradient distance per iteration '
+        figure = (f'<h2>Progress</h2><figure><img alt="progress" src="{data_uri(png)}">'
+                  "<figcaption>Gradient distance per iteration "
                   "(optimisation, then each accepted search move) and token accuracy where observed."
                   "</figcaption></figure>")
     versions = metrics.get("versions")
-    page = f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>gradleak: {title}</title>
-<style>{_CSS}</style>
-</head>
-<body>
-<h1>{title}</h1>
-<p class="sub">gradleak text run report &middot; {escape(name if name is not None else run_name(run_dir))}</p>
-<h2>Summary</h2>{_table(summary, dict(_SUMMARY))}{before}
-<h2>What was attacked</h2>{_table(attacked)}
-{_sentences(metrics)}
-{_bag(metrics)}
-{figure}
-{"<h2>Versions</h2>" + _table(versions) if isinstance(versions, Mapping) else ""}
-<h2>Config</h2><pre>{escape(json.dumps(config, indent=2, ensure_ascii=False)) if config is not None else "none"}</pre>
-</body>
-</html>
-"""
-    return write_page(target, page)
+    config_text = escape(json.dumps(config, indent=2, ensure_ascii=False)) if config is not None else "none"
+    body = "\n".join([
+        f"<h2>Summary</h2>{_table(summary, dict(_SUMMARY))}{before}",
+        f"<h2>What was attacked</h2>{_table(attacked)}",
+        _sentences(metrics),
+        _bag(metrics),
+        figure,
+        "<h2>Versions</h2>" + _table(versions) if isinstance(versions, Mapping) else "",
+        f"<h2>Config</h2><pre>{config_text}</pre>",
+    ])
+    return write_page(target, html_page(title, report_subtitle("text run report", run_dir, name), body, css=_CSS))
 
 
 __all__ = ["render_text_report"]

@@ -1,0 +1,131 @@
+"""What gradleak's self-contained HTML pages share: the image run report
+(:mod:`gradleak.report.html`), the text run report (:mod:`gradleak.text.report`) and the sweep
+dashboard (:mod:`gradleak.sweep.dashboard`).
+
+Every page is one file that loads nothing: its CSS is inline, its figures are ``data:`` URIs, and
+a Content-Security-Policy meta tag forbids anything else. The helpers here take HTML: whoever
+builds a title, a subtitle or a body escapes what it read (:func:`html.escape`); the value
+formatting escapes the values it is given.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Callable, Mapping
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gradleak.errors import DataError
+from gradleak.paths import atomic_write_bytes
+
+#: No script, font, stylesheet, frame or image from anywhere; images only as data: URIs.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+# The rules every page has: its frame, headings and tables ...
+_CSS_HEAD = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: .2em; }
+h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+h3 { font-size: 1em; margin: 1em 0 .3em; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: .4em 0; font-size: .92em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f5f5f7; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+"""
+# ... and, after the page's own rules, its captions, preformatted text and muted notes.
+_CSS_TAIL = """figcaption { color: #555; font-size: .9em; }
+pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
+.muted { color: #888; }
+"""
+
+
+def page_css(own: str) -> str:
+    """A page's stylesheet: the shared rules with the page's ``own`` rules (lines of CSS) in between."""
+    return _CSS_HEAD + own + _CSS_TAIL
+
+
+def html_page(title: str, subtitle: str, body: str, *, css: str, generator: str | None = None) -> str:
+    """One whole page: head (charset, CSP, viewport, ``<title>gradleak: TITLE</title>``, the CSS),
+    then ``<h1>TITLE</h1>``, the subtitle and ``body``. ``title``, ``subtitle`` and ``body`` are
+    HTML; ``generator``, when given, is written as a ``<meta name="generator">`` right after the
+    charset (early, where a reader looking for it finds it)."""
+    generator_meta = f'<meta name="generator" content="{escape(generator)}">\n' if generator is not None else ""
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+{generator_meta}<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>gradleak: {title}</title>
+<style>{css}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p class="sub">{subtitle}</p>
+{body}
+</body>
+</html>
+"""
+
+
+def write_page(path: Path, page: str) -> Path:
+    """Write an HTML page atomically (unpredictable temporary name, then rename): a crash or a
+    full disk leaves the previous page; a link planted next to it is never followed."""
+
+    try:
+        atomic_write_bytes(path, page.encode("utf-8"))
+    except OSError as exc:
+        raise DataError(f"{path} cannot be written: {exc.strerror or exc}") from None
+    return path
+
+
+# --------------------------------------------------------------------------- values and tables
+
+
+def format_value(key: str, value: Any, number: Callable[[str, float], str]) -> str:
+    """One value as escaped HTML: None as a muted "n/a", a bool as yes/no, a finite float as
+    ``number(key, value)`` writes it (the page's units), anything else as its text or JSON."""
+    if value is None:
+        return '<span class="muted">n/a</span>'
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return escape(str(value))
+    if isinstance(value, float):
+        return number(key, value) if math.isfinite(value) else escape(str(value))
+    if isinstance(value, str):
+        return escape(value)
+    return escape(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def value_cell(value: Any, html: str) -> str:
+    """A table cell holding ``html`` (``value`` formatted), right-aligned when ``value`` is a number."""
+    cls = ' class="num"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    return f"<td{cls}>{html}</td>"
+
+
+def kv_table(items: Mapping[str, Any], fmt: Callable[[str, Any], str],
+             labels: Mapping[str, str] | None = None) -> str:
+    """A two-column table: each key (or its label), escaped, and its value as ``fmt(key, value)``."""
+    labels = labels or {}
+    rows = "".join(f"<tr><th>{escape(labels.get(k, str(k)))}</th>{value_cell(v, fmt(str(k), v))}</tr>"
+                   for k, v in items.items())
+    return f"<table>{rows}</table>"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def figure(png: bytes, alt: str, caption: str) -> str:
+    """A ``<figure>`` with the PNG embedded and its caption; ``alt`` and ``caption`` are escaped."""
+    return (f'<figure><img src="{data_uri(png)}" alt="{escape(alt)}">'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
