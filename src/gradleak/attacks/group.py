@@ -21,13 +21,14 @@ Choices (the paper leaves these open):
   separate runs.
 * F is not RANSAC-flow (the paper's choice, a large pretrained network we cannot ship) but a
   similarity transform per image (translation, rotation, isotropic scale; 4 parameters) fitted
-  by a few Adam steps on the MSE between kornia's differentiable ``warp_affine`` of the
-  candidate and the pixel-wise mean, batched over all G*K images at once. Why: the drift the
-  paper describes between seeds is mostly "images shift around the ground truth" (Sec. 3.4);
-  a similarity captures shifts and small rotations/zooms, runs as one batched tensor program
-  (kornia's ``ImageRegistrator`` loops over image pairs with its own pyramid and is far slower),
-  and cannot hallucinate content the way a dense flow can. An image whose fit does not lower its
-  MSE to the mean keeps the identity.
+  by a few Adam steps on the MSE between the warped candidate and the pixel-wise mean, batched
+  over all G*K images at once: ``gradleak.registration.fit``, the one registration the RPSNR
+  metric uses too (here: unbounded, in small units, one level, constant lr; see
+  :data:`TRANSFORM`). Why: the drift the paper describes between seeds is mostly "images shift
+  around the ground truth" (Sec. 3.4); a similarity captures shifts and small rotations/zooms,
+  runs as one batched tensor program (kornia's ``ImageRegistrator`` loops over image pairs with
+  its own pyramid and is far slower), and cannot hallucinate content the way a dense flow can.
+  An image whose fit does not lower its MSE to the mean keeps the identity.
 * Schedule: the consensus is recomputed at EVERY step from the current candidates; the
   registration transforms are re-estimated (from the identity) only every
   ``registration_every`` steps from ``registration_start`` on (paper: after 5k, every 100) and
@@ -46,15 +47,15 @@ from __future__ import annotations
 
 import torch
 
+from .. import registration
 from ..errors import ConfigError
-from ..optim import Adam
 from .shard import SeedShard
 
 GROUP_MODES = ("none", "lazy", "registered")
 
-# Parameter units of the similarity transform: a raw value of 1 means H/16 pixels of
-# translation, 0.25 rad of rotation and exp(0.25) of scale, so one Adam lr suits all four.
-_UNITS = (1.0 / 16, 1.0 / 16, 0.25, 0.25)
+#: Eq. 12's F: an unbounded similarity whose raw parameters (tx, ty, angle, log-scale) are in
+#: units of 1/16 of the side, 0.25 rad and exp(0.25), so one Adam lr suits all four.
+TRANSFORM = registration.Transform("similarity", shift=1.0 / 16, angle=0.25, log_scale=0.25, bounded=False)
 
 
 def lazy_mean(x: torch.Tensor, shard: SeedShard | None = None) -> torch.Tensor:
@@ -68,30 +69,6 @@ def lazy_mean(x: torch.Tensor, shard: SeedShard | None = None) -> torch.Tensor:
 def group_penalty(x: torch.Tensor, consensus: torch.Tensor) -> torch.Tensor:
     """Eq. 11 without alpha_group: ||x_g - E||_2 over candidate g's batch. -> [G]."""
     return (x - consensus.unsqueeze(0)).flatten(1).norm(dim=1)
-
-
-def similarity_matrices(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """theta [B, 4] raw (tx, ty, angle, log-scale) -> affine matrices [B, 2, 3] in pixel
-    coordinates, rotating and scaling about the image centre (kornia's warp_affine convention)."""
-    units = torch.tensor(_UNITS, dtype=theta.dtype, device=theta.device)
-    t = theta * units * torch.tensor([height, width, 1.0, 1.0], dtype=theta.dtype, device=theta.device)
-    tx, ty, angle, log_s = t.unbind(dim=-1)
-    s = log_s.exp()
-    cos, sin = s * angle.cos(), s * angle.sin()
-    cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
-    row0 = torch.stack([cos, -sin, tx + cx - cos * cx + sin * cy], dim=-1)
-    row1 = torch.stack([sin, cos, ty + cy - sin * cx - cos * cy], dim=-1)
-    return torch.stack([row0, row1], dim=-2)
-
-
-def warp(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """images [B, C, H, W] warped by theta [B, 4] (kornia.geometry.transform.warp_affine,
-    bilinear, border padding; differentiable in both)."""
-    from kornia.geometry.transform import warp_affine
-
-    h, w = images.shape[-2:]
-    return warp_affine(images, similarity_matrices(theta, h, w), (h, w), mode="bilinear",
-                       padding_mode="border", align_corners=True)
 
 
 class Registration:
@@ -108,23 +85,12 @@ class Registration:
         self.fits = 0
 
     def fit(self, x: torch.Tensor) -> None:
-        """Re-estimate the transforms from the identity for candidates x [G, K, C, H, W]."""
+        """Re-estimate the transforms from the identity for candidates x [G, K, C, H, W]:
+        F_{x_g -> mean} of Eq. 12, every image x_g[k] registered onto the pixel-wise mean [k]."""
         g, k, c, h, w = x.shape
         src = x.detach().reshape(g * k, c, h, w)
         target = lazy_mean(x.detach(), self.shard).unsqueeze(0).expand(g, k, c, h, w).reshape(g * k, c, h, w)
-        theta = torch.zeros(g * k, 4, dtype=x.dtype, device=x.device, requires_grad=True)
-        opt = Adam([theta], lr=self.lr)
-        with torch.enable_grad():
-            for _ in range(self.steps):
-                err = (warp(src, theta) - target).pow(2).flatten(1).mean(dim=1)
-                opt.zero_grad(set_to_none=True)
-                theta.grad, = torch.autograd.grad(err.sum(), [theta])
-                opt.step()
-        with torch.no_grad():
-            before = (src - target).pow(2).flatten(1).mean(dim=1)
-            after = (warp(src, theta) - target).pow(2).flatten(1).mean(dim=1)
-            keep = (after < before).unsqueeze(1)
-            self.theta = torch.where(keep, theta.detach(), torch.zeros_like(theta))
+        self.theta = registration.fit(src, target, TRANSFORM, registration.Schedule(steps=self.steps, lr=self.lr))
         self.fits += 1
 
     def get_state(self) -> dict[str, object]:
@@ -147,7 +113,7 @@ class Registration:
         if self.theta is None:
             return x
         g, k, c, h, w = x.shape
-        return warp(x.reshape(g * k, c, h, w), self.theta).reshape(g, k, c, h, w)
+        return registration.warp(x.reshape(g * k, c, h, w), self.theta, TRANSFORM).reshape(g, k, c, h, w)
 
     def consensus(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 12: (1/G) sum_g F_g(x_g) -> [K, C, H, W]."""

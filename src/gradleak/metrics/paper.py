@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gradleak.errors import ConfigError, ModelMismatchError
+from gradleak import registration
+from gradleak.errors import ModelMismatchError
 from gradleak.metrics.image import psnr as _psnr
-from gradleak.optim import Adam
 
 __all__ = [
     "LPIPS_BACKBONE_FILES",
@@ -35,6 +35,8 @@ __all__ = [
     "lpips_available",
     "lpips_distance",
     "lpips_unavailable_reason",
+    "metric_schedule",
+    "metric_transform",
     "register",
     "registered_psnr",
 ]
@@ -83,67 +85,38 @@ def fft2d_distance(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- (ii) RPSNR
 
-#: Geometric models :func:`register` fits (destination -> source, normalised coordinates).
-REGISTRATION_MODELS: tuple[str, ...] = ("translation", "similarity", "homography")
+#: Geometric models :func:`register` fits (see :mod:`gradleak.registration`).
+REGISTRATION_MODELS: tuple[str, ...] = registration.MODELS
 
 # Bounds on the similarity parameters (tanh-squashed): registration should undo a
 # misalignment, not turn an unrelated reconstruction into the original by zooming into a patch.
+_MAX_SHIFT = 0.25  # a quarter of the image side
 _MAX_ANGLE = math.radians(30.0)
 _MAX_LOG_SCALE = math.log(1.25)
-_MAX_SHIFT = 0.5  # in normalised units: a quarter of the image side
-_FULL_FIT_SIDE = 64
+_SCHEDULE_SIDE = 32  # lr sized so that a step moves about as many pixels at every pyramid level
+_FULL_FIT_SIDE = 64  # pyramid levels above this side only refine
 
 
-def _similarity_matrices(p: torch.Tensor, height: int, width: int, kind: str) -> torch.Tensor:
-    """[K, 4] raw parameters -> [K, 3, 3] dst->src matrices in normalised [-1, 1] coordinates.
-
-    The rotation/scale acts in pixel geometry (centred), so non-square images rotate
-    correctly: A_norm = D^-1 (s R) D with D = diag(W/2, H/2); the shift is in normalised units.
-    """
-    k = p.shape[0]
-    if kind == "translation":
-        angle = torch.zeros(k, dtype=p.dtype, device=p.device)
-        scale = torch.ones(k, dtype=p.dtype, device=p.device)
-    else:
-        angle = _MAX_ANGLE * torch.tanh(p[:, 0])
-        scale = torch.exp(_MAX_LOG_SCALE * torch.tanh(p[:, 1]))
-    tx, ty = _MAX_SHIFT * torch.tanh(p[:, 2]), _MAX_SHIFT * torch.tanh(p[:, 3])
-    cos, sin = scale * torch.cos(angle), scale * torch.sin(angle)
-    aspect = height / width  # D^-1 R D: off-diagonals pick up the aspect ratio
-    row0 = torch.stack([cos, -sin * aspect, tx], dim=1)
-    row1 = torch.stack([sin / aspect, cos, ty], dim=1)
-    row2 = torch.tensor([0.0, 0.0, 1.0], dtype=p.dtype, device=p.device).expand(k, 3)
-    return torch.stack([row0, row1, row2], dim=1)
+def metric_transform(model: str = "similarity") -> registration.Transform:
+    """The transform RPSNR fits: bounded, see :func:`register` (ConfigError for an unknown model)."""
+    return registration.Transform(model, shift=_MAX_SHIFT, angle=_MAX_ANGLE, log_scale=_MAX_LOG_SCALE, bounded=True)
 
 
-def _homography_matrices(p: torch.Tensor) -> torch.Tensor:
-    """[K, 8] -> [K, 3, 3] = I + p (bottom-right fixed at 1)."""
-    k = p.shape[0]
-    flat = torch.cat([p, torch.zeros(k, 1, dtype=p.dtype, device=p.device)], dim=1)
-    return torch.eye(3, dtype=p.dtype, device=p.device).expand(k, 3, 3) + flat.view(k, 3, 3)
-
-
-def _warp(images: torch.Tensor, src_homo_dst: torch.Tensor) -> torch.Tensor:
-    from kornia.geometry.transform import homography_warp
-
-    h, w = images.shape[-2:]
-    # align_corners=False with normalised coordinates: the identity samples pixel centres
-    # exactly. 'border' padding repeats edge pixels where the warp leaves the source, so a
-    # registered image is penalised only mildly for the strip it cannot cover.
-    return homography_warp(images, src_homo_dst, (h, w), mode="bilinear", padding_mode="border",
-                           align_corners=False, normalized_coordinates=True)
+def metric_schedule(iterations: int = 40, lr: float = 0.05, levels: int | None = None) -> registration.Schedule:
+    """How RPSNR fits it: coarse to fine, pixel-sized steps decaying to a tenth within a level."""
+    return registration.Schedule(steps=int(iterations), lr=float(lr), levels=levels, lr_end=0.1,
+                                 lr_side=_SCHEDULE_SIDE, refine_above=_FULL_FIT_SIDE)
 
 
 def register(recon: torch.Tensor, truth: torch.Tensor, *, model: str = "similarity",
              iterations: int = 40, lr: float = 0.05, levels: int | None = None) -> torch.Tensor:
     """Align every reconstruction to its original; returns the warped reconstructions [K, C, H, W].
 
-    A batched, coarse-to-fine Adam fit of one geometric transform per image (all K at once,
-    on the images' device), minimising the MSE between the warped reconstruction and the
-    original. Warping uses kornia (``homography_warp``) and its Gaussian pyramid
-    (``build_pyramid``): kornia is already a dependency and runs batched on CPU and GPU,
-    unlike ``kornia.geometry.transform.ImageRegistrator``, which fits one transform for a
-    whole batch.
+    The registration of GradInversion's post-registration PSNR (Sec. 4), run by
+    :func:`gradleak.registration.fit` (the same batched fit Eq. 12's group consistency uses):
+    a coarse-to-fine Adam fit of one geometric transform per image (all K at once, on the
+    images' device, float32), minimising the MSE between the warped reconstruction and the
+    original; a fit that does not lower an image's MSE leaves it unwarped (identity).
 
     model:      "translation", "similarity" (rotation, isotropic scale, shift; default) or
                 "homography" (8 free parameters; most flexible, most able to flatter a poor
@@ -151,57 +124,20 @@ def register(recon: torch.Tensor, truth: torch.Tensor, *, model: str = "similari
                 shift to a quarter of the side.
     iterations: Adam steps per pyramid level up to 64 px (coarsest first); finer levels get a
                 sixth of that (at least 5) to refine.
+    lr:         Adam's lr at a 32 px level (scaled by 32/side, at most 2x, so that a step is about
+                the same number of pixels at every level), decaying linearly to a tenth of it
+                within each level: the fit ends well below a pixel at every resolution.
     levels:     pyramid levels; default: halve while the shorter side stays >= 16 px (max 4).
     """
-    if model not in REGISTRATION_MODELS:
-        raise ConfigError(f"registration model must be one of {', '.join(REGISTRATION_MODELS)}, got {model!r}")
+    transform = metric_transform(model)
     recon, truth = _pair(recon, truth)
-    from kornia.geometry.transform import build_pyramid
-
     src = recon.to(torch.float32)
     dst = truth.to(src.device, torch.float32)
-    k, _, h, w = src.shape
-    if k == 0:
+    if src.shape[0] == 0:
         return src.clone()
-    if levels is None:
-        levels, side = 1, min(h, w)
-        while side // 2 >= 16 and levels < 4:
-            side //= 2
-            levels += 1
-    levels = max(1, int(levels))
-    pyr_src = build_pyramid(src, levels)
-    pyr_dst = build_pyramid(dst, levels)
-
-    n_params = 8 if model == "homography" else 4
-    params = torch.zeros(k, n_params, dtype=torch.float32, device=src.device, requires_grad=True)
-
-    def matrices(hh: int, ww: int) -> torch.Tensor:
-        if model == "homography":
-            return _homography_matrices(params)
-        return _similarity_matrices(params, hh, ww, model)
-
-    with torch.enable_grad():
-        for level in reversed(range(levels)):
-            s_img, d_img = pyr_src[level], pyr_dst[level]
-            hh, ww = s_img.shape[-2:]
-            side = min(hh, ww)
-            # Coarse levels do the search; levels above 64 px only refine (each step there
-            # costs (side/64)^2 more and the parameters are already within a pixel or two).
-            steps = int(iterations) if side <= _FULL_FIT_SIDE else max(5, int(iterations) // 6)
-            # Adam moves each parameter by about lr per step whatever the gradient, so the step
-            # is scaled to the level's pixel size (lr ~ 1/side) and decays linearly to a tenth
-            # within the level: the fit ends well below a pixel at every resolution.
-            base = lr * min(2.0, 32.0 / side)
-            opt = Adam([params], lr=base)  # torch's Adam without the torch._dynamo import
-            for i in range(steps):
-                opt.param_groups[0]["lr"] = base * (1.0 - 0.9 * i / max(1, steps - 1))
-                opt.zero_grad(set_to_none=True)
-                # Sum over images of each image's mean error: images do not compete.
-                loss = (_warp(s_img, matrices(hh, ww)) - d_img).pow(2).flatten(1).mean(1).sum()
-                loss.backward()
-                opt.step()
+    params = registration.fit(src, dst, transform, metric_schedule(iterations, lr, levels))
     with torch.no_grad():
-        return _warp(src, matrices(h, w)).to(recon.dtype)
+        return registration.warp(src, params, transform).to(recon.dtype)
 
 
 def registered_psnr(recon: torch.Tensor, truth: torch.Tensor, *, model: str = "similarity",
