@@ -3,7 +3,8 @@
 - fedsgd:    the model's gradient (DummyGradient).
 - fedavg:    the client's local SGD steps unrolled functionally (torch.func.functional_call), with
              the graph kept through every step, so the weight difference W_S - W_0 can be matched
-             and differentiated w.r.t. the dummy images (as in Geiping et al. 2020, Sec. 5).
+             and differentiated w.r.t. the dummy images (as in Geiping et al. 2020, Sec. 5). The
+             recursion is the client's own (fl.unroll.local_sgd), in its differentiable modes.
 - aggregate: the mean of N clients' simulated updates, the dummy batch split evenly in order.
 
 The attacker knows the public hyper-parameters (steps, mini-batch size, learning rate, number of
@@ -20,9 +21,10 @@ agree). Searching over the label-to-step assignments is not implemented yet.
 from __future__ import annotations
 
 import torch
-from torch.func import grad, vmap
+from torch.func import functional_call, grad, vmap
 
-from ..fl.threats import ThreatModel, step_assignment
+from ..fl.threats import ThreatModel
+from ..fl.unroll import local_sgd, mean_over_steps
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .victim import BNStats, DummyGradient
@@ -42,8 +44,7 @@ class UpdateSimulator:
         self.clients = self.threat.clients if self.threat.name == "aggregate" else 1
         self.client_batch = self.batch_size // self.clients
         if self.threat.client_threat == "fedavg":
-            b = self.threat.local_batch_size or self.client_batch
-            self.steps = step_assignment(self.client_batch, b, self.threat.local_steps, None)
+            self.steps = self.threat.local_schedule(self.client_batch, None)  # the fixed order 0..K-1
 
     @property
     def is_fedsgd(self) -> bool:
@@ -53,35 +54,28 @@ class UpdateSimulator:
         if self.threat.client_threat == "fedsgd":
             return self.gradient(x, labels, create_graph=create_graph)
         g = self.gradient
-        start = g.params
-        params = dict(start)
-        for idx in self.steps:
+
+        def loss(params: dict[str, torch.Tensor], x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             buffers = {n: b.clone() for n, b in g.buffers.items()}
-            logits = torch.func.functional_call(g.module, (params, buffers), (x[idx],))
-            loss = DummyGradient.loss(logits, labels[idx])
-            grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
-            params = {n: p - self.threat.local_lr * d for (n, p), d in zip(params.items(), grads)}
-        return [params[n] - start[n] for n in self.names]
+            return DummyGradient.loss(functional_call(g.module, (params, buffers), (x,)), labels)
+        # The client's local steps (fl.unroll), the graph kept through every step (even when the
+        # caller needs values only, create_graph=False), as in Geiping et al. 2020, Sec. 5.
+        run = local_sgd(g.params, loss, (x, labels), self.steps, self.threat.local_lr, mode="graph")
+        return list(run.update(self.names).values())
 
     # ------------------------------------------------------------------ G candidates at once
     def _client_batched(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], BNStats]:
         """One candidate's one client: (update by parameter name, BN statistics of its input).
-        FedAvg unrolls the local steps with torch.func.grad (differentiable w.r.t. x by the
-        caller's autograd); its BN statistics are the mean over the steps of each step's batch
-        statistics, as the client shares them (fl.threats.fedavg)."""
+        FedAvg unrolls the local steps with torch.func (fl.unroll, mode "func"; differentiable
+        w.r.t. x by the caller's autograd); its BN statistics are the mean over the steps of each
+        step's batch statistics, as the client shares them (fl.threats.fedavg)."""
         g = self.gradient
-        step_grad = grad(g._loss_and_stats, has_aux=True)
         if self.threat.client_threat == "fedsgd":
-            return step_grad(params, x, labels)
-        p, per_step = params, []
-        for idx in self.steps:
-            d, stats = step_grad(p, x[idx], labels[idx])
-            p = {n: p[n] - self.threat.local_lr * d[n] for n in p}
-            per_step.append(stats)
-        stats = [(torch.stack([s[i][0] for s in per_step]).mean(0), torch.stack([s[i][1] for s in per_step]).mean(0))
-                 for i in range(len(per_step[0]))] if per_step and per_step[0] else []
-        return {n: p[n] - params[n] for n in p}, stats
+            return grad(g._loss_and_stats, has_aux=True)(params, x, labels)
+        run = local_sgd(params, g._loss_and_stats, (x, labels), self.steps, self.threat.local_lr, mode="func",
+                        has_aux=True)
+        return run.update(), mean_over_steps(run.aux)
 
     def _candidate(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                    labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], BNStats]:

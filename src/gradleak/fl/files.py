@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import struct
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from pydantic import TypeAdapter, ValidationError
@@ -250,15 +251,26 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
     return SharedUpdate(gradients=grads, global_weights=weights, meta=meta, bn_statistics=bn_stats), spec
 
 
-def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
-    """Load a truth file; if ``meta`` is given, check that it fits that update."""
+@contextmanager
+def open_truth(path: str | Path, fmt: str, keys: set[str], *, kind: str,
+               holds: str) -> Iterator[tuple[Path, Any, dict[str, str]]]:
+    """Open a truth file (image or text) and check its header before any tensor is read: its
+    metadata ``format`` is ``fmt`` and it holds exactly the tensors ``keys``. Yields (path,
+    safetensors handle, metadata); raises UpdateFileError naming the ``kind`` of file ("truth",
+    "text truth") and what it ``holds``."""
     p = Path(path)
     with _open(p, "truth") as f:
         md = f.metadata() or {}
-        if md.get("format") != TRUTH_FORMAT:
-            raise UpdateFileError(f"{p} is not a gradleak truth file (format={md.get('format')!r})")
-        if set(f.keys()) != {"images", "labels"}:
-            raise UpdateFileError(f"{p}: a truth file holds exactly 'images' and 'labels'")
+        if md.get("format") != fmt:
+            raise UpdateFileError(f"{p} is not a gradleak {kind} file (format={md.get('format')!r})")
+        if set(f.keys()) != keys:
+            raise UpdateFileError(f"{p}: a {kind} file holds exactly {holds}")
+        yield p, f, md
+
+
+def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
+    """Load a truth file; if ``meta`` is given, check that it fits that update."""
+    with open_truth(path, TRUTH_FORMAT, {"images", "labels"}, kind="truth", holds="'images' and 'labels'") as (p, f, md):
         ishape, idt = _shape_dtype(f, "images")
         lshape, ldt = _shape_dtype(f, "labels")
         if len(ishape) != 4 or lshape != (ishape[0],) or idt not in _FLOAT_DTYPES or ldt not in {"I64", "I32"}:

@@ -8,7 +8,8 @@
 - ``aggregate``: the server sees only the average update of N clients (secure aggregation);
                  each client runs ``fedsgd`` or ``fedavg`` on its own batch.
 
-Each records its public hyper-parameters in ``UpdateMeta.threat``.
+Each records its public hyper-parameters in ``UpdateMeta.threat``. The local steps themselves are
+:func:`gradleak.fl.unroll.local_sgd`, which the attacker's simulations run too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..data.batch import Batch
 from ..errors import ConfigError
 from ..models import ModelSpec
 from .client import BNStatisticsRecorder, check_batch_fits, fedsgd, trainable_parameters
+from .unroll import local_sgd, mean_over_steps, step_assignment
 from .update import SharedUpdate, UpdateMeta
 
 THREATS = ("fedsgd", "fedavg", "aggregate")
@@ -72,6 +74,13 @@ class ThreatModel:
         if self.local_batch_size is not None and self.local_batch_size > per_client:
             raise ConfigError(f"local_batch_size {self.local_batch_size} is larger than a client's {per_client} samples")
 
+    def local_schedule(self, k: int, private_seed: int | None) -> list[torch.Tensor]:
+        """The sample indices of each of a FedAvg client's ``local_steps`` steps over its ``k``
+        samples, in mini-batches of ``local_batch_size`` (default all k): shuffled each epoch from
+        the client's ``private_seed``, or (None) the fixed order 0..k-1 the attacker assumes."""
+        generator = torch.Generator().manual_seed(private_seed) if private_seed is not None else None
+        return step_assignment(k, self.local_batch_size or k, self.local_steps, generator)
+
     @property
     def client_threat(self) -> str:
         return self.inner if self.name == "aggregate" else self.name
@@ -113,21 +122,6 @@ class ThreatModel:
             raise ConfigError(f"threat record is invalid: {exc}") from None
 
 
-def step_assignment(k: int, local_batch_size: int, steps: int, generator: torch.Generator | None) -> list[torch.Tensor]:
-    """Indices of the samples used in each local step: epochs over the K samples in mini-batches
-    of B (the last one of an epoch may be smaller), reshuffled each epoch with ``generator``
-    (None: the fixed order 0..K-1 every epoch, which is what an attacker who does not know the
-    client's shuffling assumes)."""
-    out: list[torch.Tensor] = []
-    while len(out) < steps:
-        order = torch.randperm(k, generator=generator) if generator is not None else torch.arange(k)
-        for start in range(0, k, local_batch_size):
-            out.append(order[start:start + local_batch_size])
-            if len(out) == steps:
-                break
-    return out
-
-
 def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int,
            share_bn_statistics: bool = False) -> SharedUpdate:
     """FedAvg client: ``threat.local_steps`` SGD steps (lr ``threat.local_lr``) over ``batch`` in
@@ -141,40 +135,32 @@ def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed:
     module = model.module
     global_weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
     params = {n: p.detach().clone() for n, p in trainable_parameters(module).items()}
-    start = {n: p.clone() for n, p in params.items()}
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
-    b = threat.local_batch_size or batch.size
-    steps = step_assignment(batch.size, b, threat.local_steps, torch.Generator().manual_seed(private_seed))
+    steps = threat.local_schedule(batch.size, private_seed)
     first = next(iter(params.values()))  # the batch goes where the model's parameters are
     x_all = model.normalize(batch.images.to(first.device, first.dtype))
     labels_all = batch.labels.to(first.device)
     was_training = module.training
     module.train()
-    losses: list[float] = []
-    stats: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     try:
         with BNStatisticsRecorder(module) as rec:
-            for idx in steps:
-                live = {n: p.requires_grad_(True) for n, p in params.items()}
-                logits = functional_call(module, (live, buffers), (x_all[idx],))
-                loss = F.cross_entropy(logits, labels_all[idx])
-                grads = torch.autograd.grad(loss, list(live.values()))
-                params = {n: (p - threat.local_lr * g).detach() for (n, p), g in zip(live.items(), grads)}
-                losses.append(float(loss.detach()))
-                for name, (m, v) in rec.stats.items():
-                    stats.setdefault(name, []).append((m.detach(), v.detach()))
+            def loss(live: dict[str, torch.Tensor], x: torch.Tensor,
+                     labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+                logits = functional_call(module, (live, buffers), (x,))  # the BN hooks record this step
+                return F.cross_entropy(logits, labels), {n: (m.detach(), v.detach()) for n, (m, v) in rec.stats.items()}
+            # McMahan et al. 2017, Algorithm 1 (ClientUpdate): W <- W - eta * grad L(W; b) per step.
+            run = local_sgd(params, loss, (x_all, labels_all), steps, threat.local_lr, mode="client", has_aux=True)
     finally:
         module.train(was_training)
-    delta = {n: params[n] - start[n] for n in params}
+    bn_layers = list(run.aux[0]) if run.aux else []
     meta = UpdateMeta(model=model.name, num_classes=model.num_classes, input_shape=model.input_shape,
-                      mean=model.mean, std=model.std, batch_size=batch.size, loss=sum(losses) / len(losses),
+                      mean=model.mean, std=model.std, batch_size=batch.size, loss=run.mean_loss,
                       model_kwargs=dict(model.kwargs), threat=threat.record(batch.size),
-                      bn_statistics_shared=share_bn_statistics and bool(stats))
+                      bn_statistics_shared=share_bn_statistics and bool(bn_layers))
     bn: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if share_bn_statistics:
-        bn = {k: (torch.stack([m for m, _ in v]).mean(0), torch.stack([s for _, s in v]).mean(0))
-              for k, v in stats.items()}
-    return SharedUpdate(gradients=delta, global_weights=global_weights, meta=meta, bn_statistics=bn)
+        bn = dict(zip(bn_layers, mean_over_steps([[step[n] for n in bn_layers] for step in run.aux])))
+    return SharedUpdate(gradients=run.update(), global_weights=global_weights, meta=meta, bn_statistics=bn)
 
 
 def client_share(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int = 0,

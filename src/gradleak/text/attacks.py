@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from ..attacks.loop import LoopSettings, optimise
 from ..attacks.objectives import squared_l2
 from ..errors import ConfigError, GradleakError, UnknownNameError
-from ..fl.threats import ThreatModel, step_assignment
+from ..fl.threats import ThreatModel
+from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate
 from ..runtime import attack_precision, resolve_device
 from .models import TextModel
@@ -183,6 +184,9 @@ def bias_labels(update: SharedUpdate, model: TextModel) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- simulation
+_ROWS = "<word-embedding rows>"  # the unroll's name for W[rows] (no parameter name has "<")
+
+
 class TextSimulator:
     """The attacker's simulation of the client: dummy inputs -> the update they would produce.
 
@@ -215,8 +219,7 @@ class TextSimulator:
             target.append(update.gradients[w].to(device=device, dtype=dtype)[idx])
         self.target = target
         if self.threat.client_threat == "fedavg":
-            b = self.threat.local_batch_size or self.client_batch
-            self.steps = step_assignment(self.client_batch, b, self.threat.local_steps, None)
+            self.steps = self.threat.local_schedule(self.client_batch, None)  # the fixed order 0..K-1
 
     def _embed(self, inputs: torch.Tensor, w_rows: torch.Tensor | None) -> torch.Tensor:
         return inputs @ w_rows if w_rows is not None else inputs
@@ -234,16 +237,14 @@ class TextSimulator:
             logits = self.model.logits(full, self.buffers, self._embed(inputs, w_rows), mask)
             loss = _loss(logits, labels)
             return list(torch.autograd.grad(loss, variables, create_graph=create_graph))
-        start = variables
-        current = list(variables)
-        lr = self.threat.local_lr
-        for idx in self.steps:
-            cur = dict(zip(self.names, current[:len(self.names)]))
-            rows = current[-1] if w_rows is not None else None
-            logits = self.model.logits({**base, **cur}, self.buffers, self._embed(inputs[idx], rows), mask[idx])
-            grads = torch.autograd.grad(_loss(logits, labels[idx]), current, create_graph=True)
-            current = [p - lr * g for p, g in zip(current, grads)]
-        return [c - s for c, s in zip(current, start)]
+        named = dict(params) if w_rows is None else {**params, _ROWS: w_rows}
+
+        def loss(cur: dict[str, torch.Tensor], inp: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            weights = {**base, **{n: cur[n] for n in self.names}}
+            return _loss(self.model.logits(weights, self.buffers, self._embed(inp, cur.get(_ROWS)), m), y)
+        # The client's local steps (fl.unroll), the graph kept through every step, as the image attacks do.
+        run = local_sgd(named, loss, (inputs, mask, labels), self.steps, self.threat.local_lr, mode="graph")
+        return list(run.update().values())
 
     def __call__(self, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, *,
                  create_graph: bool = True) -> list[torch.Tensor]:

@@ -28,8 +28,10 @@ from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save
 
 from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import _FLOAT_DTYPES, _get, _open, _shape_dtype, check_meta_bounds, check_update_header
-from ..fl.threats import ThreatModel, aggregate, step_assignment
+from ..fl.files import (_FLOAT_DTYPES, _get, _open, _shape_dtype, check_meta_bounds, check_update_header,
+                        open_truth)
+from ..fl.threats import ThreatModel, aggregate
+from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
 from .data import TextBatch
 from .models import TextModel, build_text_model
@@ -81,18 +83,15 @@ def text_fedavg(model: TextModel, batch: TextBatch, threat: ThreatModel, *, priv
     """FedAvg: ``threat.local_steps`` SGD steps over mini-batches of ``threat.local_batch_size``
     sentences (order from ``private_seed``, not recorded); shares W_S - W_0."""
     weights, params, buffers = _global(model)
-    start = {n: p.clone() for n, p in params.items()}
-    b = threat.local_batch_size or batch.size
-    steps = step_assignment(batch.size, b, threat.local_steps, torch.Generator().manual_seed(private_seed))
-    losses = []
-    for idx in steps:
-        live = {n: p.requires_grad_(True) for n, p in params.items()}
-        loss = batch_loss(model, live, buffers, batch.input_ids[idx], batch.attention_mask[idx], batch.labels[idx])
-        grads = torch.autograd.grad(loss, list(live.values()))
-        params = {n: (p - threat.local_lr * g).detach() for (n, p), g in zip(live.items(), grads)}
-        losses.append(float(loss.detach()))
-    meta = text_meta(model, batch.size, sum(losses) / len(losses), threat.record(batch.size))
-    return SharedUpdate(gradients={n: params[n] - start[n] for n in params}, global_weights=weights, meta=meta)
+
+    def loss(live: dict[str, torch.Tensor], input_ids: torch.Tensor, mask: torch.Tensor,
+             labels: torch.Tensor) -> torch.Tensor:
+        return batch_loss(model, live, buffers, input_ids, mask, labels)
+    # McMahan et al. 2017, Algorithm 1 (ClientUpdate), as fl.threats.fedavg: W <- W - eta * grad L(W; b).
+    run = local_sgd(params, loss, (batch.input_ids, batch.attention_mask, batch.labels),
+                    threat.local_schedule(batch.size, private_seed), threat.local_lr, mode="client")
+    meta = text_meta(model, batch.size, run.mean_loss, threat.record(batch.size))
+    return SharedUpdate(gradients=run.update(), global_weights=weights, meta=meta)
 
 
 def per_sentence_gradients(model: TextModel, batch: TextBatch) -> list[dict[str, torch.Tensor]]:
@@ -236,13 +235,8 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
 
 def load_text_truth(path: str | Path, meta: UpdateMeta | None = None) -> TextBatch:
     """Load a text truth file; if ``meta`` is given, check that it fits that update."""
-    p = Path(path)
-    with _open(p, "truth") as f:
-        md = f.metadata() or {}
-        if md.get("format") != TEXT_TRUTH_FORMAT:
-            raise UpdateFileError(f"{p} is not a gradleak text truth file (format={md.get('format')!r})")
-        if set(f.keys()) != {"input_ids", "attention_mask", "labels"}:
-            raise UpdateFileError(f"{p}: a text truth file holds exactly input_ids, attention_mask and labels")
+    with open_truth(path, TEXT_TRUTH_FORMAT, {"input_ids", "attention_mask", "labels"}, kind="text truth",
+                    holds="input_ids, attention_mask and labels") as (p, f, md):
         ishape, idt = _shape_dtype(f, "input_ids")
         mshape, _ = _shape_dtype(f, "attention_mask")
         lshape, _ = _shape_dtype(f, "labels")

@@ -1,0 +1,124 @@
+"""One local-SGD unroll: the FedAvg client's local steps, and the attacker's simulation of them.
+
+FedAvg's ClientUpdate (McMahan et al. 2017, Algorithm 1): S plain SGD steps with learning rate
+eta over mini-batches I_1 .. I_S of the client's K samples (:func:`step_assignment`),
+
+    W_s = W_{s-1} - eta * grad_W L(W_{s-1}; I_s),   s = 1 .. S,      shared: Delta = W_S - W_0.
+
+Every caller runs this one recursion (:func:`local_sgd`); they differ only in the loss L (image
+cross-entropy with hard or soft labels, the text model's loss, a functional call batched over
+candidate seeds) and in how each step's gradient is taken (``mode``):
+
+- ``"client"``: what a client really computes. Each step's gradient is a plain tensor and the
+  new weights are detached: no graph outlives a step (fl.threats.fedavg, text.client).
+- ``"graph"``:  the attacker's differentiable simulation: torch.autograd.grad with
+  create_graph=True at every step, so Delta is a differentiable function of whatever L depends on
+  (dummy inputs, soft labels, embedding rows), for the double backward of the gradient-matching
+  attacks (Geiping et al. 2020, Sec. 5: the multi-step update unrolled with known
+  hyper-parameters). attacks.simulate.UpdateSimulator, text.attacks.TextSimulator.
+- ``"func"``:   the same through torch.func.grad_and_value, for a loss evaluated under
+  torch.func.vmap (G candidate batches at once); differentiable by the caller's autograd.
+
+This module sees tensors and callables only (no data sets, no metrics), so the attacks may
+import it.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+
+Mode = Literal["client", "graph", "func"]
+MODES: tuple[str, ...] = ("client", "graph", "func")
+
+# loss(params, *mini_batch) -> scalar loss, or (loss, aux) with has_aux; mini_batch is each of
+# ``data`` indexed by the step's sample indices.
+StepLoss = Callable[..., Any]
+BNStats = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def step_assignment(k: int, local_batch_size: int, steps: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Indices of the samples used in each local step: epochs over the K samples in mini-batches
+    of B (the last one of an epoch may be smaller), reshuffled each epoch with ``generator``
+    (None: the fixed order 0..K-1 every epoch, which is what an attacker who does not know the
+    client's shuffling assumes)."""
+    out: list[torch.Tensor] = []
+    while len(out) < steps:
+        order = torch.randperm(k, generator=generator) if generator is not None else torch.arange(k)
+        for start in range(0, k, local_batch_size):
+            out.append(order[start:start + local_batch_size])
+            if len(out) == steps:
+                break
+    return out
+
+
+@dataclass
+class Unrolled:
+    """The result of :func:`local_sgd`: W_0 (``start``), W_S (``params``), each step's loss
+    (detached) and each step's auxiliary output of the loss (``has_aux``; else None)."""
+
+    start: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
+    losses: list[torch.Tensor] = field(default_factory=list)
+    aux: list[Any] = field(default_factory=list)
+
+    def update(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """Delta = W_S - W_0 by parameter name (``names``: which ones, in that order; default all)."""
+        return {n: self.params[n] - self.start[n] for n in (self.params if names is None else names)}
+
+    @property
+    def mean_loss(self) -> float:
+        """The mean of the steps' losses (the client's UpdateMeta.loss)."""
+        losses = [float(v) for v in self.losses]
+        return sum(losses) / len(losses)
+
+
+def local_sgd(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[torch.Tensor],
+              steps: Sequence[torch.Tensor], lr: float, *, mode: Mode, has_aux: bool = False) -> Unrolled:
+    """Unroll the local steps W_s = W_{s-1} - lr * grad L(W_{s-1}; I_s) (module docstring):
+    step s calls ``loss(W_{s-1}, *(d[I_s] for d in data))`` with ``steps[s]`` = I_s.
+
+    ``params`` (W_0, by name) is not modified: "client" takes each step's gradient w.r.t.
+    detached copies, "graph" w.r.t. the given tensors themselves (they, or what they depend on,
+    must require grad), "func" w.r.t. the first argument of the loss via torch.func."""
+    if mode not in MODES:
+        raise ValueError(f"local_sgd mode {mode!r}; known: {', '.join(MODES)}")
+    p = dict(params)
+    out = Unrolled(start=dict(params), params=p)
+    step_grad = torch.func.grad_and_value(loss, has_aux=has_aux) if mode == "func" else None
+    with torch.enable_grad() if mode != "func" else nullcontext():
+        for idx in steps:
+            batch = [d[idx] for d in data]
+            if step_grad is not None:
+                grads, value = step_grad(p, *batch)
+            else:
+                if mode == "client":
+                    p = {n: w.detach().requires_grad_(True) for n, w in p.items()}
+                value = loss(p, *batch)
+                g = torch.autograd.grad(value[0] if has_aux else value, list(p.values()),
+                                        create_graph=mode == "graph")
+                grads = dict(zip(p, g))
+            step_loss, aux = value if has_aux else (value, None)
+            p = {n: w - lr * grads[n] for n, w in p.items()}
+            if mode == "client":
+                p = {n: w.detach() for n, w in p.items()}
+            out.losses.append(step_loss.detach())
+            out.aux.append(aux)
+    out.params = p
+    return out
+
+
+def mean_over_steps(per_step: Sequence[BNStats]) -> BNStats:
+    """Per BatchNorm layer, the mean over the local steps of that step's batch mean and variance:
+    the BN statistics a FedAvg client shares over its whole local data (what global BN updates
+    average). ``per_step``: one list of (mean [C], var [C]) per step, layers in the same order."""
+    if not per_step or not per_step[0]:
+        return []
+    return [(torch.stack([s[i][0] for s in per_step]).mean(0), torch.stack([s[i][1] for s in per_step]).mean(0))
+            for i in range(len(per_step[0]))]
+
+
+__all__ = ["MODES", "Unrolled", "local_sgd", "mean_over_steps", "step_assignment"]
