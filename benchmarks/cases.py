@@ -18,7 +18,7 @@ class Variant:
     key: str
     label: str
     fields: dict[str, Any]
-    attack_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the attack function
+    attack_kwargs: dict[str, Any] = field(default_factory=dict)  # fields of the typed attack config (run.py)
 
 
 @dataclass(frozen=True)

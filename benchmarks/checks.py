@@ -65,14 +65,17 @@ import resource, sys, torch
 torch.set_num_threads(1)
 from gradleak import runtime
 from gradleak.config import make_config
-from gradleak.runner import prepare, attack_settings
-from gradleak.attacks import run_attack
+from gradleak.pipeline import build_case
+from gradleak.attacks import Engine
 cfg = make_config(attack="ig", model="convnet", batch_size=2, iterations=6, progress=False)
-case = prepare(cfg)
-s = attack_settings(cfg, torch.device("cpu"))
-run_attack("ig", case.update, case.model, s)   # warm-up; the first attack sets the allocator
+case = build_case(cfg)
+typed = case.attack_config(cfg)
+def engine():
+    return Engine(device=torch.device("cpu"), log_every=cfg.log_every, progress=False)
+engine().run(typed, case.update, case.model)   # warm-up; the first attack sets the allocator
+attack = engine()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-rec = run_attack("ig", case.update, case.model, s)
+rec = attack.run(typed, case.update, case.model)
 print(runtime.allocator().replace(" ", "_"), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0, rec.wall_seconds)
 """
 
@@ -132,10 +135,11 @@ def check_rpsnr(rounds: int = 3) -> dict[str, Any]:
 
 def _nproc_drift(iterations: list[int]) -> list[dict[str, Any]]:
     from gradleak.config import make_config
-    from gradleak.runner import run
+    from gradleak.pipeline import run
 
+    # share_bn_statistics: the cpu preset's BN prior "exact" needs the client's BN statistics in the update
     base = dict(attack="gradinversion", model="convnet", width=8, batch_size=2, image_size=32,
-                data="cifar10-samples", progress=False, paper_metrics=False, threads=1)
+                data="cifar10-samples", progress=False, paper_metrics=False, threads=1, share_bn_statistics=True)
     rows = []
     for group, seeds in (("lazy", 4), ("registered", 4), ("none", 3)):
         for it in iterations:
@@ -157,12 +161,13 @@ def _nproc_drift(iterations: list[int]) -> list[dict[str, Any]]:
 
 def _preset_drift() -> dict[str, Any]:
     """The README's command: `gradleak attack --attack gradinversion --model convnet --batch-size 4
-    --preset cpu` (600 steps, 4 seeds, registered group), with --nproc 2 vs one process."""
+    --preset cpu --share-bn-statistics` (600 steps, 4 seeds, registered group, the preset's exact BN
+    prior on the client's shared BN statistics), with --nproc 2 vs one process."""
     from gradleak.config import make_config
-    from gradleak.runner import run
+    from gradleak.pipeline import run
 
     cfg = dict(attack="gradinversion", model="convnet", batch_size=4, preset="cpu", progress=False,
-               paper_metrics=False, threads=1)
+               paper_metrics=False, threads=1, share_bn_statistics=True)  # the preset's bn "exact" needs them
     one = run(make_config(**cfg), write=False)
     two = run(make_config(**cfg, nproc=2), write=False)
     a, b = one.reconstruction, two.reconstruction

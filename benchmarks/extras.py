@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from gradleak.attacks import run_attack
+from gradleak.attacks import Engine
 from gradleak.config import make_config
 from gradleak.metrics import evaluate, match
 from gradleak.metrics.image import mse
-from gradleak.runner import attack_settings, prepare
+from gradleak.pipeline import build_case
 
 SEEDS_TARGET = 0.5
 DLG_SECONDS_TARGET = 15.0
@@ -53,21 +53,25 @@ def measure_seeds(*, quick: bool, threads: int, g: int = 8, device: str = "cpu")
     iterations, rounds = (5, 1) if quick else (30, 2)
     torch.set_num_threads(threads)
     cfg = _gi_config(g, 0, iterations, threads)
-    case = prepare(cfg)  # the client update: the batch is drawn with seed 0 in both settings
-    batched_settings = attack_settings(cfg, torch.device(device))
-    single = [attack_settings(_gi_config(1, s, iterations, threads), torch.device(device)) for s in range(g)]
+    case = build_case(cfg)  # the client update: the batch is drawn with seed 0 in both settings
+    # the typed attack configs, resolved on that one update: G seeds from seed 0, and G single-seed runs
+    batched_config = case.attack_config(cfg)
+    single = [case.attack_config(_gi_config(1, s, iterations, threads)) for s in range(g)]
+
+    def engine() -> Engine:  # a fresh one per run (its session records that run's recoveries)
+        return Engine(device=device, log_every=cfg.log_every, progress=False)
 
     def run_batched() -> tuple[float, float, Any]:
         t = time.perf_counter()
-        rec = run_attack("gradinversion", case.update, case.model, batched_settings)
+        rec = engine().run(batched_config, case.update, case.model)
         return time.perf_counter() - t, rec.wall_seconds, rec
 
     def run_sequential() -> tuple[float, float, list[Any]]:
         t = time.perf_counter()
-        recs = [run_attack("gradinversion", case.update, case.model, s) for s in single]
+        recs = [engine().run(s, case.update, case.model) for s in single]
         return time.perf_counter() - t, sum(r.wall_seconds for r in recs), recs
 
-    run_attack("gradinversion", case.update, case.model, single[0])  # warm-up
+    engine().run(single[0], case.update, case.model)  # warm-up
     rows = []
     b_rec = s_recs = None
     for r in range(rounds):  # alternate the order so drifting load hits both alike
@@ -121,11 +125,12 @@ def measure_dlg_default(*, quick: bool, threads: int, root: Path) -> dict[str, A
     cfg = make_config(progress=False, log_every=1, threads=threads, **extra)
     defaults = make_config()
     t_start = time.perf_counter()
-    case = prepare(cfg)
+    case = build_case(cfg)
     setup = time.perf_counter() - t_start
-    settings = attack_settings(cfg, torch.device("cpu"))
+    typed = case.attack_config(cfg)
     obs = _MSEObserver()
-    rec = run_attack(cfg.attack, case.update, case.model, settings, obs)
+    rec = Engine(device=torch.device("cpu"), observer=obs, log_every=cfg.log_every, progress=False).run(
+        typed, case.update, case.model)
     total = time.perf_counter() - obs.t0 - obs.overhead
     assert case.truth is not None
     ev = evaluate(rec, case.truth)

@@ -57,7 +57,7 @@ from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
 from gradleak.errors import GradleakError
-from gradleak.runner import attack_settings, prepare
+from gradleak.pipeline import build_case
 from gradleak.runtime import allocator, ieee_float32, resolve_device
 
 HERE = Path(__file__).resolve().parent
@@ -101,11 +101,23 @@ def device_info(device: torch.device) -> dict[str, Any]:
 
 
 def _case(model: str, *, size: int, batch: int, seeds: int, device: torch.device, threads: int | None):  # noqa: ANN202
+    # share_bn_statistics: the paper preset's BN prior is "exact" (Sec. 3.3), which needs the client's
+    # batch statistics in the update (what the client shares is the config's, never the attack's).
     cfg = make_config(attack="gradinversion", model=model, data="imagenet-samples", batch_size=batch, image_size=size,
-                      preset="paper", seeds=seeds, device=str(device), progress=False, threads=threads)
+                      preset="paper", seeds=seeds, device=str(device), progress=False, threads=threads,
+                      share_bn_statistics=True)
     t = time.perf_counter()
-    case = prepare(cfg)  # the client: real photos, the model, its shared gradient and BN statistics (on the CPU)
+    case = build_case(cfg)  # the client: real photos, the model, its shared gradient and BN statistics (on the CPU)
     return cfg, case, time.perf_counter() - t
+
+
+def _settings(cfg: Any, case: Any, device: torch.device) -> Any:
+    """The run's AttackSettings (seed, init, dtype, optimizer, device) from its typed attack config,
+    with iterations and lr left to the GradInversionSettings ``gi`` each call passes (the schedule
+    measured here is not the preset's 20 000 steps)."""
+    typed = case.attack_config(cfg)
+    return replace(typed.settings(device=str(device), log_every=cfg.log_every, progress=False),
+                   iterations=None, lr=None)
 
 
 def _memory(device: torch.device) -> dict[str, float | None]:
@@ -124,7 +136,7 @@ def _reset_memory(device: torch.device) -> None:
 def measure_paper(model: str, *, device: torch.device, iterations: int, size: int, batch: int, seeds: int,
                   threads: int | None) -> dict[str, Any]:
     cfg, case, client_s = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
-    settings = attack_settings(cfg, device)
+    settings = _settings(cfg, case, device)
     gi = replace(PAPER, iterations=iterations, seeds=seeds)  # paper schedule: the first fit is after 5000 steps
     warm_s, _ = timed(lambda: gradinversion(case.update, case.model, settings, gi=replace(gi, iterations=3)), device)
     _reset_memory(device)
@@ -168,8 +180,10 @@ def measure_seeds_224(model: str, *, device: torch.device, iterations: int, size
     cfg, case, _ = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
     base = replace(PAPER, iterations=iterations, group="none")
 
-    def settings_for(seed: int) -> Any:  # seeds=None: the count comes from gi (G batched, 1 sequential)
-        return replace(attack_settings(cfg, device), seed=seed, seeds=None)
+    base_settings = _settings(cfg, case, device)  # no seeds field: the count comes from gi (G batched, 1 sequential)
+
+    def settings_for(seed: int) -> Any:
+        return replace(base_settings, seed=seed)
 
     def batched() -> Any:
         return gradinversion(case.update, case.model, settings_for(0), gi=replace(base, seeds=seeds))

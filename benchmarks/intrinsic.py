@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from gradleak.attacks import AttackSettings, run_attack
 from gradleak.config import make_config
-from gradleak.runner import prepare
+from gradleak.pipeline import build_case
 
 
 @contextmanager
@@ -88,7 +88,7 @@ def measure(target: Target, *, rounds: int, train_reps: int, attack_iterations: 
     """Median over ``rounds`` of (attack step / training step) and (naive step / training step)."""
     cfg = make_config(attack=target.attack, model=target.model, batch_size=target.batch_size, seed=0,
                       dtype=target.dtype, threads=threads, progress=False, **target.fields)
-    case = prepare(cfg)
+    case = build_case(cfg)
     dtype = getattr(torch, target.dtype)
     assert case.truth is not None
     module = copy.deepcopy(case.model.module).to(dtype).train()

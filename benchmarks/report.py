@@ -137,8 +137,8 @@ def _dlg_default(d: dict[str, Any]) -> list[str]:
         f"seed {c['seed']}; resolved {d.get('resolved')}."
         + (f" **Quick run: {d['quick_iterations_override']} iterations only.**" if d.get("quick_iterations_override") else ""),
         "",
-        f"- In-process (the runner's client simulation, then `run_attack` with an observer every step, its time "
-        f"taken out): client set-up {d['client_setup_s']:.1f} s; MSE <= 1e-4 reached after "
+        f"- In-process (the pipeline's client simulation, then the attack on its `Engine` with an observer "
+        f"every step, its time taken out): client set-up {d['client_setup_s']:.1f} s; MSE <= 1e-4 reached after "
         + (f"**{reach:.1f} s** (L-BFGS step {d['iteration_to_mse_1e-4']})" if reach is not None else "**never**")
         + f" (target <= 15 s: {'met' if d['met_time'] else 'not met'}); {d['iterations']} steps in "
         f"{d['attack_total_s']:.1f} s ({d.get('trials')} trial(s)); final MSE **{d['final_mse']:.2e}**, PSNR "

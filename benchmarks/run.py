@@ -48,11 +48,11 @@ from intrinsic import lbfgs_evaluations, lbfgs_instances, measure_all  # noqa: E
 from report import render_markdown  # noqa: E402
 
 import gradleak  # noqa: E402
-from gradleak.attacks import ATTACKS, Reconstruction, attack_names, run_attack  # noqa: E402
+from gradleak.attacks import Engine, Reconstruction, attack_names  # noqa: E402
 from gradleak.config import make_config  # noqa: E402
 from gradleak.data import Batch  # noqa: E402
 from gradleak.metrics import evaluate, match, psnr  # noqa: E402
-from gradleak.runner import attack_settings, prepare  # noqa: E402
+from gradleak.pipeline import build_case  # noqa: E402
 
 BREACHING_VENV = HERE / ".venv-breaching"
 BREACHING_STAMP = BREACHING_VENV / ".bench-stamp"
@@ -110,7 +110,7 @@ def loadavg() -> list[float] | None:
 
 # ----------------------------------------------------------------------------- scoring (both tools)
 def paired_psnr(images: torch.Tensor, truth: Batch) -> float:
-    """Mean PSNR after optimal pairing: what gradleak's runner observer computes."""
+    """Mean PSNR after optimal pairing: what gradleak's pipeline observer (PSNRObserver) computes."""
     imgs = torch.nan_to_num(images.float()).clamp(0, 1)
     perm = match(imgs, truth.images)
     return float(psnr(imgs[perm], truth.images).mean())
@@ -151,7 +151,7 @@ class TimedObserver:
 
     def __call__(self, iteration: int, images: torch.Tensor) -> None:
         start = time.perf_counter()
-        if images.ndim == 5:  # [G, K, ...] candidates: the first seed, as the runner does
+        if images.ndim == 5:  # [G, K, ...] candidates: the first seed, as the pipeline's observer does
             images = images[0]
         self.points.append((int(iteration), start - self.t0 - self.overhead))
         self.snapshots.append(images.detach().float().cpu().clone())
@@ -164,18 +164,25 @@ def gradleak_config(spec: CaseSpec, iterations: int, threads: int, extra: dict[s
                        **spec.fields, **(extra or {}))
 
 
+def typed_attack(case, cfg, attack_kwargs: dict[str, Any] | None = None):  # noqa: ANN001, ANN201
+    """The typed attack config ``cfg`` resolves to on ``case`` (as ``gradleak.pipeline.run``
+    resolves it), with ``attack_kwargs`` (fields of that config, e.g. IG's alpha_tv) on top."""
+    typed = case.attack_config(cfg)
+    if attack_kwargs:
+        typed = type(typed)(**{**typed.model_dump(), **attack_kwargs})  # validated like the resolved one
+    return typed
+
+
 def run_gradleak(spec: CaseSpec, case, cfg, attack_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: ANN001
-    """One gradleak attack on the prepared case, as ``gradleak.runner.run`` does it (same
-    settings resolution, same run_attack), with the timed observer instead of the PSNR one.
-    ``attack_kwargs``: keyword arguments of the attack function itself (e.g. IG's alpha_tv)."""
-    settings = attack_settings(cfg, torch.device("cpu"))
+    """One gradleak attack on the built case, as ``gradleak.pipeline.run`` does it (same typed
+    attack config, same Engine), with the timed observer instead of the PSNR one.
+    ``attack_kwargs``: fields of the typed attack config set on top (e.g. IG's alpha_tv)."""
+    typed = typed_attack(case, cfg, attack_kwargs)
     load_before = loadavg()
     with lbfgs_instances() as made:
         obs = TimedObserver()
-        if attack_kwargs:
-            rec = ATTACKS[cfg.attack](case.update, case.model, settings, obs, **attack_kwargs)
-        else:
-            rec = run_attack(cfg.attack, case.update, case.model, settings, obs)
+        engine = Engine(device=torch.device("cpu"), observer=obs, log_every=cfg.log_every, progress=cfg.progress)
+        rec = engine.run(typed, case.update, case.model)
         total = obs.elapsed()
     loop = rec.wall_seconds - obs.overhead
     resolved = rec.extra.get("resolved", {})
@@ -270,7 +277,7 @@ def run_case(spec: CaseSpec, *, quick: bool, threads: int, breaching_python: Pat
         log(f"{spec.key}: skipped: {result['skipped']}")
         return result
     cfg = gradleak_config(spec, iterations, threads)
-    case = prepare(cfg)
+    case = build_case(cfg)
     truth = case.truth
     assert truth is not None
     result["photos"] = list(truth.names)
@@ -381,8 +388,9 @@ def fit_iterations(spec: CaseSpec, planned: int, deadline: _dt.datetime | None, 
             step = r["attack_step_ms"] / 1000
     if step is None:
         cfg = gradleak_config(spec, 5, threads)
-        case = prepare(cfg)
-        rec = run_attack(cfg.attack, case.update, case.model, attack_settings(cfg, torch.device("cpu")))
+        case = build_case(cfg)
+        rec = Engine(device=torch.device("cpu"), log_every=cfg.log_every, progress=cfg.progress).run(
+            case.attack_config(cfg), case.update, case.model)
         step = rec.wall_seconds / max(1, rec.iterations)
     left = (deadline - _dt.datetime.now()).total_seconds() - 2 * SETUP_SECONDS
     fit = int(left / (step * (1 + BREACHING_FACTOR)))

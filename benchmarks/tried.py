@@ -59,7 +59,7 @@ from gradleak.attacks.priors import tv_l1_mean
 from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
-from gradleak.runner import prepare
+from gradleak.pipeline import build_case
 
 
 def _median_ms(fns: dict[str, Callable[[], Any]], rounds: int, reps: int) -> dict[str, float]:
@@ -78,7 +78,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure_compile() -> dict[str, Any]:
-    case = prepare(make_config(progress=False))  # the default job: DLG, lenet-dlg, batch 1
+    case = build_case(make_config(progress=False))  # the default job: DLG, lenet-dlg, batch 1
     dt = torch.float64
     sim = UpdateSimulator(case.model, case.update, dtype=dt)
     gen = torch.Generator().manual_seed(0)
@@ -114,7 +114,7 @@ def measure_compile() -> dict[str, Any]:
 
 
 def _ig_case() -> tuple[UpdateSimulator, torch.Tensor, torch.Tensor]:
-    case = prepare(make_config(attack="ig", model="resnet18-cifar", batch_size=1, progress=False))
+    case = build_case(make_config(attack="ig", model="resnet18-cifar", batch_size=1, progress=False))
     sim = UpdateSimulator(case.model, case.update)
     labels = torch.tensor(case.truth.labels.tolist()) if case.truth is not None else torch.tensor([0])
     x = torch.randn(1, 1, *case.model.input_shape, generator=torch.Generator().manual_seed(0))
@@ -179,7 +179,7 @@ class UnfoldConv2d(torch.nn.Module):
 def _dlg_evaluation(batch: int, *, unfold: bool = False, split: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
     """DLG's evaluation as the attack's closure computes it (float64, soft label), batch ``batch``;
     ``unfold`` / ``split``: with the attacker's convolutions replaced (UnfoldConv2d / SplitConv2d)."""
-    case = prepare(make_config(progress=False, batch_size=batch, allow_repeats=True))
+    case = build_case(make_config(progress=False, batch_size=batch, allow_repeats=True))
     sim = UpdateSimulator(case.model, case.update, dtype=torch.float64)
     if split:
         _swap_convs(sim.gradient.module)
@@ -312,7 +312,7 @@ def _swap_convs(module: torch.nn.Module) -> None:
 
 def _image_step(model: str, batch: int, split: bool) -> Callable[[], torch.Tensor]:
     """The IG step (cosine + TV) on ``model``, one candidate, as the attack computes it."""
-    case = prepare(make_config(attack="ig", model=model, batch_size=batch, progress=False))
+    case = build_case(make_config(attack="ig", model=model, batch_size=batch, progress=False))
     sim = UpdateSimulator(case.model, case.update)
     if split:
         _swap_convs(sim.gradient.module)
@@ -340,14 +340,16 @@ def measure_conv_split() -> dict[str, Any]:
 _ALLOCATOR_RUN = """
 import json, resource, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
-from gradleak.attacks import run_attack
+from gradleak.attacks import Engine
 from gradleak.config import make_config
-from gradleak.runner import attack_settings, prepare
+from gradleak.pipeline import build_case
 from gradleak.runtime import allocator
 cfg = make_config(progress=False, **json.loads(sys.argv[1]))
-case = prepare(cfg)
+case = build_case(cfg)
+typed = case.attack_config(cfg)
+engine = Engine(device=torch.device("cpu"), log_every=cfg.log_every, progress=False)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-rec = run_attack(cfg.attack, case.update, case.model, attack_settings(cfg, torch.device("cpu")))
+rec = engine.run(typed, case.update, case.model)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 # peak resident memory of this process (VmHWM; ru_maxrss would include the parent's, inherited at fork)
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -362,8 +364,9 @@ def measure_allocator(rounds: int = 3) -> dict[str, Any]:
 
     cases = {
         "IG resnet18-cifar batch 1, 20 it.": dict(attack="ig", model="resnet18-cifar", batch_size=1, iterations=20),
+        # the cpu preset's BN prior "exact" needs the client's BN statistics in the update
         "GradInversion convnet batch 4, 4 seeds, 30 it.": dict(attack="gradinversion", model="convnet", batch_size=4,
-                                                              iterations=30, preset="cpu"),
+                                                              iterations=30, preset="cpu", share_bn_statistics=True),
         "DLG lenet-dlg batch 1, 60 it.": dict(iterations=60),
     }
     out: dict[str, Any] = {"what": "attack loop time, glibc's allocator defaults (GRADLEAK_ALLOCATOR=system) vs "

@@ -198,7 +198,8 @@ def test_train_then_attack_a_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "t2").exists()
 
 
-@pytest.mark.parametrize("attack", [["gradinversion", "--model", "convnet", "--batch-size", "2", "--seeds", "2"],
+@pytest.mark.parametrize("attack", [["gradinversion", "--model", "convnet", "--batch-size", "2", "--seeds", "2",
+                                     "--share-bn-statistics"],
                                     ["ig", "--model", "convnet", "--restarts", "2"]])
 def test_run_records_what_ran(attack, tmp_path, capsys):
     """config.json holds every field the attack resolved (no null preset/lr/labels) and
@@ -211,6 +212,10 @@ def test_run_records_what_ran(attack, tmp_path, capsys):
     if attack[0] == "gradinversion":
         assert (cfg["preset"], cfg["seeds"], cfg["group"], cfg["bn"]) == ("cpu", 2, "registered", "exact")
         assert {"alpha_g", "alpha_tv", "alpha_bn", "alpha_group", "alpha_n", "alpha_l2"} <= set(settings)
+        # every constant is in config.json too, so --config reruns them (issue 16)
+        assert all(cfg[k] == settings[k] for k in ("alpha_g", "alpha_tv", "alpha_bn", "alpha_group", "alpha_n",
+                                                    "alpha_l2", "warmup", "registration_start",
+                                                    "registration_every", "registration_steps", "final"))
     else:
         assert cfg["restarts"] == 2 and settings["alpha_tv"] == 0.1
     assert main(["attack", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b")]) == 0

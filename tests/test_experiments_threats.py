@@ -19,7 +19,7 @@ import pytest
 
 from gradleak.cli import main
 from gradleak.experiments import make_options, run_experiment
-from gradleak.experiments.common import attack_once
+from gradleak.sweep.worker import run_cell
 
 RECOVERED_DB = 20.0  # the experiments' success threshold (MSE 0.01 on [0, 1] pixels)
 MARGIN_DB = 5.0      # margin on either side of it for the asserted outcomes
@@ -72,14 +72,15 @@ def test_unrolled_fedavg_attack_recovers_a_real_photo_from_a_two_step_update_wit
     """One CIFAR-10 photo, two local SGD steps (lr 0.1) on the DLG LeNet; the client shares only
     W_2 - W_0. iDLG restores the label from that difference (no label is given to the attacker)
     and unrolls both steps. Measured: 30.6 dB at 30 iterations (33.9 at 40; seeds 1, 2 at 40: 40.0, 36.6 dB)."""
-    res = attack_once(attack="idlg", model="lenet-dlg", data="cifar10-samples", batch_size=1, seed=0,
-                      threat="fedavg", local_steps=2, local_lr=0.1, iterations=30, dtype="float64", init="zeros",
-                      log_every=30)
-    assert res.metrics["update"]["threat"] == {"name": "fedavg", "local_steps": 2, "local_batch_size": 1,
-                                               "local_lr": 0.1}
-    assert res.reconstruction.label_method == "idlg"  # restored from the update, not handed over
-    assert res.metrics["label_accuracy"] == 1.0
-    assert res.metrics["psnr_mean"] >= RECOVERED_DB + MARGIN_DB
+    res = run_cell(dict(attack="idlg", model="lenet-dlg", data="cifar10-samples", batch_size=1, seed=0,
+                        threat="fedavg", local_steps=2, local_lr=0.1, iterations=30, dtype="float64", init="zeros",
+                        log_every=30, threads=1))  # one cell, as the experiments run it
+    assert res["status"] == "ok", res["error"]
+    metrics = res["metrics"]
+    assert metrics["update"]["threat"] == {"name": "fedavg", "local_steps": 2, "local_batch_size": 1, "local_lr": 0.1}
+    assert metrics["label_method"] == "idlg"  # restored from the update, not handed over
+    assert metrics["label_accuracy"] == 1.0
+    assert metrics["psnr_mean"] >= RECOVERED_DB + MARGIN_DB
 
 
 # --------------------------------------------------------------------------- experiments
@@ -147,7 +148,8 @@ def test_training_stage_smoke(tmp_path):
     for r in rows:
         assert r["image"].startswith("test[")  # held-out images
         assert r["recovered"] and r["psnr"] >= 30.0
-    assert len(list((folder / "training").glob("checkpoint-*.safetensors"))) == 4
+    # the trained model: DIR/training/<name>-<digest of its training config>/
+    assert len(list((folder / "training").glob("*/checkpoint-*.safetensors"))) == 4
 
 
 def test_batch_size_smoke(tmp_path):

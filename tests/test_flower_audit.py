@@ -58,23 +58,23 @@ def test_flower_client_update_is_gradleaks_fedavg_update(tmp_path):
 
 
 def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
-    import gradleak.attacks as attacks
+    from gradleak.attacks.engine import Engine
 
     s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05)
     g, c, batch = _client_round(s)
     events = []
-    real = attacks.run_attack
+    real = Engine.run
 
-    def spy(name, update, model, settings=None, observer=None):
+    def spy(self, config, update, model):
         events.append("attack")
-        assert observer is None                      # nothing watches the attack with the truth
-        return real(name, update, model, settings, observer)
+        assert self.observer is None                 # nothing watches the attack with the truth
+        return real(self, config, update, model)
 
     def truth(rnd, client):
         events.append("truth")
         return batch
 
-    monkeypatch.setattr(attacks, "run_attack", spy)
+    monkeypatch.setattr(Engine, "run", spy)
     auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "idlg", "iterations": 5},
                                                                    out=tmp_path, save_reconstructions=True),
                              truth_fn=truth)

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import gradleak.runner as runner
+import gradleak.attacks.engine as engine
+import gradleak.pipeline.image as runner
 from gradleak.cli import main
 
 # A hang (a FIFO read, an endless walk) fails the test here; timings belong in benchmarks/.
@@ -37,10 +38,10 @@ def no_attack(monkeypatch):
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(args[0])
+        calls.append(args[1])
         raise AssertionError("the attack ran although the problem was visible before it")
 
-    monkeypatch.setattr(runner, "run_attack", spy)
+    monkeypatch.setattr(engine.Engine, "run", spy)
     return calls
 
 

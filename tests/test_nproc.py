@@ -54,7 +54,7 @@ from gradleak.attacks.shard import SeedShard
 from gradleak.cli import main
 from gradleak.config import make_config
 from gradleak.errors import ConfigError, GradleakError
-from gradleak.runner import run
+from gradleak.pipeline import run
 
 BASE = dict(attack="gradinversion", model="convnet", width=8, batch_size=2, image_size=32, iterations=20,
             data="cifar10-samples", progress=False, paper_metrics=False, threads=1)
@@ -178,7 +178,7 @@ def test_config_errors(tmp_path, monkeypatch, capsys):
     # after its 2nd step)
     import signal
 
-    import gradleak.runner as runner
+    import gradleak.pipeline.image as runner
 
     real = runner.PSNRObserver.__call__
 
@@ -254,7 +254,7 @@ def _diverging_worker(rank: int, port: int, folder: str) -> None:
 def test_divergence_in_one_process_restarts_all(tmp_path):
     import torch.multiprocessing as mp
 
-    from gradleak.distributed import _free_port
+    from gradleak.pipeline.distributed import _free_port
 
     ctx = mp.start_processes(_diverging_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False,
                              daemon=True, start_method="spawn")

@@ -29,7 +29,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gradleak.attacks import AttackSettings
+from gradleak.attacks import AttackSettings, Engine
 from gradleak.attacks.dlg import dlg
 from gradleak.attacks.gradinversion import GradInversionSettings, gradinversion
 from gradleak.attacks.ig import inverting_gradients
@@ -56,8 +56,8 @@ def lenet_case():
 
 
 def interrupt_then_resume(attack, tmp_path: Path, stop_at: int, every: int):
-    """Run ``attack(observer)`` under a Session with real SIGTERM handling; the observer raises
-    SIGTERM after step ``stop_at``; then resume from the saved state in a fresh Session."""
+    """Run ``attack(engine)`` with an engine whose Session has real SIGTERM handling; the observer
+    raises SIGTERM after step ``stop_at``; then resume from the saved state in a fresh Session."""
     d = tmp_path / "state"
 
     def observer(t: int, images: torch.Tensor) -> None:
@@ -65,13 +65,12 @@ def interrupt_then_resume(attack, tmp_path: Path, stop_at: int, every: int):
             signal.raise_signal(signal.SIGTERM)
 
     first = Session(directory=d, every=every)
-    with first.active(), first.signals(), pytest.raises(Interrupted) as info:
-        attack(observer)
+    with first.signals(), pytest.raises(Interrupted) as info:
+        attack(Engine(observer=observer, session=first))
     assert info.value.exit_code == 128 + signal.SIGTERM and (d / "state.json").is_file()
     saved = load_state(d)
     again = Session(directory=d, every=every, pending=saved)
-    with again.active():
-        rec = attack(None)
+    rec = attack(Engine(session=again))
     assert again.pending is None and again.resumed_at
     return rec, saved, again
 
@@ -96,10 +95,10 @@ def test_gradinversion_registered_resume_is_bit_identical(convnet_case, tmp_path
                  registration_start=4, registration_every=4, registration_steps=10)
     settings = AttackSettings(seed=5, log_every=1)
 
-    def attack(observer):
-        return gradinversion(update, spec, settings, observer, gi=gi)
+    def attack(engine):
+        return gradinversion(update, spec, settings, gi=gi, engine=engine)
 
-    reference = attack(None)
+    reference = attack(Engine())
     assert reference.extra["registrations"] >= 4
     resumed, saved, _ = interrupt_then_resume(attack, tmp_path, stop_at=10, every=5)
     # stopped between two registrations, after 2 fits: the transforms are part of the state
@@ -118,10 +117,10 @@ def test_dlg_resume_inside_a_later_trial_is_bit_identical(lenet_case, tmp_path, 
     spec, update = lenet_case
     settings = AttackSettings(iterations=6, seed=1, log_every=1)
 
-    def attack(observer):
-        return dlg(update, spec, settings, observer)
+    def attack(engine):
+        return dlg(update, spec, settings, engine=engine)
 
-    reference = attack(None)
+    reference = attack(Engine())
     assert reference.extra["trials"] == 4 and reference.iterations == 3 * 4 + 6
     resumed, saved, again = interrupt_then_resume(attack, tmp_path, stop_at=2 * 4 + 3, every=2)
     assert saved.phase == "trial-2" and saved.step == 3
@@ -133,10 +132,10 @@ def test_inverting_gradients_resume_is_bit_identical(convnet_case, tmp_path):
     spec, update = convnet_case
     settings = AttackSettings(iterations=16, seeds=2, seed=2, log_every=1)
 
-    def attack(observer):
-        return inverting_gradients(update, spec, settings, observer)
+    def attack(engine):
+        return inverting_gradients(update, spec, settings, engine=engine)
 
-    reference = attack(None)
+    reference = attack(Engine())
     resumed, saved, _ = interrupt_then_resume(attack, tmp_path, stop_at=7, every=4)
     assert saved.step == 7
     assert_same(reference, resumed)
@@ -287,7 +286,7 @@ def test_persistent_divergence_ends_with_exit_2_and_keeps_the_results(tmp_path, 
 @pytest.fixture(scope="module")
 def saved_state(tmp_path_factory):
     """An interrupted idlg run (in-process CLI, SIGTERM raised from the observer after step 4)."""
-    import gradleak.runner as runner
+    import gradleak.pipeline.image as runner
 
     d = tmp_path_factory.mktemp("saved")
     out = d / "run"

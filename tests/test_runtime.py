@@ -30,8 +30,8 @@ import ctypes, torch
 torch.set_num_threads(1)
 from gradleak import runtime
 from gradleak.config import make_config
-from gradleak.runner import prepare, attack_settings
-from gradleak.attacks import run_attack
+from gradleak.pipeline import build_case as prepare
+from gradleak.attacks import Engine
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -45,7 +45,7 @@ libc.free.argtypes = [ctypes.c_void_p]
 before_attack = runtime.allocator()
 cfg = make_config(attack="idlg", iterations=1, progress=False)
 case = prepare(cfg)
-run_attack("idlg", case.update, case.model, attack_settings(cfg, torch.device("cpu")))
+Engine().run(case.attack_config(cfg), case.update, case.model)
 mapped = libc.mallinfo2().hblkhd
 block = libc.malloc(24 << 20)
 mapped = libc.mallinfo2().hblkhd - mapped
@@ -111,7 +111,7 @@ def test_attack_settings_accept_auto_through_the_api() -> None:
 
     from gradleak.attacks import AttackSettings, run_attack
     from gradleak.config import make_config
-    from gradleak.runner import prepare
+    from gradleak.pipeline import build_case as prepare
 
     case = prepare(make_config(attack="idlg", progress=False))
     rec = run_attack("idlg", case.update, case.model, AttackSettings(iterations=1, device="auto"))
@@ -159,7 +159,7 @@ def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -
 
     from gradleak.attacks import AttackSettings, run_attack
     from gradleak.config import make_config
-    from gradleak.runner import prepare
+    from gradleak.pipeline import build_case as prepare
 
     entered: list[torch.device] = []
     depth = [0]

@@ -239,11 +239,14 @@ def test_cli_share_then_attack_file(tmp_path, capsys):
 
 
 def test_cli_bow_attack_on_a_batch(tmp_path, capsys):
-    code, _, err = run_cli(["attack", *FAST, "--attack", "bow", "--text", "gradients leak every word",
+    code, _, err = run_cli(["attack", *FAST[:-2], "--attack", "bow", "--text", "gradients leak every word",
                             "--text", "and the order too", "--out", tmp_path / "bow"], capsys)
     assert code == 0, err
     m = json.loads((tmp_path / "bow" / "metrics.json").read_text())
     assert m["batch_size"] == 2  # the --text sentences form the batch
+    # bow does not optimise: an --iterations for it would be ignored, so it is an error (issue 16)
+    code, _, err = run_cli(["attack", *FAST, "--attack", "bow", "--text", "a b", "--out", tmp_path / "bow2"], capsys)
+    assert code == 2 and "--iterations does not apply" in err and not (tmp_path / "bow2").exists()
     assert m["token_set_precision"] == 1.0 and m["token_set_recall"] == 1.0 and m["token_accuracy"] is None
 
 

@@ -11,7 +11,7 @@ from gradleak.attacks import AttackSettings, run_attack
 from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
-from gradleak.runner import prepare
+from gradleak.pipeline import build_case as prepare
 
 THREATS = {
     "fedavg": dict(threat="fedavg", local_steps=2, local_batch_size=1, local_lr=0.1, batch_size=2),
@@ -28,7 +28,7 @@ def _case(threat: str, attack: str = "gradinversion", **extra):
 
 @pytest.mark.parametrize("threat", sorted(THREATS))
 def test_batched_simulation_equals_separate_simulations(threat):
-    case = _case(threat, bn="exact")
+    case = _case(threat, bn="exact", share_bn_statistics=True)
     # float64: the two paths sum in different orders, which float32 rounding through the unrolled
     # local steps turns into ~1e-4 relative differences; float64 checks that they compute the same
     sim = UpdateSimulator(case.model, case.update, dtype=torch.float64)
@@ -51,7 +51,7 @@ def test_batched_simulation_equals_separate_simulations(threat):
 def test_bn_statistics_of_the_true_batch_match_what_the_client_shares():
     """Under aggregate (FedSGD clients) the simulated shared BN statistics of the true images
     equal the shared ones: R_BN has its minimum at the truth under this threat model too."""
-    case = _case("aggregate-fedsgd", bn="exact")
+    case = _case("aggregate-fedsgd", bn="exact", share_bn_statistics=True)
     sim = UpdateSimulator(case.model, case.update)
     x = case.model.normalize(case.truth.images).unsqueeze(0)
     updates, stats = sim.batched(x, case.truth.labels)
@@ -64,7 +64,7 @@ def test_bn_statistics_of_the_true_batch_match_what_the_client_shares():
 @pytest.mark.parametrize("attack,threat", [("gradinversion", "fedavg"), ("ig", "fedavg"),
                                            ("gradinversion", "aggregate-fedavg")])
 def test_attacks_run_against_fedavg_and_aggregate(attack, threat):
-    extra = {"bn": "exact"} if attack == "gradinversion" else {}
+    extra = {"bn": "exact", "share_bn_statistics": True} if attack == "gradinversion" else {}
     case = _case(threat, attack=attack, **extra)
     settings = AttackSettings(iterations=40, seeds=2, seed=0, log_every=5,
                               **({"bn": "exact", "group": "lazy"} if attack == "gradinversion" else {}))
@@ -78,11 +78,11 @@ def test_attacks_run_against_fedavg_and_aggregate(attack, threat):
 
 def test_ig_restarts_option_reaches_the_attack():
     """--restarts R for Inverting Gradients arrives as R batched restarts; other attacks refuse it."""
-    import torch as _torch
 
+    from gradleak.attacks import resolve_attack
     from gradleak.errors import ConfigError
-    from gradleak.runner import attack_settings
 
-    assert attack_settings(make_config(attack="ig", restarts=3), _torch.device("cpu")).seeds == 3
+    ig = resolve_attack(make_config(attack="ig", restarts=3).model_dump(), bn_statistics_shared=False)
+    assert ig.restarts == 3 and ig.settings().seeds == 3
     with pytest.raises(ConfigError, match="restarts"):
-        attack_settings(make_config(attack="dlg", restarts=3), _torch.device("cpu"))
+        resolve_attack(make_config(attack="dlg", restarts=3).model_dump(), bn_statistics_shared=False)

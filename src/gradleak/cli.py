@@ -93,7 +93,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from .attacks.state import find_state, read_saved_config
     from .config import AttackConfig, make_config
     from .errors import ConfigError
-    from .runner import run
+    from .pipeline import run
 
     state_dir = find_state(args.resume)
     values = read_saved_config(state_dir)
@@ -115,18 +115,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from .runner import run
+    from .pipeline import run
 
     if getattr(args, "resume", None):
         return cmd_resume(args)
-    cfg = _config_from(args)
-    if cfg.modality == "text":  # token-level leakage: its own runner (gradleak.text)
-        from .text.runner import print_text_summary, run_text
-
-        text_result = run_text(cfg)
-        print_text_summary(text_result.metrics, text_result.run_dir)
-        return 0
-    result = run(cfg)
+    result = run(_config_from(args))  # image or text: the same pipeline
     if result.rank:  # torchrun: a process other than rank 0 (which prints the summary)
         return 0
     _print_summary(result.metrics, result.run_dir)
@@ -140,10 +133,8 @@ SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "s
 
 
 def cmd_share(args: argparse.Namespace) -> int:
-    from .fl import save_truth, save_update
-    from .runner import simulate_client
-
     from .paths import check_distinct, check_output_file
+    from .pipeline.image import simulate_client
 
     cfg = _config_from(args, SHARE_FIELDS)
     # Checked before the client is simulated: both are files gradleak may create or replace,
@@ -153,18 +144,13 @@ def cmd_share(args: argparse.Namespace) -> int:
     check_distinct(("--out", out), ("--truth", truth_path), ("--checkpoint", cfg.checkpoint),
                    ("--data", cfg.data if Path(cfg.data).is_file() else None))
     if cfg.modality == "text":
-        from .text.runner import share_text
+        from .pipeline.text import share_text_client
 
-        print(share_text(cfg, out, truth_path))
-        return 0
-    case = simulate_client(cfg)
-    save_update(case.update, out)
-    if truth_path is not None and case.truth is not None:
-        save_truth(case.truth, truth_path)
-    meta = case.update.meta
-    print(f"wrote {out}: {meta.threat.get('name')} update of model {meta.model}, batch {meta.batch_size}, "
-          f"loss {meta.loss:.4f}" + (f", defenses {', '.join(meta.defenses)}" if meta.defenses else "")
-          + (f"; truth in {truth_path}" if truth_path else ""))
+        case = share_text_client(cfg)
+    else:
+        case = simulate_client(cfg)
+    case.save(out, truth_path)
+    print(case.share_line(out, truth_path))
     return 0
 
 
@@ -326,23 +312,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+SUMMARY_KEYS = {
+    "image": ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "lpips_mean",
+              "iip", "gradient_distance", "iterations", "wall_seconds"),
+    "text": ("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
+             "label_accuracy", "gradient_distance", "iterations", "wall_seconds"),
+}
+
+
 def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{metrics['attack']} on {metrics['model']} ({metrics['data']}, batch {metrics['batch_size']})")
+    text = metrics.get("modality") == "text"
+    where = "text" if text else metrics["data"]
+    table = Table(title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
     for col in ("metric", "value"):
         table.add_column(col)
 
     def fmt(v: Any) -> str:
         if v is None:
-            return "n/a (no ground truth)"
+            return "n/a" if text else "n/a (no ground truth)"
         if isinstance(v, float):
             return f"{v:.3e}" if (abs(v) < 1e-2 and v != 0) else f"{v:.3f}"
         return str(v)
 
-    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "lpips_mean",
-                "iip", "gradient_distance", "iterations", "wall_seconds"):
+    for key in SUMMARY_KEYS["text" if text else "image"]:
         if key == "lpips_mean" and metrics.get(key) is None:
             continue  # the notice below says why
         if key in metrics:
@@ -351,10 +346,19 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
         table.add_row("defenses", ", ".join(metrics["defenses"]))
     console = Console()
     console.print(table)
+    if text:
+        rows = metrics.get("per_sentence") or []
+        for r in rows:
+            console.print(f"  original : {r['original']}", markup=False, highlight=False)
+            console.print(f"  recovered: {r['recovered']}", markup=False, highlight=False)
+        if not rows:
+            for sentence in metrics.get("recovered_sentences", []):
+                console.print(f"  recovered: {sentence}", markup=False, highlight=False)
     if metrics.get("lpips_notice"):
         console.print(metrics["lpips_notice"], markup=False)
     if run_dir is not None:
-        console.print(f"run folder: {run_dir}  (report.html, reconstruction.png, metrics.json)")
+        files = "reconstruction.json" if text else "reconstruction.png"
+        console.print(f"run folder: {run_dir}  (report.html, {files}, metrics.json)")
 
 
 def build_parser() -> argparse.ArgumentParser:

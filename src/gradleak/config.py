@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -33,6 +33,9 @@ class AttackConfig(BaseModel):
     seed: int = Field(0, ge=0, description="seed: the batch drawn and the attack's random start")
     model_seed: int = Field(0, ge=0, description="seed of the model's random weights")
     allow_repeats: bool = Field(False, description="allow repeated labels within a batch")
+    indices: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
+                               description="attack these items of the data source, in this order, instead of a "
+                                           "draw by --seed (repeatable)")
     image_size: int | None = Field(None, ge=4, le=1024, description="input size (default: the model's)")
     num_classes: int | None = Field(None, ge=2, le=100000, description="classes (default: the data's)")
     share_bn_statistics: bool = Field(False, description="the client also shares its batch's BN statistics")
@@ -57,6 +60,28 @@ class AttackConfig(BaseModel):
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
+    # every constant of the attacks is a flag too (default: the attack's / its preset's value)
+    alpha_g: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 3: alpha_G")
+    alpha_tv: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                   description="total-variation scale (GradInversion Eq. 9, Inverting Gradients Eq. 4)")
+    alpha_l2: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 9: alpha_l2")
+    alpha_bn: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 9-10: alpha_BN")
+    alpha_group: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                      description="GradInversion Eq. 11: alpha_group")
+    alpha_n: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                  description="GradInversion Sec. 3.5: Langevin noise scale alpha_n")
+    warmup: int | None = Field(None, ge=0, le=10_000_000, description="GradInversion: warm-up steps of the cosine "
+                               "schedule")
+    registration_start: int | None = Field(None, ge=0, le=10_000_000,
+                                           description="GradInversion: first registration step (Eq. 12)")
+    registration_every: int | None = Field(None, ge=1, le=10_000_000,
+                                           description="GradInversion: registration re-estimated every N steps")
+    registration_steps: int | None = Field(None, ge=1, le=100_000,
+                                           description="GradInversion: Adam steps of one registration fit")
+    final: Literal["consensus", "best"] | None = Field(None, description="GradInversion: answer = the group "
+                                                      "consensus | the best seed")
+    search_evaluations: int | None = Field(None, ge=0, le=100_000_000,
+                                           description="text dlg: sentences the order search may score (0: none)")
     nproc: int = Field(1, ge=1, le=256, description="GradInversion: processes the seeds are spread over "
                        "(torch.distributed; under torchrun leave it out: WORLD_SIZE)")
     # files and output

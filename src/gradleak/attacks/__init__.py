@@ -7,7 +7,11 @@ from typing import Callable
 from ..errors import UnknownNameError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
+from . import configs  # noqa: F401  (registers each attack with the engine)
 from .base import AttackSettings, Observer
+from .configs import ImageAttackConfig, resolve_attack
+from .engine import Engine
+from .state import AttackState
 from .dlg import dlg, idlg
 from .gradinversion import GradInversionSettings, gradinversion
 from .ig import inverting_gradients
@@ -32,5 +36,5 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
     return fn(update, model, settings or AttackSettings(), observer)
 
 
-__all__ = ["ATTACKS", "AttackSettings", "GradInversionSettings", "LABEL_METHODS", "Observer", "Reconstruction",
+__all__ = ["ATTACKS", "AttackSettings", "AttackState", "Engine", "ImageAttackConfig", "resolve_attack", "GradInversionSettings", "LABEL_METHODS", "Observer", "Reconstruction",
            "attack_names", "restore_labels", "run_attack"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,11 +20,12 @@ from ..models import ModelSpec
 from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .labels import gradinversion_labels, idlg_label
-from .loop import LoopSettings, optimise
+from .engine import Engine
+from .loop import LoopSettings
 from .objectives import squared_l2
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
-from .state import StateFileError, StateHooks, resume_phase
+from .state import AttackState, StateFileError
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
 # code loops 300 times (the paper's text says 1200 for images; 300 already end below the paper's
@@ -41,6 +43,29 @@ STALL_PATIENCE = 10        # L-BFGS steps without any change of the loss ...
 STALL_RELATIVE = 1e-6      # ... while the loss is still above this fraction of the first one
 
 
+@dataclass
+class DLGTrials(AttackState):
+    """DLG's own state across its trials (a trial stalled on a plateau is replaced by a fresh
+    start): the earlier trials' loss records, steps and time, and the best trial so far."""
+
+    images_shape: tuple[int, ...] = field(default=(), metadata={"state": False})
+    history: list = field(default_factory=list)
+    wall: float = 0.0
+    done: int = 0
+    trials: int = 0
+    best_distance: float | None = None
+    best_images: torch.Tensor | None = None
+    best_labels: torch.Tensor | None = None
+
+    def validate(self) -> None:
+        best = (self.best_distance, self.best_images, self.best_labels)
+        if any(v is None for v in best) and not all(v is None for v in best):
+            raise ValueError("DLG's saved best trial is incomplete")
+        if self.best_images is not None and (tuple(self.best_images.shape) != self.images_shape
+                                             or tuple(self.best_labels.shape) != self.images_shape[:1]):
+            raise ValueError("DLG's saved best trial does not fit this batch")
+
+
 def _stalled(history: list[dict[str, float]]) -> bool:
     """L-BFGS stuck on a saturated plateau (sigmoid LeNet, unlucky init): the loss stopped moving
     while far from zero. Only the gradient distance is used, never ground truth."""
@@ -53,7 +78,9 @@ def _stalled(history: list[dict[str, float]]) -> bool:
 
 @attack_precision
 def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None,
-         *, restore_labels: bool, name: str, restarts: int) -> Reconstruction:
+         *, restore_labels: bool, name: str, restarts: int, engine: Engine | None) -> Reconstruction:
+    engine = engine if engine is not None else Engine(device=settings.device, observer=observer)
+    observer = engine.observer
     s = settings.with_defaults(**DLG_DEFAULTS)
     dtype = s.torch_dtype()
     device = s.torch_device()
@@ -73,37 +100,19 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
                         progress=s.progress, description=name, lbfgs_line_search=LBFGS_LINE_SEARCH,
                         lbfgs_tolerance_grad=1e-14 if tight else 1e-7,
                         lbfgs_tolerance_change=1e-16 if tight else 1e-9)
-    # Everything outside the current trial (resumable runs, state.py): earlier trials' history,
-    # steps and time, the best trial so far, and the trial index (the phase "trial-<r>").
-    outer: dict[str, object] = {"history": [], "best": None, "wall": 0.0, "done": 0, "trials": 0}
-
-    def get_state() -> dict[str, object]:
-        best = outer["best"]
-        return {**outer, "best": None if best is None else {"distance": best[0], "images": best[1], "labels": best[2]}}
-
-    def set_state(state: dict[str, object]) -> None:
-        best = state.get("best")
-        ok = (isinstance(state.get("history"), list) and isinstance(state.get("wall"), float)
-              and isinstance(state.get("done"), int) and isinstance(state.get("trials"), int))
-        if best is not None:
-            ok = ok and isinstance(best, dict) and isinstance(best.get("distance"), float) \
-                and isinstance(best.get("images"), torch.Tensor) and best["images"].shape == (k, *model.input_shape) \
-                and isinstance(best.get("labels"), torch.Tensor) and best["labels"].shape == (k,)
-        if not ok:
-            raise ValueError("DLG's saved trial state is malformed")
-        outer.update(history=list(state["history"]), wall=state["wall"], done=state["done"], trials=state["trials"],
-                     best=None if best is None else (best["distance"], best["images"].to(device, dtype),
-                                                     best["labels"].to(device)))
+    # Everything outside the current trial (the attack's resumable state): earlier trials'
+    # history, steps and time, the best trial so far (the trial index is the phase "trial-<r>").
+    outer = DLGTrials(images_shape=(k, *model.input_shape))
 
     first = 0
-    resuming = resume_phase()
+    resuming = engine.resume_phase()
     if resuming is not None:
         match = re.fullmatch(r"trial-(\d+)", resuming)
         if match is None or int(match.group(1)) > restarts:
             raise StateFileError(f"the saved state belongs to phase {resuming!r}, not to a {name} trial")
         first = int(match.group(1))
     for trial in range(first, restarts + 1):
-        outer["trials"] = int(outer["trials"]) + 1  # type: ignore[call-overload]
+        outer.trials += 1
         # Trial r draws its start from seed (s.seed, r): reproducible, and trial 0 is plain DLG.
         gen = torch.Generator().manual_seed(s.seed + 1_000_003 * trial)
         x = initial_images(model, (k, *model.input_shape), s.init, gen, dtype).to(device).requires_grad_(True)
@@ -120,31 +129,29 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         log = None
         if observer is not None:
             def log(t: int) -> None:
-                observer(int(outer["done"]) + t, to_pixels(model, x))  # type: ignore[call-overload]
-        res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every,
+                observer(outer.done + t, to_pixels(model, x))
+        res = engine.optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every,
                        should_stop=_stalled if trial < restarts else None,
-                       state=StateHooks(get_state, set_state), phase=f"trial-{trial}")
-        done = int(outer["done"])  # type: ignore[call-overload]
-        outer["history"] = [*outer["history"],  # type: ignore[misc]
-                            *({"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial}
-                              for h in res.history)]
-        outer["done"] = done + res.iterations
-        outer["wall"] = float(outer["wall"]) + res.wall_seconds  # type: ignore[arg-type]
+                       state=outer, phase=f"trial-{trial}")
+        done = outer.done
+        outer.history = [*outer.history, *({"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial}
+                                           for h in res.history)]
+        outer.done = done + res.iterations
+        outer.wall += res.wall_seconds
         with torch.enable_grad():
             dist = float(squared_l2([g.detach() for g in victim(x.detach(), target_labels.detach(), create_graph=False)],
                                     victim.target))
         trial_labels = y_soft.detach().argmax(dim=-1) if y_soft is not None else labels
-        best = outer["best"]
-        if best is None or (math.isfinite(dist) and not dist >= best[0]):  # type: ignore[index]
-            outer["best"] = (dist, x.detach().clone(), trial_labels.clone())
+        if outer.best_distance is None or (math.isfinite(dist) and not dist >= outer.best_distance):
+            outer.best_distance, outer.best_images = dist, x.detach().clone()
+            outer.best_labels = trial_labels.clone()
         if res.diverged is not None:
             break  # the loop gave up on this trial: the run stops here (the runner reports it)
         if not _stalled(res.history) and math.isfinite(res.final_loss):
             break
-    best = outer["best"]
-    history, done, wall, trials = outer["history"], outer["done"], outer["wall"], outer["trials"]
-    assert best is not None
-    dist, x_best, labels_best = best
+    history, done, wall, trials = outer.history, outer.done, outer.wall, outer.trials
+    assert outer.best_images is not None and outer.best_labels is not None and outer.best_distance is not None
+    dist, x_best, labels_best = outer.best_distance, outer.best_images.to(device, dtype), outer.best_labels.to(device)
     return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
                           iterations=done, wall_seconds=wall, label_method=label_method,
                           extra={"gradient_distance": dist, "trials": trials,
@@ -152,14 +159,18 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
                                               "dtype": s.dtype}})
 
 
-def dlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None) -> Reconstruction:
+def dlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None, *,
+        restarts: int = DLG_RESTARTS, engine: Engine | None = None) -> Reconstruction:
     """Deep Leakage from Gradients: images and soft labels jointly."""
-    return _run(update, model, settings, observer, restore_labels=False, name="dlg", restarts=DLG_RESTARTS)
+    return _run(update, model, settings, observer, restore_labels=False, name="dlg", restarts=restarts,
+                engine=engine)
 
 
-def idlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None) -> Reconstruction:
+def idlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None, *,
+         restarts: int = DLG_RESTARTS, engine: Engine | None = None) -> Reconstruction:
     """iDLG: label from the classifier gradient's sign, then the image alone."""
-    return _run(update, model, settings, observer, restore_labels=True, name="idlg", restarts=DLG_RESTARTS)
+    return _run(update, model, settings, observer, restore_labels=True, name="idlg", restarts=restarts,
+                engine=engine)
 
 
 __all__ = ["dlg", "idlg", "DLG_DEFAULTS", "GradleakError"]

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
@@ -52,12 +52,13 @@ from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .group import GROUP_MODES, GroupConsistency, group_penalty
 from .labels import LABEL_METHODS, restore_labels
-from .loop import LoopSettings, optimise
+from .engine import Engine
+from .loop import LoopSettings
 from .priors import BN_MODES, bn_prior, bn_targets, l2_norm, total_variation
 from .reconstruction import Reconstruction
 from .shard import SeedShard
 from .simulate import UpdateSimulator
-from .state import StateHooks
+from .state import AttackState
 
 FINAL_CHOICES = ("best", "consensus")
 
@@ -164,6 +165,37 @@ PRESETS: dict[str, GradInversionSettings] = {
 }
 
 
+@dataclass
+class SeedStreams(AttackState):
+    """GradInversion's own resumable state: each seed's generator (its initial pixels, then its
+    Langevin noise on a CPU), on a GPU each seed's noise generator, and the group term's
+    registration transforms."""
+
+    generators: list[torch.Generator]
+    group: GroupConsistency
+    noise_generators: list[torch.Generator] | None = None
+    device: torch.device = field(default=torch.device("cpu"), metadata={"state": False})
+    dtype: torch.dtype = field(default=torch.float32, metadata={"state": False})
+
+    def set_state(self, saved: dict[str, object]) -> None:
+        saved = dict(saved)
+        grp = saved.get("group")
+        if isinstance(grp, dict) and isinstance(grp.get("registration"), dict) \
+                and isinstance(grp["registration"].get("theta"), torch.Tensor):
+            reg = grp["registration"]
+            saved["group"] = {**grp, "registration": {**reg, "theta": reg["theta"].to(self.device, self.dtype)}}
+        if self.noise_generators is None:
+            # on a CPU the seeds' generators go on, as saved (a GPU-saved noise stream is not used)
+            saved["noise_generators"] = None
+        elif not (isinstance(saved.get("noise_generators"), list)
+                  and len(saved["noise_generators"]) == len(self.noise_generators)):  # type: ignore[arg-type]
+            logging.getLogger("gradleak").warning(
+                "gradleak: the saved state has no GPU noise generators (it was saved on a CPU); the "
+                "resumed run draws its Langevin noise from freshly seeded ones")
+            saved["noise_generators"] = [g.get_state() for g in self.noise_generators]
+        super().set_state(saved)
+
+
 def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None = None) -> GradInversionSettings:
     """The GradInversion settings a run uses: ``gi`` (or the preset ``settings.preset``, default
     "cpu"), then every generic AttackSettings field that is not None on top (iterations, lr,
@@ -197,7 +229,7 @@ NOISE_STREAM = 7_919
 @attack_precision
 def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
                   observer: Observer | None = None, gi: GradInversionSettings | None = None, *,
-                  shard: SeedShard | None = None) -> Reconstruction:
+                  shard: SeedShard | None = None, engine: Engine | None = None) -> Reconstruction:
     """GradInversion on a shared update. Returns the final answer, every seed's candidate batch
     ([G, K, C, H, W] in ``candidates``) and the restored labels.
 
@@ -211,6 +243,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     (beyond the paper) Eq. 3 compares the update the candidates would produce, simulated by
     UpdateSimulator (local steps unrolled, clients averaged), and R_BN compares the BN
     statistics as the client shares them there (the mean over its local steps / over clients)."""
+    engine = engine if engine is not None else Engine(device=settings.device, observer=observer, shard=shard)
+    observer, shard = engine.observer, engine.shard
     cfg = resolve_settings(settings, gi)
     dtype, device = settings.torch_dtype(), settings.torch_device()
     k = int(update.meta.batch_size)
@@ -270,34 +304,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
             return
         group.maybe_register(t, x)
 
-    def get_state() -> dict[str, object]:  # resumable runs (state.py): per-seed RNGs + registration
-        state: dict[str, object] = {"generators": [g.get_state() for g in gens], "group": group.get_state()}
-        if noise_gens is not gens:
-            state["noise_generators"] = [g.get_state() for g in noise_gens]
-        return state
-
-    def set_state(state: dict[str, object]) -> None:
-        saved = state.get("generators")
-        if not isinstance(saved, list) or len(saved) != len(gens):
-            raise ValueError(f"saved state has {len(saved) if isinstance(saved, list) else 'no'} seed generators, "
-                             f"this run {len(gens)}")
-        for g, st in zip(gens, saved):
-            g.set_state(st)
-        saved_noise = state.get("noise_generators")
-        if noise_gens is not gens:
-            if isinstance(saved_noise, list) and len(saved_noise) == len(noise_gens):
-                for g, st in zip(noise_gens, saved_noise):
-                    g.set_state(st)
-            else:  # saved on a CPU: its noise came from the seeds' CPU generators
-                logging.getLogger("gradleak").warning(
-                    "gradleak: the saved state has no GPU noise generators (it was saved on a CPU); the "
-                    "resumed run draws its Langevin noise from freshly seeded ones")
-        # (a state saved on a GPU and resumed on a CPU: the seeds' CPU generators go on, as saved)
-        grp = state.get("group")
-        if isinstance(grp, dict) and isinstance(grp.get("registration"), dict) \
-                and isinstance(grp["registration"].get("theta"), torch.Tensor):
-            grp["registration"]["theta"] = grp["registration"]["theta"].to(device=device, dtype=dtype)
-        group.set_state(grp if isinstance(grp, dict) else {})
+    state = SeedStreams(generators=gens, group=group, noise_generators=None if noise_gens is gens else noise_gens,
+                        device=device, dtype=dtype)
 
     def answer() -> torch.Tensor:
         if cfg.final == "consensus" and group.active:
@@ -317,8 +325,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=settings.optimizer or "adam",
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
                         progress=settings.progress, description="gradinversion")
-    result = optimise([x], objective, loop, after_step=after_step, noise=noise, on_log=log,
-                      log_every=settings.log_every, state=StateHooks(get_state, set_state))
+    result = engine.optimise([x], objective, loop, after_step=after_step, noise=noise, on_log=log,
+                      log_every=settings.log_every, state=state)
     # Final scores of every candidate on the final images (no noise, no group term).
     with torch.no_grad():
         final = terms(x.detach())

@@ -36,6 +36,8 @@ for multi-step updates (their Sec. 5, "fedavg" with known hyper-parameters).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..errors import ConfigError
@@ -45,11 +47,20 @@ from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import restore_labels
-from .loop import LoopSettings, optimise
-from .state import StateHooks
+from .engine import Engine
+from .loop import LoopSettings
+from .state import AttackState
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
+
+@dataclass
+class KeptIterates(AttackState):
+    """Inverting Gradients' own state: each restart's lowest objective so far and its iterate."""
+
+    score: torch.Tensor   # [R]
+    x: torch.Tensor       # [R, K, C, H, W]
+
 
 IG_DEFAULTS = dict(iterations=4800, lr=0.1, optimizer="adam", dtype="float32")
 IG_ALPHA_TV = 1e-1
@@ -57,8 +68,11 @@ IG_ALPHA_TV = 1e-1
 
 @attack_precision
 def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
-                        observer: Observer | None = None, *, alpha_tv: float = IG_ALPHA_TV) -> Reconstruction:
+                        observer: Observer | None = None, *, alpha_tv: float = IG_ALPHA_TV,
+                        engine: Engine | None = None) -> Reconstruction:
     """Inverting Gradients with R = ``settings.seeds`` (default 1) batched restarts."""
+    engine = engine if engine is not None else Engine(device=settings.device, observer=observer)
+    observer = engine.observer
     s = settings.with_defaults(**IG_DEFAULTS)
     if not alpha_tv >= 0:
         raise ConfigError(f"alpha_tv must be >= 0, got {alpha_tv}")
@@ -81,29 +95,19 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
         grads, _ = victim.batched(images, labels)
         return victim.gradient.cosine(grads) + alpha_tv * tv_l1_mean(images)              # IG Eq. 4
 
-    # the lowest-objective iterate of each restart so far (and its objective)
-    kept = {"score": torch.full((restarts,), float("inf"), dtype=dtype, device=device), "x": x.detach().clone()}
+    # the lowest-objective iterate of each restart so far (and its objective): the attack's state
+    kept = KeptIterates(score=torch.full((restarts,), float("inf"), dtype=dtype, device=device), x=x.detach().clone())
 
     def keep(values: torch.Tensor, images: torch.Tensor) -> None:
-        better = torch.nan_to_num(values, nan=float("inf")) < kept["score"]
-        kept["score"] = torch.where(better, values, kept["score"])
-        kept["x"] = torch.where(better.view(-1, *([1] * (images.ndim - 1))), images, kept["x"])
+        better = torch.nan_to_num(values, nan=float("inf")) < kept.score
+        kept.score = torch.where(better, values, kept.score)
+        kept.x = torch.where(better.view(-1, *([1] * (images.ndim - 1))), images, kept.x)
 
     def objective() -> torch.Tensor:
         values = per_restart(x)
         last["score"] = values.detach()
         keep(values.detach(), x.detach())
         return values.sum()  # restarts are independent: sum = R separate objectives
-
-    def get_state() -> dict[str, object]:
-        return {"kept_score": kept["score"], "kept_x": kept["x"]}
-
-    def set_state(state: dict[str, object]) -> None:
-        score, images = state.get("kept_score"), state.get("kept_x")
-        if not (isinstance(score, torch.Tensor) and score.shape == kept["score"].shape
-                and isinstance(images, torch.Tensor) and images.shape == kept["x"].shape):
-            raise ValueError("Inverting Gradients' saved state is malformed")
-        kept["score"], kept["x"] = score.to(device, dtype), images.to(device, dtype)
 
     def box(t: int) -> None:
         x.copy_(torch.maximum(torch.minimum(x, hi), lo))
@@ -116,11 +120,11 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
 
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         schedule="step", signed=True, progress=s.progress, description="ig")
-    result = optimise([x], objective, loop, after_step=box, on_log=log, log_every=s.log_every,
-                      state=StateHooks(get_state, set_state))
+    result = engine.optimise([x], objective, loop, after_step=box, on_log=log, log_every=s.log_every,
+                      state=kept)
     with torch.no_grad():
         keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
-    score, answer = kept["score"], kept["x"]
+    score, answer = kept.score, kept.x
     best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
     with torch.no_grad():
         grads, _ = victim.batched(answer[best:best + 1], labels)

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..optim import SGD, Adam
 from ..runtime import tune_allocator
 from .lbfgs import CompactLBFGS
-from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, current_session, pack, unpack
+from .state import SNAPSHOT_EVERY, Interrupted, Session, Snapshot, StateFileError, StateHooks, pack, unpack
 
 _log = logging.getLogger("gradleak")
 
@@ -248,7 +248,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
              noise: Callable[[torch.Tensor], torch.Tensor] | None = None,
              on_log: Callable[[int], None] | None = None, log_every: int = 0,
              should_stop: Callable[[list[dict[str, float]]], bool] | None = None,
-             state: StateHooks | None = None, phase: str = "main") -> LoopResult:
+             state: StateHooks | None = None, phase: str = "main", session: Session | None = None) -> LoopResult:
     """Minimise ``objective()`` w.r.t. ``variables`` (leaf tensors with requires_grad).
 
     ``after_step(t)`` runs after step t under no_grad. ``noise_targets`` get Langevin noise
@@ -262,7 +262,8 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     Resumable state (state.py): ``state`` is the attack's own part of a snapshot (everything the
     remaining steps depend on that is not a variable, the optimizer, ``generator`` or the global
     RNG); ``phase`` names this call when an attack calls ``optimise`` several times (unique per
-    run). Under an active Session the loop saves a checkpoint every ``session.every`` steps, and
+    run). ``session`` (the engine's, engine.py; None: a private in-memory one, so divergence
+    recovery still works and nothing is written): the loop saves a checkpoint every ``session.every`` steps, and
     after the step in progress when SIGINT/SIGTERM arrives (then raises Interrupted); a pending
     state of this phase is restored before the first step.
 
@@ -282,7 +283,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     tune_allocator()  # once per process: the step's large temporaries reuse heap pages (runtime.py)
     opt = _make_optimizer(variables, settings)
     noisy = list(noise_targets) if noise_targets is not None else variables
-    session = current_session() or Session()
+    session = session if session is not None else Session()
     run = _Run(variables, opt, settings, generator, state, session, phase)
     result = run.result
 

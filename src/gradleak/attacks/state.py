@@ -5,10 +5,10 @@ The one optimisation loop (loop.py) takes every snapshot. A snapshot has four se
 * ``loop``: the candidates (every optimised variable), the optimizer's state (Adam moments and
   step, L-BFGS history, SGD momentum), the loop's generator, torch's global CPU RNG, the loss
   history so far, the step, the learning-rate scale and the divergence retries used;
-* ``attack``: whatever the attack plugs in through :class:`StateHooks` (``get_state()`` returns a
-  dict of tensors and JSON values, ``set_state(dict)`` puts it back): GradInversion's per-seed
-  generators and registration transforms, DLG's trial index, earlier trials and best trial;
-* ``providers``: the same for the runner (the PSNR observer's points);
+* ``attack``: the attack's own state, a typed dataclass (:class:`AttackState`) the loop snapshots
+  field by field: GradInversion's per-seed generators and registration transforms, Inverting
+  Gradients' best iterate per restart, DLG's earlier trials and best trial;
+* ``providers``: the run's own parts (:class:`StateHooks`: the pipeline's observer points);
 * ``session``: divergence recoveries and resume points of the whole run.
 
 On disk (``Session.directory``, for a run folder ``<parent>/<name>`` that is
@@ -24,22 +24,23 @@ The tensor file is written first under a new name, then state.json replaces the 
 (each through a temporary file and ``os.replace``), then the old tensor file is removed: a crash
 at any moment leaves a manifest that points to a complete tensor file. Nothing is ever unpickled.
 
-A session is made active with ``with session.active():``; ``optimise()`` finds it there (an
-attack needs no extra argument). Without one, ``optimise()`` uses a private in-memory session:
+A session belongs to the run's engine (engine.py), which passes it to ``optimise()``; an attack
+never finds it through a global. Without one, ``optimise()`` uses a private in-memory session:
 divergence recovery still works, nothing is written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import json
 import math
 import re
 import signal
 import threading
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -49,7 +50,7 @@ from ..errors import GradleakError, InputFileError
 from ..paths import atomic_write_bytes, read_text_file
 
 STATE_FORMAT = "gradleak-attack-state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the attacks' own sections are typed dataclasses (AttackState)
 MANIFEST = "state.json"
 CONFIG = "config.json"
 MAX_MANIFEST_BYTES = 256 * 2**20
@@ -94,6 +95,90 @@ class StateHooks:
 
     get_state: Callable[[], dict[str, Any]]
     set_state: Callable[[dict[str, Any]], None]
+
+
+class AttackState:
+    """An attack's own resumable state, declared as a typed dataclass (subclass this, decorate
+    with ``@dataclass``) and handed to the loop (``Engine.optimise(..., state=...)``), which
+    snapshots every field and puts it back on resume or after a divergence.
+
+    Restoring checks each saved value against the field: a tensor must have the current value's
+    shape (it takes its dtype and device); a generator takes the saved state; a nested
+    AttackState restores itself; other fields must have the field's declared type (``X | None``
+    allows None). ``validate()`` adds checks across fields. A field declared with
+    ``field(metadata={"state": False})`` describes the run (e.g. an expected shape) and is not saved. The attack keeps using the same
+    object, so what it reads after a restore is the restored state."""
+
+    def _state_fields(self) -> list[Any]:
+        return [f for f in fields(self) if f.metadata.get("state", True)]  # type: ignore[arg-type]
+
+    def get_state(self) -> dict[str, Any]:
+        return {f.name: _export(getattr(self, f.name)) for f in self._state_fields()}
+
+    def set_state(self, saved: dict[str, Any]) -> None:
+        hints = typing.get_type_hints(type(self))
+        name = type(self).__name__
+        for f in self._state_fields():
+            if f.name not in saved:
+                raise ValueError(f"{name}: the saved state lacks {f.name!r}")
+            setattr(self, f.name, _restore(f"{name}.{f.name}", getattr(self, f.name), saved[f.name], hints[f.name]))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError when the restored fields do not fit together (override as needed)."""
+
+
+def _has_state(value: Any) -> bool:
+    """A part that saves and restores itself (an AttackState, or e.g. GroupConsistency)."""
+    return not isinstance(value, torch.Generator) and callable(getattr(value, "get_state", None)) \
+        and callable(getattr(value, "set_state", None))
+
+
+def _export(value: Any) -> Any:
+    if isinstance(value, torch.Generator) or _has_state(value):
+        return value.get_state()
+    if isinstance(value, (list, tuple)):
+        return [_export(v) for v in value]
+    return value
+
+
+_SIMPLE = {float: (float, int), int: (int,), str: (str,), bool: (bool,), list: (list,), dict: (dict,)}
+
+
+def _restore(where: str, current: Any, saved: Any, hint: Any) -> Any:
+    if isinstance(current, torch.Generator):
+        if not (isinstance(saved, torch.Tensor) and saved.dtype == torch.uint8):
+            raise ValueError(f"{where}: not a generator state")
+        current.set_state(saved)
+        return current
+    if _has_state(current):
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where}: malformed")
+        current.set_state(saved)
+        return current
+    if isinstance(current, list) and current and all(isinstance(c, torch.Generator) for c in current):
+        if not (isinstance(saved, list) and len(saved) == len(current)):
+            raise ValueError(f"{where}: {len(saved) if isinstance(saved, list) else 'no'} generators saved, "
+                             f"this run has {len(current)}")
+        return [_restore(f"{where}[{i}]", c, v, torch.Generator) for i, (c, v) in enumerate(zip(current, saved))]
+    if isinstance(current, torch.Tensor):
+        if not (isinstance(saved, torch.Tensor) and saved.shape == current.shape):
+            got = list(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise ValueError(f"{where}: expected a tensor of shape {list(current.shape)}, got {got}")
+        return saved.to(device=current.device, dtype=current.dtype)
+    allowed = list(typing.get_args(hint) or (hint,)) if typing.get_origin(hint) in (typing.Union, types.UnionType) \
+        else [hint]
+    if saved is None:
+        if type(None) in allowed:
+            return None
+        raise ValueError(f"{where}: missing value")
+    for a in allowed:
+        base = typing.get_origin(a) or a
+        if base is torch.Tensor and isinstance(saved, torch.Tensor):
+            return saved
+        if base in _SIMPLE and isinstance(saved, _SIMPLE[base]) and not (base is not bool and isinstance(saved, bool)):
+            return float(saved) if base is float else saved
+    raise ValueError(f"{where}: expected {hint}, got {type(saved).__name__}")
 
 
 @dataclass
@@ -282,9 +367,6 @@ def read_saved_config(directory: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ the session
-_ACTIVE: contextvars.ContextVar["Session | None"] = contextvars.ContextVar("gradleak_state_session", default=None)
-
-
 @dataclass
 class Session:
     """Checkpointing, resuming and divergence settings and records of one attack run.
@@ -340,15 +422,6 @@ class Session:
             save_state(self.directory, snap, self.config)
             self.checkpoints += 1
 
-    # -- context
-    @contextlib.contextmanager
-    def active(self) -> Iterator["Session"]:
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
-
     @contextlib.contextmanager
     def signals(self) -> Iterator["Session"]:
         """SIGINT/SIGTERM set ``interrupted``; the loop then saves a checkpoint after the step it is
@@ -374,18 +447,6 @@ class Session:
                 signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
-def current_session() -> Session | None:
-    """The session made active by ``Session.active()``, or None."""
-    return _ACTIVE.get()
-
-
-def resume_phase() -> str | None:
-    """The phase the active session will resume (for attacks with several phases, e.g. DLG's
-    trials, which skip to it), or None when not resuming."""
-    s = _ACTIVE.get()
-    return s.pending_phase() if s is not None else None
-
-
-__all__ = ["BACKOFF", "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_RETRIES", "Interrupted", "SNAPSHOT_EVERY", "Session",
-           "Snapshot", "StateFileError", "StateHooks", "current_session", "find_state", "load_state", "pack",
-           "read_saved_config", "resume_phase", "run_dir_for", "save_state", "state_dir_for", "unpack"]
+__all__ = ["AttackState", "BACKOFF", "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_RETRIES", "Interrupted", "SNAPSHOT_EVERY", "Session",
+           "Snapshot", "StateFileError", "StateHooks", "find_state", "load_state", "pack",
+           "read_saved_config", "run_dir_for", "save_state", "state_dir_for", "unpack"]

@@ -20,12 +20,13 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
+from ..attacks.configs import FLAT_FIELDS
 from ..config import AttackConfig, make_config
 from ..data import Batch
 from ..errors import ConfigError, GradleakError
@@ -40,8 +41,7 @@ CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "num_examples",
                "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
                "error")
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
-ATTACK_FIELDS = ("attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn",
-                 "labels", "restarts", "seed", "device", "log_every")
+ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "seed", "device", "log_every")
 
 
 @dataclass
@@ -82,15 +82,15 @@ class LeakageAuditor:
     """Attack individual client updates and log leakage; thread-safe; see the module docstring."""
 
     def __init__(self, model: ModelSpec, settings: AuditSettings, truth_fn: TruthFn | None = None):
-        from ..runner import attack_settings, check_attack_name, resolve_device
+        from ..attacks import resolve_attack
+        from ..runtime import resolve_device
 
         self.model = model
         self.settings = settings
         self.truth_fn = truth_fn
         self.cfg = settings.attack_config()
-        check_attack_name(self.cfg.attack)
+        resolve_attack(self.cfg.model_dump(), bn_statistics_shared=True)  # the name; options the attack ignores
         self.device = resolve_device(self.cfg.device)
-        self.attack_settings = attack_settings(self.cfg, self.device)   # rejects options the attack ignores
         if settings.every < 1 or settings.max_batch_size < 1:
             raise ConfigError("audit: every and max_batch_size must be >= 1")
         ThreatModel(name="fedavg", local_steps=settings.local_steps, local_batch_size=settings.local_batch_size,
@@ -145,8 +145,9 @@ class LeakageAuditor:
               loss: float = float("nan"), node_id: int | str = "") -> dict[str, Any]:
         """Attack one client's update of one round; append and return its row. Never raises for a
         failed attack (the row says why): an audit must not stop the federation."""
-        from ..attacks import run_attack
         from ..metrics import evaluate
+        from ..pipeline.image import ImageCase
+        from ..pipeline.run import attack_case
 
         row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
                                "num_examples": num_examples, "local_steps": threat.local_steps,
@@ -159,18 +160,21 @@ class LeakageAuditor:
             update = self.shared_update(global_weights, client_weights, num_examples=num_examples, threat=threat,
                                         loss=loss)
             row["update_norm"] = math.sqrt(sum(float(d.double().pow(2).sum()) for d in update.gradients.values()))
+            # the one pipeline, as the server sees it: the update and the model, no truth
+            case = ImageCase(update=update, model=self.model, truth=None)
             t0 = time.perf_counter()
-            recon = run_attack(self.cfg.attack, update, self.model, self.attack_settings, None)  # no truth here
+            result, _ = attack_case(self.cfg, case, device=self.device)
+            recon = result.reconstruction
             row.update(status="ok", attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
-                       gradient_distance=recon.extra.get("gradient_distance"),
+                       gradient_distance=result.metrics.get("gradient_distance"),
                        labels_restored=" ".join(str(int(y)) for y in recon.labels))
             truth = self.truth_fn(server_round, client) if self.truth_fn is not None else None
             paired = recon.images
             if truth is not None:   # scoring only, after the attack returned
-                ev = evaluate(recon, truth)
-                row.update(psnr_mean=ev.psnr_mean, ssim_mean=ev.ssim_mean, mse_mean=ev.mse_mean,
-                           label_accuracy=ev.label_accuracy, labels_true=" ".join(str(int(y)) for y in truth.labels))
-                paired = ev.paired_images
+                m = replace(case, truth=truth).metrics(self.cfg, recon, self.device)
+                row.update(psnr_mean=m["psnr_mean"], ssim_mean=m["ssim_mean"], mse_mean=m["mse_mean"],
+                           label_accuracy=m["label_accuracy"], labels_true=" ".join(str(int(y)) for y in truth.labels))
+                paired = evaluate(recon, truth).paired_images
             if self.settings.save_reconstructions:
                 row["reconstruction"] = self._save(server_round, client, recon, paired, truth)
         except GradleakError as exc:

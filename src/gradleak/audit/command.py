@@ -74,10 +74,11 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
     if args.attack_lr is not None and not (math.isfinite(args.attack_lr) and args.attack_lr > 0):
         raise ConfigError(f"audit-flower: --attack-lr must be a positive finite number (got {args.attack_lr})")
     cfg = AuditSettings(attack=attack, out=out).attack_config()
-    from ..runner import attack_settings, check_attack_name, resolve_device
+    from ..attacks import resolve_attack
+    from ..runtime import resolve_device
 
-    check_attack_name(cfg.attack)
-    attack_settings(cfg, resolve_device(cfg.device))
+    resolve_attack(cfg.model_dump(), bn_statistics_shared=True)  # the name; options the attack ignores
+    resolve_device(cfg.device)
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from gradleak.data.sources import (
     ImageSource,
     SampleSource,
     open_source,
+    batch_of,
     sample_batch,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "SampleSource",
     "load_image_file",
     "open_source",
+    "batch_of",
     "sample_batch",
 ]

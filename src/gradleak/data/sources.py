@@ -471,12 +471,22 @@ def sample_batch(
             f"{len(seen)} distinct classes; use --allow-repeats to allow repeated labels"
         )
 
-    images = torch.stack([source.load(i, image_size, channels) for i in chosen])
-    labels = torch.tensor([source.label(i) for i in chosen], dtype=torch.int64)
+    return batch_of(source, chosen, image_size, channels)
+
+
+def batch_of(source: ImageSource, indices: list[int], image_size: int, channels: int) -> Batch:
+    """The items ``indices`` of ``source``, in this order, as a Batch (only they are decoded)."""
+    check_geometry(image_size, channels)
+    n = len(source)
+    bad = [i for i in indices if not 0 <= int(i) < n]
+    if not indices or bad:
+        raise DataError(f"item {bad[0]} is not in {source.name} (0..{n - 1})" if bad else "no items asked for")
+    images = torch.stack([source.load(int(i), image_size, channels) for i in indices])
+    labels = torch.tensor([source.label(int(i)) for i in indices], dtype=torch.int64)
     return Batch(
         images=images,
         labels=labels,
-        names=tuple(source.item_name(i) for i in chosen),
+        names=tuple(source.item_name(int(i)) for i in indices),
         source=source.name,
         class_names=tuple(source.class_names),
     )

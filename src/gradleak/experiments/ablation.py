@@ -11,94 +11,18 @@ Reported per step and per image: PSNR, SSIM, FFT2D, RPSNR (and LPIPS when its we
 cached), and per step the gradient distance (Eq. 3 without alpha_G) of the final answer (the
 seeds' consensus when a group term is on, else the best seed) and of the optimised candidates
 (best and mean over the G seeds).
-
-This module also holds :func:`run_case`, the one-attack helper the GradInversion experiments
-share (it passes full GradInversionSettings, which the CLI config cannot express, and can attack
-a given batch instead of a drawn one).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..attacks import AttackSettings, run_attack
-from ..attacks.gradinversion import GradInversionSettings, gradinversion, resolve_settings
-from ..config import AttackConfig, make_config
-from ..data import Batch
-from ..metrics import evaluate
-from ..models import build_model
-from ..report import save_image_grid, save_line_plot
-from ..runner import (Case, PSNRObserver, RunResult, attack_settings, build_metrics, client_update, prepare,
-                      resolve_device)
+from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
+from .cells import Workspace
+from .common import budget, gradinversion_cell, image_rows, mean, save_grid, settings_of, victim, victim_setup
 
-PAPER_KEYS = ("fft2d_mean", "rpsnr_mean", "lpips_mean", "iip")
-
-
-def run_case(*, gi: GradInversionSettings | None = None, batch: Batch | None = None,
-             settings_changes: dict[str, Any] | None = None, **fields: Any) -> tuple[RunResult, Case]:
-    """One attack through the runner's parts (client simulation, attack settings, evaluation),
-    without a run folder. ``fields`` are AttackConfig fields. ``gi``: full GradInversion
-    settings (attack must be "gradinversion"); ``batch``: attack this batch instead of drawing
-    one with ``seed``; ``settings_changes``: AttackSettings fields set after the config's (e.g.
-    Inverting Gradients' restarts = ``seeds``). Metrics always include the paper's FFT2D,
-    RPSNR, LPIPS (None without its weights) and IIP."""
-    fields.setdefault("progress", False)
-    if "paper_metrics" in AttackConfig.model_fields:
-        fields.setdefault("paper_metrics", True)
-    if gi is not None and fields.get("attack") == "gradinversion":
-        fields.setdefault("bn", gi.bn)  # the simulated client shares BN statistics iff bn is exact
-    cfg = make_config(**fields)
-    device = resolve_device(cfg.device)
-    if batch is None:
-        case = prepare(cfg)
-    else:
-        model = build_model(cfg.model, num_classes=cfg.num_classes or len(batch.class_names) or None,
-                            channels=int(batch.images.shape[1]), image_size=int(batch.images.shape[-1]),
-                            seed=cfg.model_seed, width=cfg.width)
-        update = client_update(cfg, model, batch, share_bn_statistics=cfg.share_bn_statistics or cfg.bn == "exact")
-        case = Case(update=update, model=model, truth=batch, data=batch.source)
-    settings = attack_settings(cfg, device)
-    if settings_changes:
-        settings = replace(settings, **settings_changes)
-    observer = PSNRObserver(case.truth) if case.truth is not None else None
-    if gi is not None:
-        recon = gradinversion(case.update, case.model, settings, observer, gi=gi)
-    else:
-        recon = run_attack(cfg.attack, case.update, case.model, settings, observer)
-    metrics = build_metrics(cfg, case, recon, device)
-    if case.truth is not None and "fft2d_mean" not in metrics:
-        from ..metrics.summary import paper_metrics
-        from ..runner import iip_pool
-
-        summary, per_image = paper_metrics(evaluate(recon, case.truth).paired_images, case.truth.images,
-                                           iip_pool(cfg, case))
-        metrics.update(summary)
-        for row, extra in zip(metrics["per_image"], per_image):
-            row.update(extra)
-    history = [dict(h) for h in recon.history]
-    if observer is not None:
-        for h in history:
-            if int(h["iteration"]) in observer.points:
-                h["psnr"] = observer.points[int(h["iteration"])]
-    return RunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history), case
-
-
-def image_rows(res: RunResult, **common: Any) -> list[dict[str, Any]]:
-    """One row per private image: ``common`` fields + the image's scores."""
-    rows = []
-    for p in res.metrics["per_image"]:
-        rows.append({**common, "image": p["index"], "name": p.get("name", ""), "label": p["label_true"],
-                     "label_restored": p["label_restored"], "psnr": p["psnr"], "ssim": p["ssim"],
-                     "fft2d": p.get("fft2d"), "rpsnr": p.get("rpsnr"), "lpips": p.get("lpips"),
-                     "identified": p.get("identified")})
-    return rows
-
-
+# Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
 STEPS: dict[str, dict[str, Any]] = {
     "noise": dict(alpha_tv=0.0, alpha_l2=0.0, alpha_bn=0.0, group="none", iterations=0),
     "grad": dict(alpha_tv=0.0, alpha_l2=0.0, alpha_bn=0.0, group="none"),
@@ -116,82 +40,52 @@ SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_di
 LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_distance_mean", "fft2d", "lpips")
 
 
-def budget(opt: ExperimentOptions) -> tuple[int, int]:
-    """(iterations, seeds) of the GradInversion experiments: cpu preset 600 x 4; smoke 100 x 2."""
-    return (opt.iterations or (100 if opt.smoke else 600)), (2 if opt.smoke else 4)
-
-
-def step_settings(iterations: int, seeds: int, **changes: Any) -> GradInversionSettings:
-    """The cpu preset at this budget (registration start/every scaled with the iterations), then
-    ``changes`` (alphas, group, bn)."""
-    base = resolve_settings(AttackSettings(preset="cpu", iterations=iterations, seeds=seeds))
-    return replace(base, **changes).validate()
-
-
-def mean(values: list[Any]) -> float | None:
-    vals = [float(v) for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
 @experiment("ablation", "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered")
-def ablation(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    model = opt.model or "convnet"
-    width = opt.width or 16
-    data = opt.data or "cifar10-samples"
+def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]
     samples = opt.samples or 1
     iterations, seeds = budget(opt)
+    plan = {(step, sample): {**gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
+                                                  batch_size=k, seed=opt.seed + sample), **changes}
+            for sample in range(samples) for step, changes in STEPS.items()}
+    cells = ws.run(plan, run_folders=[(step, 0) for step in STEPS])
     rows: list[dict[str, Any]] = []
     per_step: dict[str, list[dict[str, Any]]] = {s: [] for s in STEPS}
-    grid_rows: list[torch.Tensor] = []
-    grid_titles: list[str] = []
-    for sample in range(samples):
-        seed = opt.seed + sample
-        for step, changes in STEPS.items():
-            ch = dict(changes)
-            n_iter = ch.pop("iterations", iterations)
-            gi = step_settings(iterations, seeds, bn="exact", **ch)
-            gi = replace(gi, iterations=n_iter)
-            res, case = run_case(attack="gradinversion", model=model, width=width, data=data, batch_size=k,
-                                 seed=seed, gi=gi, log_every=max(1, iterations // 20))
-            ex = res.reconstruction.extra
-            cand = ex["candidate_gradient_distance"]
-            common = {"step": step, "sample": sample, "seed": seed, "gradient_distance": ex["gradient_distance"],
-                      "candidate_distance_best": min(cand), "candidate_distance_mean": sum(cand) / len(cand),
-                      "answer": ex["answer"], "iterations": res.reconstruction.iterations, "seeds": gi.seeds,
-                      "wall_seconds": round(res.reconstruction.wall_seconds, 2)}
-            img_rows = image_rows(res, **common)
-            rows += img_rows
-            per_step[step] += img_rows
-            if opt.progress:
-                print(f"ablation: sample {sample} {step}: distance {ex['gradient_distance']:.3f} "
-                      f"(candidates best {min(cand):.3f}), PSNR {res.metrics['psnr_mean']:.2f} dB", flush=True)
-            if sample == 0:
-                if not grid_rows:
-                    grid_rows.append(case.truth.images)
-                    grid_titles.append("original")
-                grid_rows.append(evaluate(res.reconstruction, case.truth).paired_images)
-                grid_titles.append(STEP_TEXT[step])
+    for (step, sample), cell in cells.items():
+        if not cell.ok:
+            continue
+        m = cell.metrics
+        cand = m.get("candidate_gradient_distance") or []
+        common = {"step": step, "sample": sample, "seed": opt.seed + sample,
+                  "gradient_distance": m["gradient_distance"],
+                  "candidate_distance_best": min(cand) if cand else None,
+                  "candidate_distance_mean": sum(cand) / len(cand) if cand else None,
+                  "answer": m.get("answer"), "iterations": m["iterations"], "seeds": seeds,
+                  "wall_seconds": round(float(m["wall_seconds"]), 2)}
+        img_rows = image_rows(cell, **common)
+        rows += img_rows
+        per_step[step] += img_rows
     summary = [{"step": s, **{c: mean([r[c] for r in per_step[s]]) for c in SUMMARY[1:]}} for s in STEPS]
     notes = ["Means over every image (and sample) per step:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
     notes += _monotonicity_notes(summary)
     figs = ["ablation_quality.png", "ablation_distance.png", "ablation_images.png"]
     names = list(STEPS)
-    save_line_plot(out / figs[0], names, {"PSNR (dB)": [r["psnr"] for r in summary],
+    save_line_plot(ws.out / figs[0], names, {"PSNR (dB)": [r["psnr"] for r in summary],
                                           "RPSNR (dB)": [r["rpsnr"] for r in summary]},
                    xlabel="objective", ylabel="dB (higher is better)", title=f"Ablation, {model} K={k}")
-    save_line_plot(out / figs[1], names, {c: [r[c] for r in summary] for c in
+    save_line_plot(ws.out / figs[1], names, {c: [r[c] for r in summary] for c in
                                           ("gradient_distance", "candidate_distance_best", "fft2d")},
                    xlabel="objective", ylabel="lower is better", title="Gradient distance (Eq. 3) and FFT2D",
                    logy=True)
-    save_image_grid(out / figs[2], grid_rows, grid_titles)
+    if not save_grid(ws.out / figs[2], [(STEP_TEXT[step], cells[(step, 0)]) for step in STEPS]):
+        figs.remove("ablation_images.png")
     return ExperimentResult(
         name="ablation", title="GradInversion ablation (Table 2): each loss term in turn",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes,
-        setup={"data": data, "model": f"{model} (width {width}, random init, seed 0; training-mode BN)",
-               "batch size": k, "samples": f"{samples} batch(es), seeds {opt.seed}..{opt.seed + samples - 1}",
+        setup={**victim_setup(model, width, data, k, samples, opt.seed),
                "budget": f"{iterations} iterations x {seeds} seeds for every step (noise: 0 iterations)",
-               "settings": step_settings(iterations, seeds).to_dict(),
+               "settings": settings_of(c for (step, _), c in cells.items() if step == "+group registered"),
                "steps": {s: STEP_TEXT[s] for s in STEPS},
                "gradient distance": "Eq. 3 without alpha_G: sum over parameter tensors of the L2 distance",
                "answer": "group steps: the seeds' consensus; otherwise the best seed by L_grad + R_fidelity",

@@ -1,7 +1,10 @@
 """Experiment commands: each answers one question from the papers or their reviews with this
 project's own measured numbers, and writes results.csv, results.md (setup + table), a figure and
-experiment.json. Experiments only call the public API (runner, attacks, metrics), never reach
-inside.
+experiment.json. An experiment declares its attacks as cells (AttackConfig field dicts) and runs
+them on the sweep engine through its :class:`~gradleak.experiments.cells.Workspace`: their store
+is DIR/cells, so rerunning the same command on DIR resumes (finished cells are not recomputed)
+and rebuilds the outputs from all cells. Experiments read cells' metrics and run folders, the
+data sources, models and metrics; they never reach inside the run pipeline.
 """
 
 from __future__ import annotations
@@ -10,16 +13,17 @@ import csv
 import io
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import config_error
-from ..paths import StagedDir
 from ..errors import UnknownNameError
+from .cells import CellResult, Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
 
 
 class ExperimentOptions(BaseModel):
@@ -41,7 +45,13 @@ class ExperimentOptions(BaseModel):
     samples: int | None = Field(None, ge=1, le=100_000, description="samples (batches attacked) per setting")
     iterations: int | None = Field(None, ge=1, le=10_000_000, description="attack iterations")
     seed: int = Field(0, ge=0, description="base seed")
-    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads")
+    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (per cell; default: this "
+                                "process's threads shared by the workers)")
+    executor: Literal["local", "ray", "inline"] = Field(
+        "local", description="where the attacks (cells) run: local (process pool) | ray (on loopback) | inline "
+                             "(this process)")
+    workers: int = Field(1, ge=1, le=512, description="cells run at once")
+    retry_failed: bool = Field(False, description="compute again the cells that failed in an earlier run on --out")
     progress: bool = Field(True, description="show progress")
 
 
@@ -57,9 +67,10 @@ class ExperimentResult:
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
+    cells: dict[str, Any] = field(default_factory=dict)   # CellsReport: total, reused, computed, failed
 
 
-ExperimentFn = Callable[[ExperimentOptions, Path], ExperimentResult]
+ExperimentFn = Callable[[ExperimentOptions, Workspace], ExperimentResult]
 EXPERIMENTS: dict[str, tuple[ExperimentFn, str]] = {}
 
 
@@ -126,11 +137,16 @@ def write_result(result: ExperimentResult, out: Path) -> None:
     (out / "experiment.json").write_text(json.dumps({"name": result.name, "title": result.title,
                                                       "setup": result.setup, "rows": result.rows,
                                                       "notes": result.notes, "figures": result.figures,
-                                                      "wall_seconds": result.wall_seconds}, indent=2, default=str))
+                                                      "wall_seconds": result.wall_seconds, "cells": result.cells},
+                                                     indent=2, default=str))
 
 
 def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentResult, Path]:
-    """Run an experiment into a hidden sibling folder, then rename it to ``options.out``."""
+    """Run an experiment into ``options.out`` (DIR): a new folder, or an earlier run's of the same
+    experiment, which is resumed (see cells.py). The outputs are written into a staging folder
+    and moved into DIR when complete; a new DIR is removed again if the experiment fails before
+    any cell finished. Cells that failed are listed in the notes and experiment.json, and said on
+    stderr."""
     _load_all()
     if name not in EXPERIMENTS:
         raise UnknownNameError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
@@ -140,9 +156,34 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
         torch.set_num_threads(options.threads)
     fn, _ = EXPERIMENTS[name]
     start = time.perf_counter()
-    with StagedDir(options.out) as stage:  # checked and created before the experiment runs
-        result = fn(options, stage.path)
-        result.wall_seconds = time.perf_counter() - start
-        write_result(result, stage.path)
-        out = stage.commit()
-    return result, out
+    folder, new = open_folder(options.out, name)  # checked (and created) before any work
+    try:
+        with folder_lock(folder):
+            stage = stage_outputs(folder)
+            try:
+                ws = Workspace(name, options, folder, stage)
+                result = fn(options, ws)
+                result.cells = ws.report.to_dict()
+                result.notes = result.notes + ws.report.notes()
+                result.wall_seconds = time.perf_counter() - start
+                write_result(result, stage)
+                commit_outputs(stage, folder)
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+    except BaseException:
+        if new is not None:
+            remove_new_folder(folder, new)
+        raise
+    if ws.report.failed:
+        import sys
+
+        print(f"gradleak: {len(ws.report.failed)} of {ws.report.total} cells of experiment {name} failed "
+              f"(listed in {Path(options.out) / 'results.md'}); rerun with --retry-failed to compute them again",
+              file=sys.stderr)
+    return result, Path(options.out)
+
+
+def ok_cells(cells: dict[Any, CellResult]) -> dict[Any, CellResult]:
+    """The cells that finished (the failed ones are reported by the workspace)."""
+    return {k: c for k, c in cells.items() if c.ok}

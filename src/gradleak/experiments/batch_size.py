@@ -6,19 +6,15 @@ pixels" given more time. Here: leakage vs batch size K for each attack, on real 
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
-from ..attacks import attack_names
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once
-
-THRESHOLD_DB = 20.0  # recovered: MSE <= 0.01 on [0, 1] pixels (see local_iterations.py)
+from .cells import Workspace
+from .common import THRESHOLD_DB, leakage_rows, series
 BATCH_SIZES = (1, 2, 4, 8)
 SMOKE_BATCH_SIZES = (1, 2)
-# Candidate attacks, in this order; those not registered at run time are left out.
+# The attacks compared, in this order (--attacks picks others; an unknown one is a failed cell).
 CANDIDATES = ("dlg", "idlg", "gradinversion", "ig")
 # Model (and width) per attack unless --model/--width: DLG/iDLG on the DLG paper's sigmoid LeNet
 # (their setting); GradInversion and Inverting Gradients on the BN/ReLU convnet at width 16, the
@@ -42,16 +38,15 @@ SMOKE_OPTIONS: dict[str, dict[str, Any]] = {"gradinversion": dict(seeds=2)}
 
 
 @experiment("batch-size", "leakage vs batch size for each attack on real photos")
-def batch_size(opt: ExperimentOptions, out: Path) -> ExperimentResult:
+def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     data = opt.data or "cifar10-samples"
-    known = attack_names()
-    attacks = opt.attacks or [a for a in CANDIDATES if a in known]
+    attacks = opt.attacks or list(CANDIDATES)
     sizes = opt.batch_sizes or list(SMOKE_BATCH_SIZES if opt.smoke else BATCH_SIZES)
     samples = opt.samples or (1 if opt.smoke else 3)
-    rows: list[dict[str, Any]] = []
     iterations: dict[str, int | None] = {}
     models: dict[str, str] = {}
     options: dict[str, dict[str, Any]] = {}
+    plan: dict[tuple[str, int, int], dict[str, Any]] = {}
     for attack in attacks:
         model, width = MODELS.get(attack, ("lenet-dlg", None))
         if opt.model:
@@ -64,27 +59,14 @@ def batch_size(opt: ExperimentOptions, out: Path) -> ExperimentResult:
         options[attack] = {**OPTIONS.get(attack, {}), **(SMOKE_OPTIONS.get(attack, {}) if opt.smoke else {})}
         for k in sizes:
             for s in range(samples):
-                res = attack_once(attack=attack, model=model, width=width, data=data, batch_size=k,
-                                  seed=opt.seed + s, iterations=n_iter, progress=opt.progress,
-                                  log_every=max(1, (n_iter or 200) // 10), **options[attack])
-                m = res.metrics
-                rows.append({"attack": attack, "batch_size": k, "sample": s, "psnr": m["psnr_mean"],
-                             "ssim": m["ssim_mean"], "mse": m["mse_mean"], "label_accuracy": m["label_accuracy"],
-                             "model": model, "width": width, "seed": opt.seed + s,
-                             "psnr_min": min(r["psnr"] for r in m["per_image"]),
-                             "recovered": m["psnr_mean"] >= THRESHOLD_DB,
-                             "iterations": res.reconstruction.iterations,
-                             "wall_seconds": round(res.reconstruction.wall_seconds, 2)})
+                plan[(attack, k, s)] = dict(attack=attack, model=model, width=width, data=data, batch_size=k,
+                                            seed=opt.seed + s, iterations=n_iter,
+                                            log_every=max(1, (n_iter or 200) // 10), **options[attack])
+    rows = leakage_rows(ws.run(plan), ("attack", "batch_size", "sample"))
     fig = "psnr_vs_batch_size.png"
-    series = {}
-    for attack in attacks:
-        ys = []
-        for k in sizes:
-            vals = [r["psnr"] for r in rows if r["attack"] == attack and r["batch_size"] == k]
-            ys.append(sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else None)
-        series[attack] = ys
-    save_line_plot(out / fig, [str(k) for k in sizes], series, xlabel="batch size K",
-                   ylabel=f"PSNR (dB), mean of {samples} batch(es)", title=f"Leakage vs batch size on {data}")
+    save_line_plot(ws.out / fig, [str(k) for k in sizes],
+                   {a: series(rows, "batch_size", sizes, attack=a) for a in attacks}, xlabel="batch size K", ylabel=f"PSNR (dB), mean of {samples} batch(es)",
+                   title=f"Leakage vs batch size on {data}")
     return ExperimentResult(
         name="batch-size", title="Leakage vs batch size",
         columns=["attack", "batch_size", "sample", "psnr", "ssim", "mse", "label_accuracy", "model", "width", "seed", "psnr_min",
@@ -92,7 +74,7 @@ def batch_size(opt: ExperimentOptions, out: Path) -> ExperimentResult:
         rows=rows, figures=[fig],
         setup={"data": f"{data} (each batch: K photos with distinct labels)",
                "model": models,
-               "attacks": attacks, "attacks registered": known, "batch sizes": sizes,
+               "attacks": attacks, "batch sizes": sizes,
                "iterations": {a: (v if v is not None else "attack default") for a, v in iterations.items()},
                "attack options": options,
                "threat": "fedsgd (one gradient of the batch's mean loss); with gradinversion the client also shares "
@@ -101,3 +83,4 @@ def batch_size(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch)", "smoke": opt.smoke},
         notes=["psnr/ssim/mse are means over the K images of a batch after optimal pairing; psnr_min is its worst "
                "image.", "Every batch attacked is a row."])
+

@@ -11,15 +11,12 @@ for each. The rows give every image of every batch; the notes give means per met
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..metrics import evaluate
-from ..report import save_image_grid, save_line_plot
-from .ablation import budget, image_rows, mean, run_case, step_settings
+from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
+from .cells import Workspace
+from .common import budget, gradinversion_cell, image_rows, mean, save_grid, settings_of, victim, victim_setup
 
 METHODS = ("dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact")
 COLUMNS = ["method", "sample", "seed", "image", "name", "label", "label_restored", "psnr", "ssim", "fft2d", "rpsnr",
@@ -27,44 +24,39 @@ COLUMNS = ["method", "sample", "seed", "image", "name", "label", "label_restored
 SUMMARY = ["method", "psnr", "ssim", "fft2d", "rpsnr", "lpips", "label_accuracy", "gradient_distance", "wall_seconds"]
 
 
-def _run(method: str, iterations: int, seeds: int, **fields: Any):  # noqa: ANN202
+def dlg_steps(iterations: int, seeds: int) -> int:
+    """DLG's L-BFGS steps at the budget: at most iterations x seeds gradient evaluations, 20 a step."""
+    return max(1, round(iterations * seeds / 20))
+
+
+def method_cell(method: str, iterations: int, seeds: int, **fields: Any) -> dict[str, Any]:
+    """The cell of ``method`` at the budget (iterations x seeds) on the client's batch ``fields``."""
+    log_every = max(1, iterations // 20)
     if method == "dlg":
-        return run_case(attack="dlg", iterations=max(1, round(iterations * seeds / 20)), **fields)
+        return dict(attack="dlg", iterations=dlg_steps(iterations, seeds), log_every=log_every, **fields)
     if method == "ig":
-        return run_case(attack="ig", iterations=iterations, settings_changes={"seeds": seeds}, **fields)
-    bn = method.rsplit("-", 1)[-1]
-    return run_case(attack="gradinversion", gi=step_settings(iterations, seeds, bn=bn), **fields)
+        return dict(attack="ig", iterations=iterations, restarts=seeds, log_every=log_every, **fields)
+    return gradinversion_cell(iterations, seeds, bn=method.rsplit("-", 1)[-1], **fields)
 
 
 @experiment("comparison", "GradInversion Table 4: DLG vs Inverting Gradients vs GradInversion BN approx / exact")
-def comparison(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    model = opt.model or "convnet"
-    width = opt.width or 16
-    data = opt.data or "cifar10-samples"
+def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]
     samples = opt.samples or (1 if opt.smoke else 3)
     iterations, seeds = budget(opt)
     methods = [m for m in METHODS if not opt.attacks or m in opt.attacks or m.split("-")[0] in opt.attacks]
+    plan = {(method, sample): method_cell(method, iterations, seeds, model=model, width=width, data=data,
+                                          batch_size=k, seed=opt.seed + sample)
+            for sample in range(samples) for method in methods}
+    cells = ws.run(plan, run_folders=[(method, 0) for method in methods])
     rows: list[dict[str, Any]] = []
-    grid, titles = [], []
-    for sample in range(samples):
-        seed = opt.seed + sample
-        for method in methods:
-            res, case = _run(method, iterations, seeds, model=model, width=width, data=data, batch_size=k, seed=seed,
-                             log_every=max(1, iterations // 20))
-            m, rec = res.metrics, res.reconstruction
-            rows += image_rows(res, method=method, sample=sample, seed=seed, label_accuracy=m["label_accuracy"],
-                               gradient_distance=rec.extra.get("gradient_distance"), iterations=rec.iterations,
-                               wall_seconds=round(rec.wall_seconds, 2))
-            if opt.progress:
-                print(f"comparison: sample {sample} {method}: PSNR {m['psnr_mean']:.2f} dB, labels "
-                      f"{m['label_accuracy']:.2f}, {rec.wall_seconds:.1f} s", flush=True)
-            if sample == 0:
-                if not grid:
-                    grid.append(case.truth.images)
-                    titles.append("original")
-                grid.append(evaluate(rec, case.truth).paired_images)
-                titles.append(method)
+    for (method, sample), cell in cells.items():
+        if cell.ok:
+            m = cell.metrics
+            rows += image_rows(cell, method=method, sample=sample, seed=opt.seed + sample,
+                               label_accuracy=m["label_accuracy"], gradient_distance=m.get("gradient_distance"),
+                               iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
     summary = [{"method": mt, **{c: mean([r[c] for r in rows if r["method"] == mt]) for c in SUMMARY[1:]}}
                for mt in methods]
     notes = ["Means over every image of every batch:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
@@ -74,26 +66,28 @@ def comparison(opt: ExperimentOptions, out: Path) -> ExperimentResult:
         notes.append("BN approx regularises towards the model's running statistics; for a randomly initialised "
                      "model these are the initial 0/1, not statistics learnt from the data as in the paper.")
     best = max(summary, key=lambda r: r["psnr"] if r["psnr"] is not None else -1.0)
-    notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB).")
+    if best["psnr"] is not None:
+        notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB).")
     figs = ["comparison_quality.png", "comparison_images.png"]
-    save_line_plot(out / figs[0], [r["method"] for r in summary],
+    save_line_plot(ws.out / figs[0], [r["method"] for r in summary],
                    {"PSNR (dB)": [r["psnr"] for r in summary], "RPSNR (dB)": [r["rpsnr"] for r in summary]},
                    xlabel="method", ylabel="dB (higher is better)", title=f"{model} K={k}, {samples} batch(es)")
-    save_image_grid(out / figs[1], grid, titles)
+    if not save_grid(ws.out / figs[1], [(method, cells[(method, 0)]) for method in methods]):
+        figs.remove("comparison_images.png")
     return ExperimentResult(
         name="comparison", title="DLG vs Inverting Gradients vs GradInversion (Table 4)",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes,
-        setup={"data": data, "model": f"{model} (width {width}, random init, seed 0; training-mode BN)",
-               "batch size": k, "samples": f"{samples} batch(es), seeds {opt.seed}..{opt.seed + samples - 1}",
+        setup={**victim_setup(model, width, data, k, samples, opt.seed),
                "budget": f"{iterations} iterations x {seeds} seeds/restarts; "
-                         f"DLG {max(1, round(iterations * seeds / 20))} "
+                         f"DLG {dlg_steps(iterations, seeds)} "
                          "L-BFGS steps (<= 20 evaluations each)",
                "methods": {"dlg": "DLG: L-BFGS, float64, joint soft labels",
                            "ig": "Inverting Gradients: cosine + TV 0.1, signed Adam, step decay, restarts",
                            "gradinversion-bn-approx": "cpu preset, BN prior towards the running statistics",
                            "gradinversion-bn-exact": "cpu preset, BN prior towards the client's shared batch "
                                                      "statistics"},
-               "gradinversion settings": step_settings(iterations, seeds).to_dict(),
+               "gradinversion settings": settings_of(c for (mt, _), c in cells.items()
+                                                     if mt == "gradinversion-bn-exact"),
                "labels": "restored from the gradient (Eq. 8) for ig and gradinversion; DLG optimises soft labels",
                "lpips": "null unless the AlexNet/VGG LPIPS weights are in the torch cache",
-               "torch threads": torch.get_num_threads(), "smoke": opt.smoke})
+               "torch threads": ws.threads(), "smoke": opt.smoke})

@@ -16,12 +16,12 @@ Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused wi
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once
+from .cells import Workspace
+from .common import LBFGS_INIT, lbfgs_cell, mean, setting
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
 # these images, and a reconstruction at 20 dB already shows the garment; failed runs sit at 3-10 dB.
@@ -44,48 +44,46 @@ SMOKE_SETTINGS = [s for s in SETTINGS if s[2] in (None, "gaussian:0.0001", "gaus
 TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
 SMOKE_TRAIN_SUBSET = 3000
 SMOKE_TEST_SUBSET = 1000
-INIT = "zeros"  # the attacker's start: mid-grey pixels (see local_iterations.py)
+INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 
 
 @experiment("defenses", "accuracy when trained under a defense vs whether iDLG still leaks (rebuttal Table 3)")
-def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    from ..training import TrainConfig, train
+def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    from ..training import TrainConfig
 
-    model = opt.model or "lenet-dlg"
-    data = opt.data or "fashion-mnist"
-    attack = (opt.attacks or ["idlg"])[0]
-    samples = opt.samples or (1 if opt.smoke else 4)
-    n_iter = opt.iterations or (20 if opt.smoke else 200)
+    st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
+    model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
     settings = SMOKE_SETTINGS if opt.smoke else SETTINGS
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else 10_000
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
-    rows: list[dict[str, Any]] = []
-    for name, strength, spec in settings:
+    trained = {}
+    plan: dict[tuple[int, int], dict[str, Any]] = {}
+    for i, (name, strength, spec) in enumerate(settings):
         cfg = TrainConfig(model=model, width=opt.width, data=data, defense=(spec,) if spec else (),
                           checkpoints=(1.0,), train_subset=train_subset, test_subset=test_subset, seed=opt.seed,
                           model_seed=0, **TRAIN)
-        trained = train(cfg, out / "training" / name_of(name, strength), progress=opt.progress)
-        psnrs, ssims, mses, labels = [], [], [], []
+        trained[i] = ws.trained(cfg, name_of(name, strength))
         for s in range(samples):
-            res = attack_once(attack=attack, model=model, width=opt.width, data=data, split="test", batch_size=1,
-                              seed=opt.seed + s, defense=[spec] if spec else [], iterations=n_iter, dtype="float64",
-                              init=INIT, log_every=max(1, n_iter // 10), progress=opt.progress)
-            m = res.metrics
-            psnrs.append(m["psnr_mean"])
-            ssims.append(m["ssim_mean"])
-            mses.append(m["mse_mean"])
-            labels.append(m["label_accuracy"])
-        psnr = sum(psnrs) / len(psnrs)
-        rows.append({"defense": name, "strength": strength, "accuracy": trained.final_accuracy, "psnr": psnr,
-                     "ssim": sum(ssims) / len(ssims), "defended": psnr < THRESHOLD_DB,
-                     "mse": sum(mses) / len(mses), "label_accuracy": sum(labels) / len(labels),
-                     "psnr_min": min(psnrs), "psnr_max": max(psnrs), "samples": samples,
+            plan[(i, s)] = lbfgs_cell(st, opt.seed + s, log_points=10, split="test", batch_size=1,
+                                      defense=[spec] if spec else [])
+    cells = ws.run(plan)
+    rows: list[dict[str, Any]] = []
+    for i, (name, strength, spec) in enumerate(settings):
+        done = [cells[(i, s)].metrics for s in range(samples) if cells[(i, s)].ok]
+        psnrs = [m["psnr_mean"] for m in done]
+        psnr = mean(psnrs)
+        epsilon = trained[i].epsilon
+        rows.append({"defense": name, "strength": strength, "accuracy": trained[i].final_accuracy, "psnr": psnr,
+                     "ssim": mean(m["ssim_mean"] for m in done),
+                     "defended": None if psnr is None else psnr < THRESHOLD_DB, "mse": mean(m["mse_mean"] for m in done),
+                     "label_accuracy": mean(m["label_accuracy"] for m in done),
+                     "psnr_min": min(psnrs, default=None), "psnr_max": max(psnrs, default=None), "samples": len(done),
                      "psnr_per_sample": ";".join(f"{p:.2f}" for p in psnrs),
-                     "epsilon": trained.epsilon if trained.epsilon is not None and math.isfinite(trained.epsilon) else None,
+                     "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
                      "spec": spec or ""})
     fig = "accuracy_vs_psnr.png"
     labels_x = [_short(r["defense"], r["strength"]) for r in rows]
-    save_line_plot(out / fig, labels_x, {"attack PSNR (dB)": [r["psnr"] for r in rows],
+    save_line_plot(ws.out / fig, labels_x, {"attack PSNR (dB)": [r["psnr"] for r in rows],
                                          "test accuracy (%)": [100 * r["accuracy"] for r in rows],
                                          f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(rows)},
                    xlabel="defense", ylabel="dB / %", title=f"Defense trade-off, {model} on {data}")
@@ -103,8 +101,7 @@ def defenses(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                             "defense applied to": "every training step's gradient (defended FedSGD client)"},
                "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, defended FedSGD "
                          "update of the untrained global model",
-               "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (test image drawn, attack start, "
-                                            "defense noise)",
+               "samples": samples, "seeds": f"{st.seed_text} (test image drawn, attack start, defense noise)",
                "success threshold": f"defended = mean PSNR < {THRESHOLD_DB} dB (attack fails)",
                "strength": "sigma (gaussian), b (laplace), fraction zeroed per layer (prune), bits (fp16, int8), "
                            "noise multiplier Z at clip 1 (dpsgd)",

@@ -3,10 +3,10 @@
 
 IIP: the share of reconstructions whose nearest neighbour (cosine, in a declared feature space)
 among the batch's originals and a pool of the data source's real images is their own original.
-Feature space: the runner's (metrics.summary: raw pixels at 32 x 32, model-free); the paper's
+Feature space: the run's (metrics.summary: raw pixels at 32 x 32, model-free); the paper's
 avgpool features are only meaningful for a trained network and the victim here is a randomly
-initialised convnet. Pool: the data source's real images (runner.iip_pool: up to 256, evenly
-spaced, originals de-duplicated).
+initialised convnet. Pool: the data source's real images (up to 256, evenly spaced, originals
+de-duplicated).
 
 Vulnerable population: the paper picks, per class, the image with the largest per-sample
 gradient l2 norm, and finds batches of those more identifiable than random ones. Here every
@@ -23,20 +23,21 @@ from typing import Any
 
 import torch
 
-from ..data import Batch, open_source
+from ..data import open_source
 from ..metrics.identifiability import per_sample_gradient_norms
 from ..models import build_model, default_image_size
 from ..report import save_line_plot
-from .ablation import budget, image_rows, mean, run_case, step_settings
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
+from .cells import Workspace
+from .common import budget, gradinversion_cell, image_rows, mean, victim
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
            "rpsnr", "fft2d", "lpips", "identified", "batch_iip", "iterations", "wall_seconds"]
 
 
-def vulnerable_batch(source: Any, norms: torch.Tensor, k: int, image_size: int, channels: int) -> Batch:
+def vulnerable_indices(source: Any, norms: torch.Tensor, k: int) -> list[int]:
     """Per class, the image with the largest gradient norm; then the ``k`` largest of those
-    (distinct labels by construction)."""
+    (distinct labels by construction): the items of the "vulnerable" batch, in this order."""
     best: dict[int, int] = {}
     for i in range(len(source)):
         y = source.label(i)
@@ -45,10 +46,7 @@ def vulnerable_batch(source: Any, norms: torch.Tensor, k: int, image_size: int, 
     chosen = sorted(best.values(), key=lambda i: -float(norms[i]))[:k]
     if len(chosen) < k:
         raise ValueError(f"only {len(chosen)} classes in {source.name}; no vulnerable batch of {k}")
-    return Batch(images=torch.stack([source.load(i, image_size, channels) for i in chosen]),
-                 labels=torch.tensor([source.label(i) for i in chosen], dtype=torch.int64),
-                 names=tuple(source.item_name(i) for i in chosen), source=source.name,
-                 class_names=tuple(source.class_names))
+    return chosen
 
 
 def spearman(x: list[float], y: list[float]) -> float | None:
@@ -62,10 +60,8 @@ def spearman(x: list[float], y: list[float]) -> float | None:
 
 
 @experiment("identifiability", "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality")
-def identifiability(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    model = opt.model or "convnet"
-    width = opt.width or 16
-    data = opt.data or "cifar10-samples"
+def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    model, width, data = victim(opt)
     batch_sizes = opt.batch_sizes or ([1, 4] if opt.smoke else [1, 2, 4, 8])
     samples = opt.samples or (1 if opt.smoke else 2)
     iterations, seeds = budget(opt)
@@ -76,28 +72,29 @@ def identifiability(opt: ExperimentOptions, out: Path) -> ExperimentResult:
     all_labels = torch.tensor([source.label(i) for i in range(len(source))], dtype=torch.int64)
     norms = per_sample_gradient_norms(spec, all_images, all_labels)  # the same weights as the attacked model
     vulnerable_sizes = batch_sizes[-1:] if opt.smoke else batch_sizes
-    gi = step_settings(iterations, seeds, bn="exact")
-    fields = dict(attack="gradinversion", model=model, width=width, data=data, num_classes=source.num_classes,
-                  gi=gi, log_every=max(1, iterations // 20))
+    plan: dict[tuple[int, str, int], dict[str, Any]] = {}
+    for k in batch_sizes:
+        base = gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
+                                  num_classes=source.num_classes, batch_size=k)
+        for s in range(samples):
+            plan[(k, "random", s)] = {**base, "seed": opt.seed + s}
+        if k in vulnerable_sizes:
+            plan[(k, "vulnerable", 0)] = {**base, "seed": opt.seed,
+                                          "indices": vulnerable_indices(source, norms, k)}
     rows: list[dict[str, Any]] = []
     feature_space, pool_size = None, None
-    for k in batch_sizes:
-        runs: list[tuple[str, int, int, Batch | None]] = [("random", s, opt.seed + s, None) for s in range(samples)]
-        if k in vulnerable_sizes:
-            runs.append(("vulnerable", 0, opt.seed, vulnerable_batch(source, norms, k, size, channels)))
-        for population, sample, seed, batch in runs:
-            res, case = run_case(batch_size=k, seed=seed, batch=batch, **fields)
-            m, rec = res.metrics, res.reconstruction
-            feature_space, pool_size = m.get("iip_feature_space"), m.get("iip_pool_size")
-            batch_norms = per_sample_gradient_norms(case.model, case.truth)
-            img = image_rows(res, batch_size=k, population=population, sample=sample, seed=seed,
-                             batch_iip=m.get("iip"), iterations=rec.iterations, wall_seconds=round(rec.wall_seconds, 2))
-            for r in img:
-                r["grad_norm"] = float(batch_norms[r["image"]])
-            rows += img
-            if opt.progress:
-                print(f"identifiability: K={k} {population} {sample}: IIP {m.get('iip')}, PSNR {m['psnr_mean']:.2f} dB",
-                      flush=True)
+    for (k, population, sample), cell in ws.run(plan).items():
+        if not cell.ok:
+            continue
+        m = cell.metrics
+        feature_space, pool_size = m.get("iip_feature_space"), m.get("iip_pool_size")
+        batch_norms = per_sample_gradient_norms(spec, cell.truth())
+        img = image_rows(cell, batch_size=k, population=population, sample=sample, seed=cell.config["seed"],
+                         batch_iip=m.get("iip"), iterations=m["iterations"],
+                         wall_seconds=round(float(m["wall_seconds"]), 2))
+        for r in img:
+            r["grad_norm"] = float(batch_norms[r["image"]])
+        rows += img
     iip_rows = []
     for k in batch_sizes:
         for population in ("random", "vulnerable"):
@@ -119,9 +116,9 @@ def identifiability(opt: ExperimentOptions, out: Path) -> ExperimentResult:
     figs = ["iip_vs_batch_size.png", "grad_norm_vs_psnr.png"]
     series = {p: [next((r["iip"] for r in iip_rows if r["batch_size"] == k and r["population"] == p), None)
                   for k in batch_sizes] for p in ("random", "vulnerable")}
-    save_line_plot(out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP",
+    save_line_plot(ws.out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP",
                    title=f"IIP, {model} on {data}, {feature_space}")
-    _scatter(out / figs[1], rows)
+    _scatter(ws.out / figs[1], rows)
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes,
@@ -132,7 +129,7 @@ def identifiability(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "vulnerable batches": f"batch sizes {vulnerable_sizes}: per class the image with the largest "
                                      "per-sample gradient norm, then the K largest of those",
                "iip feature space": feature_space, "iip candidates": pool_size,
-               "iip pool": "the data source's real images (runner.iip_pool, originals de-duplicated)",
+               "iip pool": "the data source's real images (up to 256, evenly spaced; originals de-duplicated)",
                "grad norm": "||d CE(f(x_k), y_k) / d W||_2 per image, eval-mode BN (per_sample_gradient_norms)",
                "identified": "nearest neighbour (cosine) is the image's own original, strictly",
                "smoke": opt.smoke})

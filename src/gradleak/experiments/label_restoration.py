@@ -30,6 +30,7 @@ from ..metrics import label_accuracy
 from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
+from .cells import Workspace
 
 UNIQUE_METHODS = ("gradinversion", "sum")          # results.csv (the paper's Table 1)
 MULTISET_METHODS = ("gradinversion", "sum", "counts")  # multiset.csv (beyond the paper)
@@ -60,7 +61,8 @@ def repeat_batch(source: Any, k: int, seed: int, image_size: int, channels: int)
 
 
 @experiment("label-restoration", "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)")
-def label_restoration(opt: ExperimentOptions, out: Path) -> ExperimentResult:
+def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    out = ws.out
     model_name = opt.model or DEFAULT_MODEL
     data = opt.data or _default_data(model_name)
     batch_sizes = opt.batch_sizes or ([1, 8] if opt.smoke else [1, 8, 16])

@@ -16,24 +16,22 @@ photos and with every sample reported:
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
 
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once
+from .cells import Workspace
+from .common import LBFGS_INIT, THRESHOLD_DB, lbfgs_cell, leakage_rows, series, setting
 
-# PSNR at which a reconstruction counts as recovered (MSE 0.01 on [0, 1] pixels: an RMS error of a
-# tenth of the pixel range; the object and its colours are plainly recognisable, while failed runs
-# on these photos stay at 5-12 dB).
-THRESHOLD_DB = 20.0
+# THRESHOLD_DB (common.py), the PSNR at which a reconstruction counts as recovered: MSE 0.01 on
+# [0, 1] pixels, an RMS error of a tenth of the pixel range; the object and its colours are plainly
+# recognisable, while failed runs on these photos stay at 5-12 dB.
 # Local learning rate of the client. 0.1 is an ordinary SGD rate for fine-tuning a small network;
 # it moves the sigmoid LeNet's weights enough that the steps are not one gradient in disguise.
 LOCAL_LR = 0.1
-# The attacker's start: mid-grey pixels. DLG's N(0, 1) pixel start saturates the sigmoid LeNet on
-# many photos (the attack then sits on a plateau at ~5 dB); the grey start is a legitimate attacker
-# choice (no ground truth) and made the runs far more reliable in our measurements.
-INIT = "zeros"
+# The attacker's start (common.LBFGS_INIT): mid-grey pixels. DLG's N(0, 1) pixel start saturates
+# the sigmoid LeNet on many photos (the attack then sits on a plateau at ~5 dB); the grey start is a
+# legitimate attacker choice (no ground truth) and made the runs far more reliable in our measurements.
+INIT = LBFGS_INIT
 # Smoke: 1 vs 2 steps, the smallest multi-step update (and the same x positions as the batch sweep).
 STEPS, SMOKE_STEPS = (1, 2, 3, 4), (1, 2)
 BATCH, LOCAL_BATCH_SIZES = 4, (1, 2, 4)
@@ -44,45 +42,28 @@ ITERATIONS = (40, 300)
 
 
 @experiment("local-iterations", "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size")
-def local_iterations(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    model = opt.model or "lenet-dlg"
-    data = opt.data or "cifar10-samples"
-    attack = (opt.attacks or ["dlg"])[0]
-    samples = opt.samples or (1 if opt.smoke else 4)
-    n_iter = opt.iterations or ITERATIONS[0 if opt.smoke else 1]
+def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    st = setting(opt, model="lenet-dlg", data="cifar10-samples", attack="dlg", samples=(1, 4), iterations=ITERATIONS)
+    model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
     steps_list = SMOKE_STEPS if opt.smoke else STEPS
     batch = SMOKE_BATCH if opt.smoke else BATCH
     local_bs = [b for b in (opt.batch_sizes or (SMOKE_LOCAL_BATCH_SIZES if opt.smoke else LOCAL_BATCH_SIZES))
                 if b <= batch]
-    rows: list[dict[str, Any]] = []
-
-    def one(sweep: str, batch_size: int, steps: int, local_batch_size: int, s: int) -> None:
-        res = attack_once(attack=attack, model=model, width=opt.width, data=data, batch_size=batch_size,
-                          seed=opt.seed + s, threat="fedavg", local_steps=steps, local_batch_size=local_batch_size,
-                          local_lr=LOCAL_LR, iterations=n_iter, dtype="float64", init=INIT,
-                          log_every=max(1, n_iter // 20), progress=opt.progress)
-        m = res.metrics
-        rows.append({"sweep": sweep, "local_steps": steps, "local_batch_size": local_batch_size,
-                     "batch_size": batch_size, "sample": s, "seed": opt.seed + s, "attack": attack,
-                     "mse": m["mse_mean"], "psnr": m["psnr_mean"], "ssim": m["ssim_mean"],
-                     "psnr_min": min(r["psnr"] for r in m["per_image"]),
-                     "label_accuracy": m["label_accuracy"], "recovered": m["psnr_mean"] >= THRESHOLD_DB,
-                     "iterations": res.reconstruction.iterations,
-                     "wall_seconds": round(res.reconstruction.wall_seconds, 2)})
-
-    for steps in steps_list:
-        for s in range(samples):
-            one("local_steps", 1, steps, 1, s)
-    for b in local_bs:
-        for s in range(samples):
-            one("local_batch_size", batch, math.ceil(batch / b), b, s)
-
+    # (sweep, batch size K, local steps, local batch size B, sample)
+    keys = [("local_steps", 1, steps, 1, s) for steps in steps_list for s in range(samples)]
+    keys += [("local_batch_size", batch, math.ceil(batch / b), b, s) for b in local_bs for s in range(samples)]
+    plan = {key: lbfgs_cell(st, opt.seed + key[4], log_points=20, batch_size=key[1], threat="fedavg",
+                            local_steps=key[2], local_batch_size=key[3], local_lr=LOCAL_LR) for key in keys}
+    rows = leakage_rows(ws.run(plan), ("sweep", "batch_size", "local_steps", "local_batch_size", "sample"))
+    for r in rows:
+        r["attack"] = attack
     xs = sorted({r["local_steps"] for r in rows})
     figs = {"psnr_vs_local_steps.png": ("psnr", "PSNR (dB)", False), "mse_vs_local_steps.png": ("mse", "MSE", True)}
     for fig, (key, label, logy) in figs.items():
-        series = {f"K=1, full-batch steps ({attack})": _means(rows, "local_steps", xs, key),
-                  f"K={batch}, one epoch, B=K/steps ({attack})": _means(rows, "local_batch_size", xs, key)}
-        save_line_plot(out / fig, xs, series, xlabel="local SGD steps in the shared update",
+        lines = {f"K=1, full-batch steps ({attack})": series(rows, "local_steps", xs, key, sweep="local_steps"),
+                 f"K={batch}, one epoch, B=K/steps ({attack})": series(rows, "local_steps", xs, key,
+                                                                        sweep="local_batch_size")}
+        save_line_plot(ws.out / fig, xs, lines, xlabel="local SGD steps in the shared update",
                        ylabel=f"{label}, mean of {samples} sample(s)", logy=logy,
                        title=f"FedAvg leakage, {model}, local lr {LOCAL_LR}")
     return ExperimentResult(
@@ -98,7 +79,7 @@ def local_iterations(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT} = mid-grey pixels; "
                          "no labels given: DLG optimises soft labels), unrolling the local steps",
                "samples": samples,
-               "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn, client's shuffling, attack start)",
+               "seeds": f"{st.seed_text} (batch drawn, client's shuffling, attack start)",
                "success threshold": f"recovered = mean PSNR >= {THRESHOLD_DB} dB", "smoke": opt.smoke},
         notes=["Every sample attacked is a row; the figures show means.",
                "psnr, ssim, mse are means over the batch's photos after optimal pairing; psnr_min is the worst photo.",
@@ -108,10 +89,3 @@ def local_iterations(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "with the orders matching, seed 3: 19.4 dB), while DLG, whose slots carry free soft labels, reaches "
                "20.0 dB on seed 0."])
 
-
-def _means(rows: list[dict], sweep: str, xs: list[int], key: str) -> list[float | None]:
-    out: list[float | None] = []
-    for x in xs:
-        vals = [r[key] for r in rows if r["sweep"] == sweep and r["local_steps"] == x]
-        out.append(sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else None)
-    return out

@@ -12,16 +12,13 @@ ReLU/BN network (measured: iDLG, float64, 60 iterations, seeds 0-1: 6.2-6.4 dB a
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
 from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once
-
-THRESHOLD_DB = 20.0  # recovered: MSE <= 0.01 on [0, 1] pixels (see local_iterations.py)
+from .cells import Workspace
+from .common import THRESHOLD_DB, leakage_rows, series
 WIDTHS = (4, 8, 16, 32, 64)
 SMOKE_WIDTHS = (4, 16)
 # Iterations (smoke, full); None = the attack's default (Inverting Gradients: 4800 signed-Adam steps,
@@ -31,39 +28,30 @@ OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64"), "idlg": dict
 
 
 @experiment("model-size", "leakage vs model width (convnet) with Inverting Gradients on real photos")
-def model_size(opt: ExperimentOptions, out: Path) -> ExperimentResult:
+def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     data = opt.data or "cifar10-samples"
     model = opt.model or "convnet"
     attacks = opt.attacks or ["ig"]
     widths = [opt.width] if opt.width else list(SMOKE_WIDTHS if opt.smoke else WIDTHS)
     samples = opt.samples or (1 if opt.smoke else 3)
-    rows: list[dict[str, Any]] = []
     iterations: dict[str, int | None] = {}
     params = {w: _parameters(model, w, data) for w in widths}
+    plan: dict[tuple[str, int, int], dict[str, Any]] = {}
     for attack in attacks:
         smoke_iter, full_iter = ITERATIONS.get(attack, (100, None))
         n_iter = opt.iterations or (smoke_iter if opt.smoke else full_iter)
         iterations[attack] = n_iter
         for w in widths:
             for s in range(samples):
-                res = attack_once(attack=attack, model=model, width=w, data=data, batch_size=1, seed=opt.seed + s,
-                                  iterations=n_iter, log_every=max(1, (n_iter or 1000) // 10), progress=opt.progress,
-                                  **OPTIONS.get(attack, {}))
-                m = res.metrics
-                rows.append({"attack": attack, "model": model, "width": w, "parameters": params[w], "sample": s,
-                             "seed": opt.seed + s, "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "mse": m["mse_mean"],
-                             "label_accuracy": m["label_accuracy"], "recovered": m["psnr_mean"] >= THRESHOLD_DB,
-                             "iterations": res.reconstruction.iterations,
-                             "wall_seconds": round(res.reconstruction.wall_seconds, 2)})
+                plan[(attack, w, s)] = dict(attack=attack, model=model, width=w, data=data, batch_size=1,
+                                            seed=opt.seed + s, iterations=n_iter,
+                                            log_every=max(1, (n_iter or 1000) // 10), **OPTIONS.get(attack, {}))
+    rows = leakage_rows(ws.run(plan), ("attack", "width", "sample"))
+    for r in rows:
+        r["parameters"] = params[r["width"]]
     fig = "psnr_vs_width.png"
-    series = {}
-    for attack in attacks:
-        ys = []
-        for w in widths:
-            vals = [r["psnr"] for r in rows if r["attack"] == attack and r["width"] == w]
-            ys.append(sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else None)
-        series[attack] = ys
-    save_line_plot(out / fig, [f"{w}\n({params[w]:,})" for w in widths], series,
+    save_line_plot(ws.out / fig, [f"{w}\n({params[w]:,})" for w in widths],
+                   {a: series(rows, "width", widths, attack=a) for a in attacks},
                    xlabel="width w (trainable parameters)", ylabel=f"PSNR (dB), mean of {samples}",
                    title=f"Leakage vs model size, {model} on {data}")
     return ExperimentResult(

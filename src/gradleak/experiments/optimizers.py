@@ -4,11 +4,10 @@ start, with wall time and iterations to reach a declared PSNR threshold."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once, first_reaching, psnr_curve
+from .cells import Workspace
+from .common import first_reaching, psnr_curve
 
 THRESHOLD_DB = 30.0
 # Per optimizer: learning rate and iterations (full, smoke). One L-BFGS iteration runs up to 20
@@ -17,28 +16,32 @@ SETTINGS = {"lbfgs": (1.0, 200, 120), "adam": (0.1, 3000, 600), "sgd": (0.1, 300
 
 
 @experiment("optimizers", "DLG with L-BFGS vs Adam vs SGD: time and iterations to a PSNR threshold")
-def optimizers(opt: ExperimentOptions, out: Path) -> ExperimentResult:
+def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model = opt.model or "lenet-dlg"
     data = opt.data or "cifar10-samples"
     samples = opt.samples or (1 if opt.smoke else 3)
-    rows, curves = [], {}
+    plan = {}
     for name, (lr, iters, smoke_iters) in SETTINGS.items():
         n_iter = opt.iterations or (smoke_iters if opt.smoke else iters)
         for s in range(samples):
-            res = attack_once(attack="dlg", model=model, width=opt.width, data=data, seed=opt.seed + s,
-                              optimizer=name, lr=lr, iterations=n_iter, dtype="float64",
-                              log_every=max(1, n_iter // 60), progress=opt.progress)
-            it, sec = first_reaching(res, THRESHOLD_DB)
-            m = res.metrics
-            rows.append({"optimizer": name, "sample": s, "lr": lr, "iterations": res.reconstruction.iterations,
-                         "wall_seconds": round(res.reconstruction.wall_seconds, 2), "psnr": m["psnr_mean"],
-                         "mse": m["mse_mean"], "ssim": m["ssim_mean"], "reached": it is not None,
-                         "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2)})
-            if s == 0:
-                curves[name] = psnr_curve(res)
+            plan[(name, s)] = dict(attack="dlg", model=model, width=opt.width, data=data, seed=opt.seed + s,
+                                   optimizer=name, lr=lr, iterations=n_iter, dtype="float64",
+                                   log_every=max(1, n_iter // 60))
+    rows, curves = [], {}
+    for (name, s), cell in ws.run(plan, run_folders=list(plan)).items():  # the PSNR history is in the run folder
+        if not cell.ok:
+            continue
+        it, sec = first_reaching(cell, THRESHOLD_DB)
+        m = cell.metrics
+        rows.append({"optimizer": name, "sample": s, "lr": cell.config["lr"], "iterations": m["iterations"],
+                     "wall_seconds": round(float(m["wall_seconds"]), 2), "psnr": m["psnr_mean"],
+                     "mse": m["mse_mean"], "ssim": m["ssim_mean"], "reached": it is not None,
+                     "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2)})
+        if s == 0:
+            curves[name] = psnr_curve(cell)
     fig = "psnr_vs_time.png"
     xs = sorted({x for c in curves.values() for x in c[0]})
-    save_line_plot(out / fig, xs, {k: _interp(v, xs) for k, v in curves.items()}, xlabel="seconds",
+    save_line_plot(ws.out / fig, xs, {k: _interp(v, xs) for k, v in curves.items()}, xlabel="seconds",
                    ylabel="PSNR (dB), sample 0", title="DLG: optimizer vs wall time")
     return ExperimentResult(
         name="optimizers", title="DLG: L-BFGS vs Adam vs SGD",

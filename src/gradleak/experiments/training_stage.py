@@ -9,18 +9,15 @@ Fashion-MNIST *test* images.
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
+from dataclasses import replace
+from typing import Any
 
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .common import attack_once
-
-THRESHOLD_DB = 20.0  # recovered: MSE <= 0.01 on [0, 1] pixels (see local_iterations.py)
+from .cells import Workspace
+from .common import LBFGS_INIT, THRESHOLD_DB, lbfgs_cell, quality, series, setting
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
-# The attacker's start: mid-grey pixels (DLG's N(0, 1) start saturates the sigmoid LeNet on many
-# images; the grey start is an attacker choice that uses no ground truth).
-INIT = "zeros"
+INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 # SGD budget: one epoch, batch 32, lr 0.01, momentum 0.9. The DLG LeNet (sigmoid, U(-0.5, 0.5)
 # weights) diverges or stalls at 10 % accuracy with lr >= 0.1; 0.01 trained best in our sweeps.
 TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
@@ -29,39 +26,36 @@ SMOKE_TEST_SUBSET = 1000
 
 
 @experiment("training-stage", "DLG against checkpoints at 0/30/70/100 % of training, held-out test images (rebuttal Table 4)")
-def training_stage(opt: ExperimentOptions, out: Path) -> ExperimentResult:
-    from ..training import TrainConfig, train
+def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    from ..training import TrainConfig
 
-    model = opt.model or "lenet-dlg"
-    data = opt.data or "fashion-mnist"
-    samples = opt.samples or (1 if opt.smoke else 4)
-    n_iter = opt.iterations or (30 if opt.smoke else 300)
+    st = replace(setting(opt, model="lenet-dlg", data="fashion-mnist", samples=(1, 4), iterations=(30, 300)),
+                 attack="dlg")  # DLG's own question: --attacks does not apply
+    model, data, samples, n_iter = st.model, st.data, st.samples, st.iterations
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else None
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
     cfg = TrainConfig(model=model, width=opt.width, data=data, checkpoints=FRACTIONS, train_subset=train_subset,
                       test_subset=test_subset, seed=opt.seed, model_seed=0, **TRAIN)
-    trained = train(cfg, out / "training", progress=opt.progress)
+    trained = ws.trained(cfg)
+    plan: dict[tuple[float, int], dict[str, Any]] = {
+        (cp.fraction, s): lbfgs_cell(st, opt.seed + s, log_points=20, split="test", batch_size=1,
+                                     checkpoint=str(cp.path))
+        for cp in trained.checkpoints for s in range(samples)}
+    accuracy = {cp.fraction: cp.test_accuracy for cp in trained.checkpoints}
     rows = []
-    for cp in trained.checkpoints:
-        for s in range(samples):
-            res = attack_once(attack="dlg", model=model, width=opt.width, data=data, split="test", batch_size=1,
-                              seed=opt.seed + s, checkpoint=str(cp.path), iterations=n_iter, dtype="float64",
-                              init=INIT, log_every=max(1, n_iter // 20), progress=opt.progress)
-            m = res.metrics
-            rows.append({"fraction": cp.fraction, "test_accuracy": cp.test_accuracy, "sample": s, "seed": opt.seed + s,
-                         "image": m["per_image"][0].get("name", ""), "mse": m["mse_mean"], "psnr": m["psnr_mean"],
-                         "ssim": m["ssim_mean"], "label_accuracy": m["label_accuracy"],
-                         "recovered": m["psnr_mean"] >= THRESHOLD_DB, "update_loss": m["update"].get("loss"),
-                         "iterations": res.reconstruction.iterations,
-                         "wall_seconds": round(res.reconstruction.wall_seconds, 2)})
+    for (fraction, s), cell in ws.run(plan).items():
+        if not cell.ok:
+            continue
+        m, q = cell.metrics, quality(cell)
+        rows.append({"fraction": fraction, "test_accuracy": accuracy[fraction], "sample": s, "seed": opt.seed + s,
+                     "image": m["per_image"][0].get("name", ""), "mse": q["mse"], "psnr": q["psnr"],
+                     "ssim": q["ssim"], "label_accuracy": q["label_accuracy"],
+                     "recovered": q["psnr"] >= THRESHOLD_DB, "update_loss": m["update"].get("loss"),
+                     "iterations": q["iterations"], "wall_seconds": q["wall_seconds"]})
     fig = "psnr_vs_training_stage.png"
     xs = [cp.fraction for cp in trained.checkpoints]
-    mean = []
-    for x in xs:
-        vals = [r["psnr"] for r in rows if r["fraction"] == x]
-        mean.append(sum(vals) / len(vals) if vals and all(math.isfinite(v) for v in vals) else None)
-    save_line_plot(out / fig, [f"{x:.0%}" for x in xs],
-                   {f"PSNR (dB), mean of {samples}": mean,
+    save_line_plot(ws.out / fig, [f"{x:.0%}" for x in xs],
+                   {f"PSNR (dB), mean of {samples}": series(rows, "fraction", xs),
                     "test accuracy (%)": [100 * cp.test_accuracy for cp in trained.checkpoints]},
                    xlabel="fraction of training", ylabel="dB / %",
                    title=f"DLG vs training stage, {model} on {data}")
@@ -74,10 +68,10 @@ def training_stage(opt: ExperimentOptions, out: Path) -> ExperimentResult:
                "model": model,
                "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,
                             "steps": trained.total_steps, "wall_seconds": round(trained.wall_seconds, 1),
-                            "folder": "training/"},
+                            "folder": str(trained.folder.relative_to(ws.folder)) + "/"},
                "attack": f"dlg (images + soft labels, float64 L-BFGS, {n_iter} iterations, start {INIT}), "
                          "batch 1, FedSGD gradient at the checkpoint's weights",
-               "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (test image drawn and attack start)",
+               "samples": samples, "seeds": f"{st.seed_text} (test image drawn and attack start)",
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB", "smoke": opt.smoke},
         notes=["test_accuracy is the checkpoint's accuracy on the test images scored by training (the attacked "
                "images are drawn from the same test split)."])

@@ -1,6 +1,7 @@
 """GradInversion with its seeds spread over processes (``gradleak attack --nproc P``, or torchrun).
 
-Two ways in, one code path per process (``runner.run`` with a ``SeedShard``):
+Two ways in, one code path per process (the pipeline's ``run_shard``, handed in by
+``pipeline.run``, with a ``SeedShard``; this module never imports the pipeline):
 
 * ``--nproc P`` on one machine: the calling process checks the config and the run folder, then
   spawns P processes (torch.multiprocessing, "spawn") that form a process group (gloo on the CPU,
@@ -12,7 +13,7 @@ Two ways in, one code path per process (``runner.run`` with a ``SeedShard``):
   and WORLD_SIZE > 1, each launched process joins the group from the environment (env://); its
   GPU is LOCAL_RANK.
 
-Every process runs ``prepare(cfg)`` itself (the simulated client is deterministic for a given
+Every process builds the case itself (the simulated client is deterministic for a given
 config; with ``--update FILE`` every node needs the file), so nothing but the attack's own
 exchanges goes over the wire (see attacks/shard.py). Rank 0 writes the run folder; resumable
 state is not saved (``--resume`` with several processes is refused).
@@ -30,13 +31,18 @@ import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .attacks.shard import SeedShard
-from .config import AttackConfig
-from .errors import ConfigError, GradleakError
+from ..attacks.shard import SeedShard
+from ..config import AttackConfig
+from ..errors import ConfigError, GradleakError
+from ..paths import check_output_dir
+from .record import RunResult, default_run_dir, jsonable
+
+# run_shard(cfg, shard, write) -> RunResult: the pipeline's per-process run (pipeline/run.py)
+RankRun = Callable[[AttackConfig, SeedShard, bool], RunResult]
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT = timedelta(minutes=30)  # a collective waiting longer than this means a lost process
@@ -60,7 +66,7 @@ def wanted(cfg: AttackConfig) -> bool:
 def resolved_seeds(cfg: AttackConfig) -> int:
     if cfg.seeds is not None:
         return cfg.seeds
-    from .attacks import GradInversionSettings
+    from ..attacks import GradInversionSettings
 
     return GradInversionSettings.preset(cfg.preset or "cpu").seeds
 
@@ -84,7 +90,7 @@ def _backend(device: torch.device, local_world: int) -> str:
 
 
 def _rank_device(cfg: AttackConfig, local_rank: int) -> torch.device:
-    from .runtime import resolve_device
+    from ..runtime import resolve_device
 
     device = resolve_device(cfg.device)
     if device.type == "cuda":
@@ -111,14 +117,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_run(cfg: AttackConfig, shard: SeedShard, write: bool) -> Any:
-    from .runner import run
-
-    return run(cfg, write=write, shard=shard)
-
-
 # ---------------------------------------------------------------- --nproc P: spawned processes
-def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: bool, folder: str) -> None:
+def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: bool, folder: str,
+            rank_run: RankRun) -> None:
     import torch.distributed as dist
 
     _die_with_parent()
@@ -132,7 +133,7 @@ def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: b
                                 world_size=world, timeout=TIMEOUT)
         try:
             shard = SeedShard(resolved_seeds(cfg), world, rank, device if backend == "nccl" else None)
-            result = _rank_run(cfg, shard, write)
+            result = rank_run(cfg, shard, write)
             if rank == 0:
                 _save_result(result, Path(folder))
         finally:
@@ -150,8 +151,6 @@ def _worker(rank: int, world: int, port: int, cfg_json: dict[str, Any], write: b
 def _save_result(result: Any, folder: Path) -> None:
     from safetensors.torch import save_file
 
-    from .runner import _jsonable
-
     rec = result.reconstruction
     tensors = {"images": rec.images.contiguous(), "labels": rec.labels.contiguous()}
     if rec.candidates is not None:
@@ -163,15 +162,14 @@ def _save_result(result: Any, folder: Path) -> None:
                                "wall_seconds": rec.wall_seconds, "label_method": rec.label_method,
                                "extra": rec.extra}}
     tmp = folder / "result.json.partial"
-    tmp.write_text(json.dumps(_jsonable(info)))
+    tmp.write_text(json.dumps(jsonable(info)))
     os.replace(tmp, folder / "result.json")  # last: its presence means the result is complete
 
 
 def _load_result(folder: Path) -> Any:
     from safetensors.torch import load_file
 
-    from .attacks import Reconstruction
-    from .runner import RunResult
+    from ..attacks.reconstruction import Reconstruction
 
     info = json.loads((folder / "result.json").read_text())
     tensors = load_file(str(folder / "result.safetensors"))
@@ -186,7 +184,7 @@ def _load_result(folder: Path) -> Any:
 
 def _user_error(record: dict[str, Any]) -> GradleakError:
     """The GradleakError subclass a rank raised, rebuilt from its JSON record."""
-    from . import errors
+    from .. import errors
 
     cls = getattr(errors, str(record.get("type")), None)
     if not (isinstance(cls, type) and issubclass(cls, GradleakError)):
@@ -194,14 +192,14 @@ def _user_error(record: dict[str, Any]) -> GradleakError:
     return cls(str(record.get("message", "")))
 
 
-def spawn(cfg: AttackConfig, *, write: bool) -> Any:
+def spawn(cfg: AttackConfig, rank_run: RankRun, *, write: bool) -> RunResult:
     """Run ``cfg`` over cfg.nproc processes on this machine; rank 0's RunResult."""
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     world = cfg.nproc
     with tempfile.TemporaryDirectory(prefix="gradleak-nproc-") as folder:
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), cfg.model_dump(mode="json"), write, folder),
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), cfg.model_dump(mode="json"), write, folder, rank_run),
                                  nprocs=world, join=False, daemon=True, start_method="spawn")
         try:
             while not ctx.join():
@@ -229,7 +227,7 @@ def spawn(cfg: AttackConfig, *, write: bool) -> Any:
 
 
 # ---------------------------------------------------------------- torchrun: env://
-def from_env(cfg: AttackConfig, *, write: bool) -> Any:
+def from_env(cfg: AttackConfig, rank_run: RankRun, *, write: bool) -> RunResult:
     """This process's part of a torchrun-launched run (rank 0 returns the full RunResult)."""
     import torch.distributed as dist
 
@@ -249,11 +247,9 @@ def from_env(cfg: AttackConfig, *, write: bool) -> Any:
         # Rank 0 alone checks the run folder (the nodes may not share a disk) and decides its name.
         verdict: list[Any] = [None, cfg.out]
         if dist.get_rank() == 0 and write:
-            from .runner import check_out_dir, default_run_dir
-
             out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
             try:
-                check_out_dir(out)
+                check_output_dir(out)
             except ConfigError as exc:
                 verdict[0] = str(exc)
             verdict[1] = str(out)
@@ -262,28 +258,26 @@ def from_env(cfg: AttackConfig, *, write: bool) -> Any:
             raise ConfigError(verdict[0])
         cfg = cfg.model_copy(update={"out": verdict[1]})
         shard = SeedShard(seeds, dist.get_world_size(), dist.get_rank(), device if nccl else None)
-        return _rank_run(cfg, shard, write)
+        return rank_run(cfg, shard, write)
     finally:
         if owned:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
 
-def run_distributed(cfg: AttackConfig, *, write: bool, resume: Any = None) -> Any:
-    """Entry from ``runner.run`` when ``wanted(cfg)``."""
+def run_distributed(cfg: AttackConfig, rank_run: RankRun, *, write: bool, resume: Any = None) -> RunResult:
+    """Entry from ``pipeline.run`` when ``wanted(cfg)``; ``rank_run`` is what each process runs."""
     if resume is not None:
         raise ConfigError("--resume continues one-process runs only; a run over several processes (--nproc > 1) "
                           "saves no resumable state")
     if env_world() > 1:
-        return from_env(cfg, write=write)
+        return from_env(cfg, rank_run, write=write)
     check(cfg, cfg.nproc)
     if write:
-        from .runner import check_out_dir, default_run_dir
-
         out = Path(cfg.out) if cfg.out else default_run_dir(cfg.attack)
-        check_out_dir(out)
+        check_output_dir(out)
         cfg = cfg.model_copy(update={"out": str(out)})
-    return spawn(cfg, write=write)
+    return spawn(cfg, rank_run, write=write)
 
 
 __all__ = ["SeedShard", "check", "env_world", "run_distributed", "spawn", "wanted"]

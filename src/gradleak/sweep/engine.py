@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 from ..errors import ConfigError
 from .executors import EXECUTORS, available_cpus, run_cells
@@ -57,11 +57,14 @@ def _eta(seconds: float | None) -> str:
 
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", workers: int | None = None,
-              address: str | None = None, retry_failed: bool = False, save_runs: bool = False,
-              progress: bool = True, console: Any = None) -> SweepSummary:
+              address: str | None = None, retry_failed: bool = False, save_runs: bool | Collection[str] = False,
+              redo: Collection[str] = (), progress: bool = True, console: Any = None) -> SweepSummary:
     """Run every cell of ``spec`` not yet finished in ``out``; return what happened.
 
-    Finished cells (ok, and failed unless ``retry_failed``) are skipped. Each cell that
+    Finished cells (ok, and failed unless ``retry_failed``) are skipped, except those in
+    ``redo`` (cell ids run again, e.g. a cell whose run folder is needed but missing).
+    ``save_runs``: write the run folder DIR/runs/<cell> of every cell run (True) or of the
+    cells whose ids it lists. Each cell that
     finishes is committed to DIR/results.sqlite at once and DIR/results.csv is rewritten
     atomically. KeyboardInterrupt (Ctrl-C, or SIGTERM) stops the workers and propagates; the
     store then holds every cell that finished.
@@ -80,7 +83,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
         raise ConfigError(f"--workers must be an integer >= 1 (got {workers!r})")
     if address and executor != "ray":
         raise ConfigError("--address applies to --executor ray only")
-    out = check_sweep_folder(out, save_runs=save_runs)
+    out = check_sweep_folder(out, save_runs=bool(save_runs))
     store_path = out / STORE_NAME
     if store_path.exists() and store_path.stat().st_size > 0:  # resuming: a damaged store fails now, not mid-sweep
         with ResultStore(out, create=False) as existing:
@@ -89,13 +92,14 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     t0 = time.perf_counter()
     with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():
         ids = [c.cell_id for c in spec.cells]   # results.csv: this spec's cells, in grid order
-        finished = store.finished(include_failed=not retry_failed)
+        finished = store.finished(include_failed=not retry_failed) - set(redo)
         pending = [c for c in spec.cells if c.cell_id not in finished]
         summary = SweepSummary(out=out, total=len(spec.cells), skipped=len(spec.cells) - len(pending))
         n_workers = workers or (available_cpus() if executor == "local" else None)
         store.record_sweep(spec.to_dict(), executor, n_workers, len(spec.cells), len(pending))
         store.write_csv(ids)
-        run_dirs = {c.cell_id: str(out / "runs" / c.cell_id) for c in pending} if save_runs else {}
+        with_runs = save_runs if not isinstance(save_runs, bool) else (set(ids) if save_runs else set())
+        run_dirs = {c.cell_id: str(out / "runs" / c.cell_id) for c in pending if c.cell_id in with_runs}
         columns = [TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
                    TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
         with Progress(*columns, console=console, disable=not progress, transient=False) as bar:

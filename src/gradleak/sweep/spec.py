@@ -68,14 +68,18 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     description: str = ""
     cells: list[Cell] = field(default_factory=list)
+    listed: bool = False       # made by cells_spec from a list of configs, not from a grid
 
     def to_dict(self) -> dict[str, Any]:
+        if self.listed:  # the configs themselves are in the store's cells table
+            return {"description": self.description, "cells": [c.cell_id for c in self.cells]}
         return {"base": self.base, "grid": self.grid, "description": self.description}
 
 
-def cell_identity(config: dict[str, Any]) -> str:
-    """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED)."""
-    ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED}
+def cell_identity(config: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> str:
+    """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED
+    and ``exclude``)."""
+    ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED and k not in exclude}
     text = json.dumps(ident, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -195,6 +199,41 @@ def parse_spec(raw: Any) -> SweepSpec:
         shown = {n: config[n] for n in names}
         cells.append(Cell(cell_id=cid, grid=shown, config=config))
     return SweepSpec(base=dict(base), grid=norm_grid, description=description, cells=cells)
+
+
+def cells_spec(configs: list[dict[str, Any]], *, description: str = "",
+               exclude: frozenset[str] | set[str] = frozenset()) -> tuple[SweepSpec, list[str]]:
+    """A spec made of explicitly listed cells (an experiment's attacks) instead of a grid.
+
+    Each config is a dict of AttackConfig fields (``out`` and ``progress`` are refused, as in a
+    spec), validated and resolved like a grid cell; its identity leaves out ``exclude`` too
+    (fields that say how a cell runs, not what it computes, e.g. ``threads``). Configs with the
+    same identity are one cell. A cell's ``grid`` holds the fields whose values differ between
+    the configs (the sweep's results.csv shows them). Returns the spec and the cell id of each
+    config, in order. Raises ConfigError naming the config (``cells[i]``) and the field."""
+    if not isinstance(configs, list):
+        raise ConfigError("sweep cells: must be a list of configs")
+    if len(configs) > MAX_CELLS:
+        raise ConfigError(f"sweep cells: {len(configs)} cells is more than {MAX_CELLS}; split the sweep")
+    resolved: list[dict[str, Any]] = []
+    for i, values in enumerate(configs):
+        if not isinstance(values, dict):
+            raise ConfigError(f"sweep cells[{i}]: must be a mapping of config fields")
+        for name in values:
+            _check_field(f"cells[{i}]", name)
+        resolved.append(_validated(f"cells[{i}]", values).model_dump(mode="json"))
+    first = resolved[0] if resolved else {}
+    varying = [k for k in first if k not in IDENTITY_EXCLUDED and k not in exclude
+               and any(json.dumps(r[k], sort_keys=True) != json.dumps(first[k], sort_keys=True) for r in resolved)]
+    ids: list[str] = []
+    cells: dict[str, Cell] = {}
+    for config in resolved:
+        cid = cell_identity(config, exclude)
+        ids.append(cid)
+        if cid not in cells:
+            cells[cid] = Cell(cell_id=cid, grid={k: config[k] for k in varying}, config=config)
+    spec = SweepSpec(base={}, grid={}, description=description, cells=list(cells.values()), listed=True)
+    return spec, ids
 
 
 class _SpecSyntax(Exception):

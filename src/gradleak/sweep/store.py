@@ -29,7 +29,7 @@ Schema (version 1)::
           error TEXT,                 -- "ErrorType: message" when failed
           wall_seconds REAL, worker TEXT, finished_at TEXT)
     sweeps(started_at TEXT, spec TEXT, executor TEXT, workers INTEGER, cells INTEGER, pending INTEGER)
-    meta(key TEXT PRIMARY KEY, value TEXT)      -- schema_version
+    meta(key TEXT PRIMARY KEY, value TEXT)      -- schema_version; experiment (an experiment's cells)
 """
 
 from __future__ import annotations
@@ -263,6 +263,18 @@ class ResultStore:
         """How many sweep runs wrote to this store."""
         with _db_errors(self.path):
             return int(self.conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0])
+
+    def get_meta(self, key: str) -> str | None:
+        """A value of the meta table (e.g. ``experiment``: the experiment whose cells these are)."""
+        with _db_errors(self.path):
+            row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], str) else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        if key == "schema_version":
+            raise ValueError("the schema version is not set by hand")
+        with _db_errors(self.path, "written"), self._tx():
+            self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
     def quick_check(self) -> None:
         """SQLite's structural check of the whole file (pages, b-trees, indexes): DataError if

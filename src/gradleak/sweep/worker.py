@@ -45,7 +45,7 @@ def run_cell(config: dict[str, Any], run_dir: str | None = None) -> dict[str, An
     import torch
 
     from ..config import AttackConfig
-    from ..runner import _jsonable, run
+    from ..pipeline import jsonable, run
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     t0 = time.perf_counter()
@@ -56,13 +56,8 @@ def run_cell(config: dict[str, Any], run_dir: str | None = None) -> dict[str, An
         if run_dir is not None:
             _clear(Path(run_dir))
             cfg = cfg.model_copy(update={"out": run_dir})
-        if getattr(cfg, "modality", "image") == "text":  # token-level attacks have their own runner
-            from ..text.runner import run_text
-
-            result = run_text(cfg, write=run_dir is not None)
-        else:
-            result = run(cfg, write=run_dir is not None)
-        return {"status": "ok", "metrics": _jsonable(result.metrics), "error": None,
+        result = run(cfg, write=run_dir is not None)  # image or text: the one pipeline
+        return {"status": "ok", "metrics": jsonable(result.metrics), "error": None,
                 "wall_seconds": round(time.perf_counter() - t0, 3), "worker": worker}
     except Exception as exc:  # noqa: BLE001 - a failed cell is recorded, the sweep goes on
         from ..errors import GradleakError

@@ -36,7 +36,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..attacks.loop import LoopSettings, optimise
+from ..attacks.engine import Engine
+from ..attacks.loop import LoopSettings
 from ..attacks.objectives import squared_l2
 from ..errors import ConfigError, GradleakError, UnknownNameError
 from ..fl.threats import ThreatModel
@@ -413,8 +414,15 @@ def _progress(description: str, total: int, enabled: bool):  # noqa: ANN202
 
 @attack_precision
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-             observer: TextObserver | None = None, *, restrict: bool = True) -> TextReconstruction:
-    """DLG for text (see the module docstring). Returns [CLS] ... [SEP] ids per sentence."""
+             observer: TextObserver | None = None, *, restrict: bool = True,
+             engine: Engine | None = None) -> TextReconstruction:
+    """DLG for text (see the module docstring). Returns [CLS] ... [SEP] ids per sentence.
+
+    ``engine`` (the run's services): its session makes the optimisation phase resumable
+    (checkpoints, SIGINT/SIGTERM, divergence recovery); the order search after it is
+    deterministic (seeded), so a resumed run repeats it exactly. A signal that arrives during
+    the search takes effect when the run ends (a second one stops it at once)."""
+    engine = engine if engine is not None else Engine(device=settings.device)
     s = settings.resolved(model)
     if s.labels is not None and s.labels not in LABEL_MODES:
         raise ConfigError(f"labels: text attacks restore labels as {' or '.join(LABEL_MODES)}, got {s.labels!r}")
@@ -501,7 +509,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
             observer(t, to_tokens(current_ids()))
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         progress=s.progress, description="dlg (text)" if restrict else "dlg-free (text)")
-    res = optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every)
+    res = engine.optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every)
     history: list[dict[str, float]] = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"}
                                        for h in res.history]
     done = res.iterations
@@ -601,13 +609,13 @@ def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSetti
 
 
 def run_text_attack(name: str, update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-                    observer: TextObserver | None = None) -> TextReconstruction:
+                    observer: TextObserver | None = None, *, engine: Engine | None = None) -> TextReconstruction:
     if name == "bow":
         return bow_attack(update, model, settings, observer)
     if name == "dlg":
-        return dlg_text(update, model, settings, observer, restrict=True)
+        return dlg_text(update, model, settings, observer, restrict=True, engine=engine)
     if name == "dlg-free":
-        return dlg_text(update, model, settings, observer, restrict=False)
+        return dlg_text(update, model, settings, observer, restrict=False, engine=engine)
     raise UnknownNameError(f"unknown text attack {name!r}; known: {', '.join(TEXT_ATTACKS)}")
 
 

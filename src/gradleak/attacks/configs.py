@@ -1,0 +1,218 @@
+"""Typed attack configs: one per attack, a discriminated union on ``attack``, every field resolved
+before the attack starts.
+
+A run's flat config (gradleak.config.AttackConfig, the CLI flags) names the attack and, where the
+user gave them, its constants; :func:`resolve_attack` turns that into the attack's own config with
+every default filled (DLG's, Inverting Gradients', GradInversion's preset, with its schedule
+scaled to the iterations asked for). What ran is that config: config.json and metrics.json record
+it field by field, so ``gradleak attack --config RUN/config.json`` reruns the run with identical
+numbers. A flag that the chosen attack does not read is an error, never ignored.
+
+Choices: GradInversion's BN prior defaults to "exact" when the update carries the client's BN
+batch statistics and to "approx" (the model's running statistics, Sec. 3.3's fallback) when it
+does not: what the client shares is decided by the case, never by the attack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any, Literal, Mapping, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError, UnknownNameError
+from ..fl.update import SharedUpdate
+from ..models import ModelSpec
+from .base import AttackSettings
+from .dlg import DLG_DEFAULTS, DLG_RESTARTS, dlg, idlg
+from .engine import Engine, register_attack
+from .gradinversion import GradInversionSettings, gradinversion, resolve_settings
+from .ig import IG_ALPHA_TV, IG_DEFAULTS, inverting_gradients
+from .reconstruction import Reconstruction
+from .labels import LABEL_METHODS
+
+Optimizer = Literal["lbfgs", "adam", "sgd"]
+Init = Literal["randn", "rand", "zeros"]
+DType = Literal["float32", "float64"]
+LabelMethod = Literal[LABEL_METHODS]  # type: ignore[valid-type]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _AttackConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, ge=0)
+    init: Init = "randn"
+    iterations: int = Field(ge=0)
+    lr: float = Field(gt=0, allow_inf_nan=False)
+    optimizer: Optimizer
+    dtype: DType
+
+    def settings(self, *, device: str = "cpu", log_every: int = 10, progress: bool = False) -> AttackSettings:
+        """The attack function's AttackSettings (every field already resolved)."""
+        return AttackSettings(iterations=self.iterations, lr=self.lr, optimizer=self.optimizer, init=self.init,
+                              dtype=self.dtype, seed=self.seed, device=device, log_every=log_every,
+                              progress=progress)
+
+
+class DLGConfig(_AttackConfig):
+    """DLG (Zhu et al. 2019, Algorithm 1): image and soft label by L-BFGS on the squared L2
+    gradient distance. ``stall_restarts``: fresh random starts when a trial stalls on a plateau."""
+
+    attack: Literal["dlg"] = "dlg"
+    iterations: int = Field(DLG_DEFAULTS["iterations"], ge=0)
+    lr: float = Field(DLG_DEFAULTS["lr"], gt=0, allow_inf_nan=False)
+    optimizer: Optimizer = DLG_DEFAULTS["optimizer"]
+    dtype: DType = DLG_DEFAULTS["dtype"]
+    stall_restarts: int = Field(DLG_RESTARTS, ge=0)
+
+
+class IDLGConfig(DLGConfig):
+    """iDLG (Zhao et al. 2020): the label from the classifier gradient's sign, then DLG on the image."""
+
+    attack: Literal["idlg"] = "idlg"  # type: ignore[assignment]
+
+
+class IGConfig(_AttackConfig):
+    """Inverting Gradients (Geiping et al. 2020, Eq. 4): cosine distance + alpha_TV TV, signed
+    Adam with step decay, box constraint; ``restarts`` batched restarts."""
+
+    attack: Literal["ig"] = "ig"
+    iterations: int = Field(IG_DEFAULTS["iterations"], ge=0)
+    lr: float = Field(IG_DEFAULTS["lr"], gt=0, allow_inf_nan=False)
+    optimizer: Optimizer = IG_DEFAULTS["optimizer"]
+    dtype: DType = IG_DEFAULTS["dtype"]
+    restarts: int = Field(1, ge=1)
+    labels: LabelMethod = "gradinversion"
+    alpha_tv: NonNegative = IG_ALPHA_TV
+
+    def settings(self, **run: Any) -> AttackSettings:
+        return replace(super().settings(**run), seeds=self.restarts, labels=self.labels)
+
+
+class GradInversionConfig(_AttackConfig):
+    """GradInversion (Yin et al. 2021): every constant of Eq. 1-12 and Sec. 3.5 (see
+    gradinversion.GradInversionSettings for their meaning); ``preset`` names where the values
+    not given came from."""
+
+    attack: Literal["gradinversion"] = "gradinversion"
+    preset: str = "cpu"
+    iterations: int = Field(ge=0)
+    lr: float = Field(gt=0, allow_inf_nan=False)
+    optimizer: Optimizer = "adam"
+    dtype: DType = "float32"
+    warmup: int = Field(ge=0)
+    alpha_g: NonNegative
+    alpha_tv: NonNegative
+    alpha_l2: NonNegative
+    alpha_bn: NonNegative
+    alpha_group: NonNegative
+    alpha_n: NonNegative
+    seeds: int = Field(ge=1)
+    group: Literal["none", "lazy", "registered"]
+    bn: Literal["exact", "approx", "none"]
+    registration_start: int = Field(ge=0)
+    registration_every: int = Field(ge=1)
+    registration_steps: int = Field(ge=1)
+    labels: LabelMethod
+    final: Literal["consensus", "best"]
+
+    def gi(self) -> GradInversionSettings:
+        """The attack function's GradInversionSettings."""
+        values = self.model_dump(exclude={"attack", "preset", "seed", "init", "optimizer", "dtype"})
+        return GradInversionSettings(name=self.preset, **values).validate()
+
+
+ImageAttackConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInversionConfig],
+                              Field(discriminator="attack")]
+IMAGE_ATTACK_CONFIGS: dict[str, type[_AttackConfig]] = {
+    "dlg": DLGConfig, "idlg": IDLGConfig, "ig": IGConfig, "gradinversion": GradInversionConfig}
+
+# The flat (CLI) names of every attack constant, and the attack field each stands for.
+FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels",
+               "restarts", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
+               "registration_start", "registration_every", "registration_steps", "final", "search_evaluations")
+
+
+def applicable(attack: str) -> tuple[str, ...]:
+    """The flat config fields the image attack ``attack`` reads."""
+    cls = IMAGE_ATTACK_CONFIGS[attack]
+    return tuple(f for f in FLAT_FIELDS if f in cls.model_fields)
+
+
+def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) -> None:
+    """ConfigError for the first attack constant given (not None) that ``attack`` does not read.
+    ``init`` counts as given when it is not its default."""
+    for name in FLAT_FIELDS:
+        value = values.get(name)
+        if value is None or (name == "init" and value == "randn"):
+            continue
+        if name not in known:
+            raise ConfigError(f"option --{name.replace('_', '-')} does not apply to attack {attack!r}")
+
+
+def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool) -> ImageAttackConfig:
+    """The typed, fully resolved config of the image attack ``values["attack"]`` from the flat
+    config values (None: the attack's default). ``bn_statistics_shared``: whether the update
+    carries the client's BN batch statistics (GradInversion's default BN prior follows it)."""
+    attack = str(values.get("attack"))
+    if attack not in IMAGE_ATTACK_CONFIGS:
+        raise UnknownNameError(f"unknown attack {attack!r}; known: {', '.join(sorted(IMAGE_ATTACK_CONFIGS))}")
+    known = applicable(attack)
+    check_flags(attack, values, known)
+    given = {k: values[k] for k in known if values.get(k) is not None}
+    given["seed"] = int(values.get("seed", 0))
+    try:
+        if attack == "gradinversion":
+            return _resolve_gradinversion(given, bn_statistics_shared)
+        return IMAGE_ATTACK_CONFIGS[attack](**given)  # type: ignore[return-value]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"{attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+def _resolve_gradinversion(given: dict[str, Any], bn_statistics_shared: bool) -> GradInversionConfig:
+    preset = given.get("preset", "cpu")
+    # The preset, then --iterations (which scales the registration schedule and caps the warm-up,
+    # resolve_settings), then every constant given explicitly.
+    base = resolve_settings(AttackSettings(preset=preset, iterations=given.get("iterations")))
+    values = {**base.to_dict(), **{k: v for k, v in given.items() if k not in ("preset",)}}
+    values.pop("name")
+    if "bn" not in given and values["bn"] == "exact" and not bn_statistics_shared:
+        values["bn"] = "approx"
+    if values["bn"] == "exact" and not bn_statistics_shared:
+        raise ConfigError("--bn exact needs an update that carries the client's BN batch statistics "
+                          "(simulate the client with --share-bn-statistics, or use --bn approx)")
+    cfg = GradInversionConfig(preset=preset, **values)
+    cfg.gi()  # GradInversion's own checks (modes, label method)
+    return cfg
+
+
+# ---------------------------------------------------------------- each attack, registered by its config
+def _run_settings(engine: Engine) -> dict[str, Any]:
+    return {"device": str(engine.device), "log_every": engine.log_every, "progress": engine.progress}
+
+
+@register_attack(DLGConfig)
+def _dlg(cfg: DLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return dlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine)
+
+
+@register_attack(IDLGConfig)
+def _idlg(cfg: IDLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return idlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine)
+
+
+@register_attack(IGConfig)
+def _ig(cfg: IGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return inverting_gradients(update, model, cfg.settings(**_run_settings(engine)), alpha_tv=cfg.alpha_tv,
+                               engine=engine)
+
+
+@register_attack(GradInversionConfig)
+def _gradinversion(cfg: GradInversionConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return gradinversion(update, model, cfg.settings(**_run_settings(engine)), gi=cfg.gi(), engine=engine)
+
+
+__all__ = ["DLGConfig", "FLAT_FIELDS", "GradInversionConfig", "IDLGConfig", "IGConfig", "IMAGE_ATTACK_CONFIGS",
+           "ImageAttackConfig", "applicable", "check_flags", "resolve_attack"]

@@ -1,0 +1,86 @@
+"""The engine: the run services an attack is given, passed to it explicitly (never found through
+a global).
+
+* ``session`` (state.py): resumable checkpoints, divergence recovery and SIGINT/SIGTERM handling
+  of the one optimisation loop; an attack's extra state goes into the loop's snapshots through
+  the StateHooks it passes to :meth:`Engine.optimise`;
+* ``observer``: watches the attack's current answer (PSNR against a truth the caller holds);
+  nothing flows back;
+* ``shard``: GradInversion's seeds spread over processes (shard.py; None: all seeds here);
+* precision and the allocator: :meth:`Engine.run` runs the attack under IEEE float32 on CUDA
+  (runtime.ieee_float32) and the loop tunes glibc's allocator once per process;
+* ``device``, ``log_every``, ``progress``: where it runs, how often it is observed, whether a
+  progress bar is shown.
+
+``Engine.run(config, update, model)`` dispatches on the type of the typed attack config
+(configs.py, text/configs.py); each attack registers itself with :func:`register_attack`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import UnknownNameError
+from ..fl.update import SharedUpdate
+from ..runtime import ieee_float32, resolve_device
+from .base import Observer
+from .loop import LoopResult, LoopSettings, Objective, optimise
+from .shard import SeedShard
+from .state import Session, StateHooks
+
+
+@dataclass
+class Engine:
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    session: Session = field(default_factory=Session)
+    observer: Observer | None = None
+    shard: SeedShard | None = None
+    log_every: int = 10
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        self.device = resolve_device(self.device)
+
+    # -- what attacks call
+    def optimise(self, variables: Sequence[torch.Tensor], objective: Objective, settings: LoopSettings,
+                 **kwargs: Any) -> LoopResult:
+        """loop.optimise under this engine's session (checkpoints, divergence, signals)."""
+        return optimise(variables, objective, settings, session=self.session, **kwargs)
+
+    def resume_phase(self) -> str | None:
+        """The phase a resumed run restarts in (attacks with several phases skip to it), or None."""
+        return self.session.pending_phase()
+
+    def provide(self, name: str, get_state: Callable[[], dict[str, Any]],
+                set_state: Callable[[dict[str, Any]], None]) -> None:
+        """A run-level part of every snapshot (e.g. the observer's points)."""
+        self.session.provide(name, StateHooks(get_state, set_state))
+
+    # -- what the pipeline calls
+    def run(self, config: Any, update: SharedUpdate, model: Any) -> Any:
+        """Run the attack ``config`` (a typed attack config) on the update and the model."""
+        try:
+            fn = ATTACK_RUNNERS[type(config)]
+        except KeyError:
+            raise UnknownNameError(f"no attack is registered for {type(config).__name__}") from None
+        with ieee_float32(self.device):
+            return fn(config, update, model, self)
+
+
+AttackRunner = Callable[[Any, SharedUpdate, Any, Engine], Any]
+ATTACK_RUNNERS: dict[type, AttackRunner] = {}
+
+
+def register_attack(config_type: type) -> Callable[[AttackRunner], AttackRunner]:
+    """Decorator: ``fn(config, update, model, engine)`` runs the attack whose typed config is
+    ``config_type`` (image attacks in configs.py, text attacks in text/configs.py)."""
+    def add(fn: AttackRunner) -> AttackRunner:
+        ATTACK_RUNNERS[config_type] = fn
+        return fn
+    return add
+
+
+__all__ = ["ATTACK_RUNNERS", "Engine", "register_attack"]

@@ -1,0 +1,386 @@
+"""An experiment's attacks as cells of the sweep engine.
+
+An experiment declares its attacks as cells: plain :class:`gradleak.config.AttackConfig` field
+dicts, each under a key of the experiment's choosing (``("+fidelity", 0)``, ``("dlg", 2)``),
+and hands them to :meth:`Workspace.run`. That runs them on the sweep engine
+(:func:`gradleak.sweep.run_sweep`, on ``--executor`` with ``--workers``) and returns one
+:class:`CellResult` per key: the cell's status, its metrics (metrics.json of the run) and,
+for the cells asked for in ``run_folders``, its run folder (reconstruction.safetensors,
+history.csv), from which figures are drawn.
+
+The experiment's folder DIR (``--out``)::
+
+    results.csv, results.md, experiment.json, figures   the outputs, rebuilt from the cells on every run
+    cells/                 a sweep folder: results.sqlite (every cell ever finished in DIR),
+                           results.csv (this run's cells), runs/<cell>/ (the run folders asked for)
+    training/<name>-<digest>/   models an experiment trains (reused while their config is the same)
+
+Resume: a cell's identity is the hash of its full resolved config (as in any sweep), except
+``threads``, which says how it runs, not what it computes (so --workers and --threads may change
+between runs). Rerunning the same command on DIR finds every finished cell in the store and
+recomputes none of them (failed cells neither, unless --retry-failed); changed options make other
+cells, which are computed, while the old ones stay in the store unused: the tables are built from
+this run's cells only, never a mix. A trained model's folder is named by a digest of its training
+config, so the checkpoint path in a cell's config, and with it the cell's identity, changes when
+the training does.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, TypeVar
+
+from ..errors import ConfigError
+from ..paths import check_output_dir
+from ..sweep import ResultStore, cells_spec, run_sweep
+from ..sweep.store import STORE_NAME, FolderLock, check_sweep_folder
+
+CELLS = "cells"               # DIR/cells: the sweep folder of the experiment's cells
+TRAINING = "training"         # DIR/training: models trained by the experiment
+# Config fields that say how a cell runs, not what it computes: not part of its identity.
+RUN_ONLY = frozenset({"threads"})
+_STAGE_PREFIX = ".outputs-partial-"
+OUTPUT_MARKER = "experiment.json"  # written last: its presence says the outputs are complete
+
+K = TypeVar("K", bound=Hashable)
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class CellResult:
+    """One cell as the experiment reads it. ``status``: "ok", "failed" (``error`` says why) or
+    "lost" (its worker died; not recorded, the next run computes it)."""
+
+    key: Any
+    cell_id: str
+    config: dict[str, Any]
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    run_dir: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def tensors(self) -> dict[str, "torch.Tensor"]:
+        """reconstruction.safetensors of the run folder: images, labels (and candidates)."""
+        from safetensors.torch import load_file
+
+        return load_file(str(self._run_file("reconstruction.safetensors")))
+
+    def history(self) -> list[dict[str, Any]]:
+        """The observed points of the attack: {"iteration", "loss", "psnr" (None if not observed)},
+        from metrics["history"] when the run records it there, else the run folder's history.csv."""
+        if isinstance(self.metrics.get("history"), list):
+            return [dict(h) for h in self.metrics["history"]]
+        rows = []
+        with io.StringIO(self._run_file("history.csv").read_text()) as f:
+            for r in csv.DictReader(f):
+                rows.append({"iteration": int(r["iteration"]), "loss": float(r["loss"]),
+                             "psnr": float(r["psnr"]) if r.get("psnr") else None})
+        return rows
+
+    def truth(self) -> Any:
+        """The client's private batch of this cell, loaded from its data source as the run drew it
+        (``indices`` if given, else ``sample_batch`` with its seed)."""
+        from ..data import open_source, sample_batch
+        from ..models import default_image_size
+
+        c = self.config
+        source = open_source(c["data"], root=c.get("data_root"), split=c.get("split", "train"))
+        size = c.get("image_size") or default_image_size(c["model"])
+        channels = source.native_channels
+        total = int(c["batch_size"]) * (int(c.get("clients", 1)) if c.get("threat") == "aggregate" else 1)
+        if c.get("indices"):
+            from ..data import batch_of
+
+            return batch_of(source, list(c["indices"]), size, channels)
+        return sample_batch(source, total, int(c["seed"]), image_size=size, channels=channels,
+                            allow_repeats=bool(c.get("allow_repeats")))
+
+    def paired_images(self, truth: Any | None = None) -> "torch.Tensor":
+        """The reconstruction reordered to pair the truth's images (as the evaluation pairs them:
+        minimum total MSE, pixels clamped to [0, 1]), for side-by-side figures."""
+        import torch
+
+        from ..metrics import match
+
+        truth = self.truth() if truth is None else truth
+        rec = torch.nan_to_num(self.tensors()["images"].float(), nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+        return rec[match(rec, truth.images.float())].contiguous()
+
+    def _run_file(self, name: str) -> Path:
+        if self.run_dir is None:
+            raise ConfigError(f"cell {self.key!r} ({self.cell_id}) has no run folder; ask for it with run_folders")
+        return self.run_dir / name
+
+
+@dataclass
+class CellsReport:
+    """What the cells of one experiment run did (experiment.json "cells")."""
+
+    total: int = 0
+    reused: int = 0
+    computed: int = 0
+    failed: list[dict[str, Any]] = field(default_factory=list)   # {"key", "cell_id", "error"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store": f"{CELLS}/{STORE_NAME}", "total": self.total, "reused": self.reused,
+                "computed": self.computed, "failed": self.failed}
+
+    def notes(self) -> list[str]:
+        if not self.failed:
+            return []
+        lines = "\n".join(f"  - {f['key']} (cell {f['cell_id']}): {f['error']}" for f in self.failed)
+        return [f"{len(self.failed)} of {self.total} cells FAILED and are missing from the table "
+                f"(rerun with --retry-failed to compute them again):\n\n{lines}\n"]
+
+
+class Workspace:
+    """The experiment's folder while it runs: ``folder`` is DIR (cells, trained models), ``out``
+    the staging folder its outputs are written to (moved into DIR when complete)."""
+
+    def __init__(self, name: str, opt: Any, folder: Path, out: Path):
+        self.name, self.opt, self.folder, self.out = name, opt, folder, out
+        self.report = CellsReport()
+
+    @property
+    def cells_dir(self) -> Path:
+        return self.folder / CELLS
+
+    def threads(self) -> int:
+        """torch threads per cell: --threads, else this process's threads shared by the workers."""
+        import torch
+
+        return int(self.opt.threads or max(1, torch.get_num_threads() // max(1, int(self.opt.workers))))
+
+    def run(self, cells: Mapping[K, Mapping[str, Any]], *, run_folders: Iterable[K] = ()) -> dict[K, CellResult]:
+        """Run the cells not finished yet; return every cell of ``cells`` by its key.
+
+        ``run_folders``: keys whose run folders the experiment reads (images, history); a
+        finished cell whose run folder is missing is computed again."""
+        from rich.console import Console
+
+        keys = list(cells)
+        threads = self.threads()
+        configs = [{**dict(cells[k]), "threads": threads} for k in keys]
+        spec, ids = cells_spec(configs, description=f"experiment {self.name}", exclude=RUN_ONLY)
+        by_key = dict(zip(keys, ids))
+        wanted = {by_key[k] for k in run_folders}
+        runs = self.cells_dir / "runs"
+        with ResultStore(self.cells_dir) as store:
+            done = {r.cell_id: r.status for r in store.records() if r.cell_id in by_key.values()}
+        redo = {c for c in wanted if done.get(c) == "ok" and not (runs / c).is_dir()}
+        opt = self.opt
+        summary = run_sweep(spec, self.cells_dir, executor=opt.executor, workers=opt.workers,
+                            retry_failed=opt.retry_failed, save_runs=wanted, redo=redo, progress=opt.progress,
+                            console=Console(stderr=True, quiet=not opt.progress))
+        with ResultStore(self.cells_dir, create=False) as store:
+            records = {r.cell_id: r for r in store.records() if r.cell_id in by_key.values()}
+        out: dict[K, CellResult] = {}
+        for k, cid in by_key.items():
+            rec = records.get(cid)
+            if rec is None:
+                res = CellResult(key=k, cell_id=cid, config=dict(spec_config(spec, cid)), status="lost",
+                                 error="lost to the infrastructure (its worker died); rerun to compute it")
+            else:
+                res = CellResult(key=k, cell_id=cid, config=rec.config, status=rec.status,
+                                 metrics=rec.metrics or {}, error=rec.error,
+                                 run_dir=(runs / cid) if cid in wanted and (runs / cid).is_dir() else None)
+            out[k] = res
+            if not res.ok:
+                self.report.failed.append({"key": _shown_key(k), "cell_id": cid, "error": res.error or res.status})
+        self.report.total += len(spec.cells)
+        self.report.reused += summary.skipped
+        self.report.computed += len(summary.computed)
+        return out
+
+    def trained(self, cfg: Any, name: str = "model") -> "Trained":
+        """``gradleak.training.train(cfg)`` into DIR/training/<name>-<digest of cfg>/, or the model
+        already trained there with this very config (its training.json is written last)."""
+        from ..training import train
+
+        digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+        folder = (self.folder / TRAINING / f"{name}-{digest}").absolute()
+        summary = _training_summary(folder)
+        if summary is not None and summary.get("config") == json.loads(json.dumps(cfg.to_dict())):
+            return Trained.from_summary(folder, summary)
+        if folder.exists():
+            shutil.rmtree(folder)  # an interrupted training: start it again
+        result = train(cfg, folder, progress=bool(self.opt.progress))
+        return Trained.from_summary(folder, _training_summary(folder) or {}, wall_seconds=result.wall_seconds)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    fraction: float
+    path: Path
+    test_accuracy: float
+
+
+@dataclass
+class Trained:
+    """A finished training as the experiments read it (from its training.json)."""
+
+    folder: Path
+    checkpoints: list[Checkpoint]
+    final_accuracy: float
+    epsilon: float | None
+    train_images: int
+    test_images: int
+    total_steps: int
+    wall_seconds: float
+
+    @classmethod
+    def from_summary(cls, folder: Path, s: dict[str, Any], wall_seconds: float | None = None) -> "Trained":
+        cps = sorted((Checkpoint(fraction=float(c["fraction"]), path=folder / str(c["path"]),
+                                 test_accuracy=float(c["test_accuracy"])) for c in s.get("checkpoints", [])),
+                     key=lambda c: c.fraction)
+        privacy = s.get("privacy") or {}
+        data = s.get("data") or {}
+        return cls(folder=folder, checkpoints=cps, final_accuracy=float(s["final_test_accuracy"]),
+                   epsilon=privacy.get("epsilon"), train_images=int(data.get("train_images", 0)),
+                   test_images=int(data.get("test_images", 0)), total_steps=int(s.get("total_steps", 0)),
+                   wall_seconds=float(wall_seconds if wall_seconds is not None else s.get("wall_seconds", 0.0)))
+
+
+def _training_summary(folder: Path) -> dict[str, Any] | None:
+    path = folder / "training.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and "final_test_accuracy" in summary else None
+
+
+def spec_config(spec: Any, cell_id: str) -> dict[str, Any]:
+    return next(c.config for c in spec.cells if c.cell_id == cell_id)
+
+
+def _shown_key(key: Any) -> str:
+    if isinstance(key, tuple):
+        return " ".join(str(k) for k in key)
+    return str(key)
+
+
+# --------------------------------------------------------------------------- the folder
+@dataclass
+class NewFolder:
+    """What a new DIR took to create: DIR itself (if it was absent) and its missing parents."""
+
+    folders: list[Path] = field(default_factory=list)   # outermost first
+
+    def undo(self, folder: Path) -> None:
+        """Leave the file system as it was: DIR emptied (removed if this run made it), then the
+        parents this run made, innermost first, while they are empty."""
+        for entry in (folder.iterdir() if folder.is_dir() else ()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        for made in reversed(self.folders):
+            try:
+                made.rmdir()
+            except OSError:
+                return
+
+
+def open_folder(out: str, name: str) -> tuple[Path, NewFolder | None]:
+    """DIR for experiment ``name``: a new folder (absent or empty; created with its cell store,
+    which records the experiment's name), or an earlier run's folder of the same experiment to
+    resume (then None). Raises ConfigError before any work."""
+    p = Path(out)
+    new: NewFolder | None = None
+    if not os.path.lexists(p) or (p.is_dir() and not p.is_symlink() and not any(p.iterdir())):
+        check_output_dir(p)
+        missing, q = [], p.absolute()
+        while not q.exists():
+            missing.append(q)
+            q = q.parent
+        new = NewFolder()
+        try:
+            for folder in reversed(missing):
+                folder.mkdir()
+                new.folders.append(folder)
+        except OSError as exc:
+            new.undo(p.absolute())
+            raise ConfigError(f"--out {p}: cannot create it: {exc.strerror or exc}") from None
+    else:
+        if p.is_symlink():
+            raise ConfigError(f"--out {p} is a symbolic link; give the experiment's folder itself")
+        if not p.is_dir():
+            raise ConfigError(f"--out {p} exists and is not a folder; choose another --out")
+        if not (p / CELLS / STORE_NAME).is_file():
+            raise ConfigError(f"output {p} already exists and is not empty, and holds no experiment cells "
+                              f"({CELLS}/{STORE_NAME}); choose another --out, or an earlier run's --out to resume it")
+        check_sweep_folder(p / CELLS, save_runs=True, what="experiment cells")
+        with ResultStore(p / CELLS, create=False) as store:
+            owner = store.get_meta("experiment")
+        if owner != name:
+            raise ConfigError(f"--out {p} holds the cells of experiment {owner!r}, not {name!r}; choose another --out")
+    folder = p.absolute()
+    if new is not None:
+        try:
+            with ResultStore(folder / CELLS) as store:
+                store.set_meta("experiment", name)
+        except BaseException:
+            new.undo(folder)
+            raise
+    return folder, new
+
+
+def folder_lock(folder: Path) -> FolderLock:
+    """One experiment at a time in DIR (the engine locks DIR/cells itself while cells run)."""
+    return FolderLock(folder)
+
+
+def stage_outputs(folder: Path) -> Path:
+    """A fresh staging folder in DIR for this run's outputs (stale ones of killed runs removed;
+    the caller holds the folder lock)."""
+    for old in folder.glob(_STAGE_PREFIX + "*"):
+        shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=folder, prefix=_STAGE_PREFIX))
+
+
+def commit_outputs(stage: Path, folder: Path) -> None:
+    """Move the staged outputs into DIR, replacing the previous run's: experiment.json (the
+    marker of complete outputs) is removed first and moved in last."""
+    marker = folder / OUTPUT_MARKER
+    if marker.exists():
+        marker.unlink()
+    for entry in sorted(stage.iterdir()):
+        if entry.name == OUTPUT_MARKER:
+            continue
+        target = folder / entry.name
+        if target.name in (CELLS, TRAINING):
+            raise ConfigError(f"an experiment output may not be named {target.name!r}")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(entry, target)
+    if (stage / OUTPUT_MARKER).exists():
+        os.replace(stage / OUTPUT_MARKER, marker)
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def remove_new_folder(folder: Path, new: NewFolder) -> None:
+    """Undo a new DIR whose experiment failed before any cell finished (nothing to resume)."""
+    try:
+        with ResultStore(folder / CELLS, create=False) as store:
+            if len(store):
+                return
+    except Exception:  # noqa: BLE001 - a store we cannot read is kept for the user to see
+        return
+    new.undo(folder)

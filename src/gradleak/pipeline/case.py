@@ -1,0 +1,134 @@
+"""The case: what one attack is run on, built by a modality plug-in.
+
+A case holds the attacker's inputs (the shared update and the model) and, kept apart, the
+ground truth (None when unknown). It decides everything about the client, BN statistics
+included, and everything about judging the attack: which typed attack config the flat config
+resolves to on this update, what is observed while the attack runs, the metrics, and the files
+it adds to the run folder. Modalities register with :func:`modality`::
+
+    @modality("image")
+    def build_image_case(cfg: AttackConfig) -> ImageCase: ...
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from ..config import AttackConfig
+from ..errors import UnknownNameError
+from ..fl.update import SharedUpdate
+
+
+@dataclass
+class Case(ABC):
+    update: SharedUpdate
+    model: Any            # models.ModelSpec (image) or text.TextModel
+    truth: Any            # data.Batch (image) or text.TextBatch; None when unknown
+    data: str = ""
+
+    #: the observed columns of history.csv after iteration and loss
+    history_columns: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def attack_config(self, cfg: AttackConfig) -> Any:
+        """The typed, fully resolved attack config ``cfg`` asks for on this case."""
+
+    @abstractmethod
+    def observer(self) -> Any:
+        """What watches the attack (against the truth it holds), or None without a truth. It
+        has ``points`` {iteration: value}, ``get_state()`` and ``set_state(dict)``."""
+
+    @abstractmethod
+    def metrics(self, cfg: AttackConfig, recon: Any, device: torch.device) -> dict[str, Any]:
+        """metrics.json's case part: what leaked, scored against the truth when there is one."""
+
+    @abstractmethod
+    def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
+        """The config values this case stands for (an update file's, the model's name, the batch
+        size a default resolved to): config.json records them, not the flags' defaults."""
+
+    @abstractmethod
+    def write_files(self, folder: Path, recon: Any) -> None:
+        """The case's own files in the run folder (reconstruction images / sentences)."""
+
+    @abstractmethod
+    def render_report(self, folder: Path) -> None:
+        """report.html of the run folder."""
+
+    @abstractmethod
+    def save(self, update_path: Path, truth_path: Path | None) -> None:
+        """``gradleak share``: the update file (and the truth file) of this case."""
+
+    #: how the update is named in messages ("update", "text update")
+    kind: ClassVar[str] = "update"
+
+    def share_line(self, update_path: Path, truth_path: Path | None) -> str:
+        meta = self.update.meta
+        return (f"wrote {update_path}: {meta.threat.get('name')} {self.kind} of model {meta.model}, batch "
+                f"{meta.batch_size}, loss {meta.loss:.4f}"
+                + (f", defenses {', '.join(meta.defenses)}" if meta.defenses else "")
+                + (f"; truth in {truth_path}" if truth_path else ""))
+
+    @property
+    def observed_key(self) -> str:
+        return self.history_columns[-1] if self.history_columns else "observed"
+
+
+class Observer:
+    """Watches an attack's current answer against the truth the case holds (the attack never
+    sees it): ``points`` {iteration: score}; resumable runs save and restore them."""
+
+    def __init__(self) -> None:
+        self.points: dict[int, float] = {}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"points": dict(self.points)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        from ..attacks.state import StateFileError
+
+        points = state.get("points")
+        if not isinstance(points, dict) or not all(isinstance(k, int) and isinstance(v, float) for k, v in points.items()):
+            raise StateFileError(f"the saved {type(self).__name__} observations are malformed")
+        self.points = dict(points)
+
+
+def defended_file_update(cfg: AttackConfig, update: SharedUpdate) -> SharedUpdate:
+    """An update file's update after the --defense specs given with it (applied in order,
+    seeded by --seed), as a server would see it had the client used them."""
+    if not cfg.defense:
+        return update
+    from ..defenses import apply_defenses, parse_defenses
+
+    return apply_defenses(update, parse_defenses(cfg.defense), torch.Generator().manual_seed(cfg.seed))
+
+
+CaseBuilder = Callable[[AttackConfig], Case]
+MODALITIES: dict[str, CaseBuilder] = {}
+
+
+def modality(name: str) -> Callable[[CaseBuilder], CaseBuilder]:
+    """Decorator registering the case builder of a modality (``--modality NAME``)."""
+    def add(fn: CaseBuilder) -> CaseBuilder:
+        MODALITIES[name] = fn
+        return fn
+    return add
+
+
+def build_case(cfg: AttackConfig) -> Case:
+    """The case ``cfg`` describes: a simulated client, or an update file as the attacker gets it."""
+    from . import image, text  # noqa: F401  (the built-in modalities register themselves)
+
+    try:
+        builder = MODALITIES[cfg.modality]
+    except KeyError:
+        raise UnknownNameError(f"unknown modality {cfg.modality!r}; known: {', '.join(sorted(MODALITIES))}") from None
+    return builder(cfg)
+
+
+__all__ = ["Case", "MODALITIES", "Observer", "build_case", "defended_file_update", "modality"]

@@ -1,0 +1,295 @@
+"""The image modality: a simulated client (data source -> batch -> model -> threat model ->
+defenses -> shared update) or an update file, judged by PSNR/SSIM/MSE after optimal pairing,
+the restored labels and, optionally, GradInversion's paper metrics (FFT2D, RPSNR, LPIPS, IIP)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ..attacks.configs import resolve_attack
+from ..attacks.reconstruction import Reconstruction
+from ..config import AttackConfig
+from ..data import SOURCE_NAMES, Batch, batch_of, open_source, sample_batch
+from ..errors import ConfigError, GradleakError
+from ..fl import SharedUpdate, load_truth, load_update, save_truth, save_update
+from ..fl.threats import ThreatModel, client_share, share
+from ..metrics import evaluate, match, psnr
+from ..models import ModelSpec, build_model, default_image_size
+from .case import Case, Observer, defended_file_update, modality
+from .record import versions
+
+
+def threat_model(cfg: AttackConfig) -> ThreatModel:
+    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
+                       local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1,
+                       inner=cfg.inner)
+
+
+def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:
+    """The client's private batch (all N clients' samples under ``aggregate``): the items
+    ``--indices`` names, else a draw by ``--seed``; with the source's name and class count."""
+    threat = threat_model(cfg)
+    source = open_source(cfg.data, root=cfg.data_root, split=cfg.split)
+    size = cfg.image_size or default_image_size(cfg.model)
+    channels = source.native_channels
+    total = cfg.batch_size * threat.clients
+    if cfg.indices:
+        if len(cfg.indices) != total:
+            raise ConfigError(f"--indices names {len(cfg.indices)} items but the batch holds {total} "
+                              f"(--batch-size {cfg.batch_size} x {threat.clients} client(s))")
+        if max(cfg.indices) >= len(source):
+            raise ConfigError(f"--indices {max(cfg.indices)} is past the end of {source.name} ({len(source)} items)")
+        batch = batch_of(source, list(cfg.indices), size, channels)
+    else:
+        batch = sample_batch(source, total, cfg.seed, image_size=size, channels=channels,
+                             allow_repeats=cfg.allow_repeats)
+    return batch, source.name, source.num_classes
+
+
+def simulate_client(cfg: AttackConfig) -> "ImageCase":
+    """Draw the client's batch, build the global model and compute what the server receives.
+    What the client shares (BN statistics included) is the config's alone, never the attack's."""
+    batch, source_name, num_classes = client_batch(cfg)
+    size = int(batch.images.shape[-1])
+    model = build_model(cfg.model, num_classes=cfg.num_classes or num_classes, channels=int(batch.images.shape[1]),
+                        image_size=size, seed=cfg.model_seed, width=cfg.width)
+    if cfg.checkpoint:
+        from ..training import apply_checkpoint  # the global model is a trained checkpoint
+
+        apply_checkpoint(model, cfg.checkpoint)
+    update = client_update(cfg, model, batch, share_bn_statistics=cfg.share_bn_statistics)
+    return ImageCase(update=update, model=model, truth=batch, data=source_name)
+
+
+def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn_statistics: bool) -> SharedUpdate:
+    """What the server receives for ``batch`` under the configured threat model, each client's
+    update defended as configured before any aggregation. The clients' private shuffling seed is
+    derived from --seed and never recorded."""
+    threat = threat_model(cfg)
+    private_seed = cfg.seed * 100_003 + 17
+    defenses = []
+    if cfg.defense:
+        from ..defenses import parse_defenses, split_defenses  # defenses sit between client and attacker
+
+        defenses = parse_defenses(cfg.defense)
+        client_side, _ = split_defenses(defenses)
+        if client_side is not None and threat.client_threat != "fedsgd":
+            raise ConfigError("dpsgd is applied to FedSGD gradients; use it with --threat fedsgd (or --inner fedsgd)")
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def one_client(b: Batch, seed: int) -> SharedUpdate:
+        if defenses and threat.client_threat == "fedsgd":
+            from ..defenses import client_update as defended_fedsgd
+
+            up = defended_fedsgd(model, b, defenses, gen, share_bn_statistics=share_bn_statistics)
+        else:
+            up = client_share(model, b, threat, private_seed=seed, share_bn_statistics=share_bn_statistics)
+            if defenses:
+                from ..defenses import apply_defenses
+
+                up = apply_defenses(up, defenses, gen)
+        if threat.name != "aggregate":
+            up.meta.threat = threat.record(b.size)
+        return up
+
+    return share(model, batch, threat, private_seed=private_seed, client_fn=one_client)
+
+
+# Config fields that describe the client. With --update the file decides them: given values must
+# agree with the file, and fields the file does not record (the client's private choices) may not
+# be given at all; config.json then records the file's values (issue 16: no flag ignored).
+UPDATE_DECIDES = ("model", "width", "batch_size", "image_size", "num_classes", "threat", "local_steps",
+                  "local_batch_size", "local_lr", "clients", "inner")
+CLIENT_ONLY = ("model_seed", "allow_repeats", "checkpoint", "share_bn_statistics", "indices")
+
+
+def update_file_values(cfg: AttackConfig, meta: Any) -> dict[str, Any]:
+    """The client-describing config values an update file stands for (its public metadata).
+    Raises ConfigError naming the first given flag that contradicts the file or does not apply
+    to an update file."""
+    rec = meta.threat if isinstance(meta.threat, dict) else {}
+    name = str(rec.get("name", "fedsgd"))
+    clients = int(rec.get("clients", 1)) if name == "aggregate" else 1
+    inner = str(rec.get("inner", "fedsgd")) if name == "aggregate" else "fedsgd"
+    per_client = meta.batch_size // clients
+    fedavg = (inner if name == "aggregate" else name) == "fedavg"
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
+    values: dict[str, Any] = {
+        "model": meta.model, "width": meta.model_kwargs.get("width"), "batch_size": per_client,
+        "image_size": meta.input_shape[1], "num_classes": meta.num_classes,
+        "threat": name, "clients": clients, "inner": inner,
+        "local_steps": int(rec.get("local_steps", 1)) if fedavg else defaults["local_steps"],
+        "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
+        "local_lr": float(rec.get("local_lr", defaults["local_lr"])) if fedavg else defaults["local_lr"],
+        "share_bn_statistics": bool(meta.bn_statistics_shared),
+    }
+
+    def agrees(key: str, given: Any) -> bool:
+        if given == values[key]:
+            return True
+        if key == "local_batch_size" and fedavg:  # None means the whole client batch
+            return (given or per_client) == (values[key] or per_client)
+        # "use the file's / the data's" defaults agree with any recorded value
+        return given is None and key in ("width", "image_size", "num_classes")
+
+    for key in UPDATE_DECIDES:
+        given = getattr(cfg, key)
+        if key in cfg.model_fields_set and not agrees(key, given):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {given} does not match the update file, which records {values[key]!r}; "
+                              f"with --update the file decides {flag} (leave it out)")
+    for key in CLIENT_ONLY:
+        given = getattr(cfg, key)
+        if key in cfg.model_fields_set and given != defaults[key] and not (key in values and given == values[key]):
+            raise ConfigError(f"--{key.replace('_', '-')} describes the client and does not apply to an update file")
+    return values
+
+
+def load_case(cfg: AttackConfig) -> "ImageCase":
+    """An update file (and optional truth file) as the attacker receives it."""
+    assert cfg.update is not None
+    # A module:callable model only when the user chose it (--model), never because a file names it.
+    update, model = load_update(cfg.update, user_model=cfg.model if ":" in cfg.model else None)
+    update_file_values(cfg, update.meta)
+    truth = load_truth(cfg.truth, update.meta) if cfg.truth else None
+    return ImageCase(update=defended_file_update(cfg, update), model=model, truth=truth,
+                     data=truth.source if truth is not None else "")
+
+
+@modality("image")
+def build_image_case(cfg: AttackConfig) -> "ImageCase":
+    if cfg.truth and not cfg.update:
+        raise ConfigError("--truth needs --update (a truth file belongs to an update file)")
+    return load_case(cfg) if cfg.update else simulate_client(cfg)
+
+
+class PSNRObserver(Observer):
+    """PSNR (after pairing) of the attack's current images against the truth."""
+
+    def __init__(self, truth: Batch):
+        super().__init__()
+        self.truth = truth.images
+
+    def __call__(self, iteration: int, images: torch.Tensor) -> None:
+        if images.ndim == 5:  # [G, K, ...] candidates: observe the first seed
+            images = images[0]
+        imgs = torch.nan_to_num(images.float().cpu()).clamp(0, 1)
+        perm = match(imgs, self.truth)
+        self.points[iteration] = float(psnr(imgs[perm], self.truth).mean())
+
+
+def _has_batchnorm(model: ModelSpec) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.module.modules())
+
+
+IIP_POOL = 256  # real images searched besides the originals (evenly spaced over the source)
+
+
+@dataclass
+class ImageCase(Case):
+    history_columns: ClassVar[tuple[str, ...]] = ("psnr",)
+
+    def attack_config(self, cfg: AttackConfig) -> Any:
+        # A model without BatchNorm has no batch statistics to share: "exact" is then vacuous.
+        shared = bool(self.update.meta.bn_statistics_shared) or not _has_batchnorm(self.model)
+        return resolve_attack(cfg.model_dump(), bn_statistics_shared=shared)
+
+    def observer(self) -> PSNRObserver | None:
+        return PSNRObserver(self.truth) if self.truth is not None else None
+
+    def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
+        return update_file_values(cfg, self.update.meta) if cfg.update else {}
+
+    def metrics(self, cfg: AttackConfig, recon: Reconstruction, device: torch.device) -> dict[str, Any]:
+        meta = self.update.meta
+        metrics: dict[str, Any] = {
+            "attack": cfg.attack, "model": meta.model, "data": self.data or cfg.data, "batch_size": meta.batch_size,
+            "iterations": recon.iterations, "wall_seconds": round(recon.wall_seconds, 3),
+            "psnr_mean": None, "ssim_mean": None, "mse_mean": None, "label_accuracy": None, "per_image": [],
+            "label_method": recon.label_method, "labels_restored": recon.labels.tolist(),
+            "threat": meta.threat, "defenses": list(meta.defenses), "bn_statistics_shared": meta.bn_statistics_shared,
+            "seed": cfg.seed, "update": meta.to_dict(),
+        }
+        if self.truth is not None:
+            ev = evaluate(recon, self.truth)
+            metrics.update(ev.to_dict())
+            if cfg.paper_metrics:
+                from ..metrics.summary import paper_metrics  # GradInversion Sec. 4: FFT2D, RPSNR, LPIPS, IIP
+
+                summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_pool(cfg))
+                metrics.update(summary)
+                for row, extra in zip(metrics["per_image"], per_image):
+                    row.update(extra)
+            metrics["class_names"] = list(self.truth.class_names)
+            names = self.truth.names
+            for row in metrics["per_image"]:
+                if not row.get("name") and names:
+                    row["name"] = names[row["index"]]
+        metrics["versions"] = versions(device)
+        return metrics
+
+    def iip_pool(self, cfg: AttackConfig) -> torch.Tensor | None:
+        """Other real images of the run's data source, at the batch's size, for IIP: up to
+        IIP_POOL, evenly spaced over the source (deterministic). None when the source cannot be
+        opened (e.g. an update file whose truth came from elsewhere): IIP then searches the
+        originals only.
+
+        For an update/truth file, only a *named* source recorded in the truth file is opened: a
+        folder path written in a file is never walked (a file could name ``/``)."""
+        assert self.truth is not None
+        if cfg.update is not None:
+            name = self.truth.source.strip().lower()
+            if name not in SOURCE_NAMES:
+                return None
+            where = {"root": cfg.data_root} if cfg.data.strip().lower() == name else {}
+        else:
+            name, where = cfg.data, {"root": cfg.data_root}
+        try:
+            source = open_source(name, split=cfg.split, **where)
+        except GradleakError:
+            return None
+        _, c, h, _ = self.truth.images.shape
+        n = len(source)
+        idx = sorted({int(i) for i in torch.linspace(0, n - 1, steps=min(n, IIP_POOL)).round().long()})
+        return torch.stack([source.load(i, h, c) for i in idx]) if idx else None
+
+    def write_files(self, folder: Path, recon: Reconstruction) -> None:
+        from safetensors.torch import save_file
+
+        from ..report import save_image_grid
+
+        tensors = {"images": recon.images.contiguous(), "labels": recon.labels.contiguous()}
+        if recon.candidates is not None:
+            tensors["candidates"] = recon.candidates.contiguous()
+        save_file(tensors, str(folder / "reconstruction.safetensors"))
+        if self.truth is not None:
+            ev = evaluate(recon, self.truth)
+            caps_t = [[f"label {s.label_true}"] for s in ev.per_image]
+            caps_r = [[f"{s.psnr:.1f} dB / label {s.label_restored}"] for s in ev.per_image]
+            save_image_grid(folder / "reconstruction.png", [self.truth.images, ev.paired_images],
+                            ["original", "reconstruction"], [sum(caps_t, []), sum(caps_r, [])])
+        else:
+            save_image_grid(folder / "reconstruction.png", [recon.images], ["reconstruction"],
+                            [[f"label {int(y)}" for y in recon.labels]])
+        if recon.candidates is not None:
+            rows = [c for c in recon.candidates] + [recon.images]
+            titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]
+            save_image_grid(folder / "candidates.png", rows, titles)
+
+    def render_report(self, folder: Path) -> None:
+        from ..report import render_report
+
+        render_report(folder)
+
+    def save(self, update_path: Path, truth_path: Path | None) -> None:
+        save_update(self.update, update_path)
+        if truth_path is not None and self.truth is not None:
+            save_truth(self.truth, truth_path)
+
+
+__all__ = ["CLIENT_ONLY", "ImageCase", "PSNRObserver", "UPDATE_DECIDES", "build_image_case", "client_batch",
+           "client_update", "load_case", "simulate_client", "threat_model", "update_file_values"]

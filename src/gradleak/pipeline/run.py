@@ -1,0 +1,165 @@
+"""The one pipeline: case -> attack -> evaluate -> write. Every entry point runs an attack through
+:func:`run` (the CLI's attack command, ``--resume``, sweeps and experiments through the sweep
+worker, the multi-process path once per process); nothing else assembles a run.
+
+    case   = build_case(cfg)                  # modality plug-in: update, model, truth kept apart
+    attack = case.attack_config(cfg)          # typed, every field resolved before the run starts
+    engine = Engine(session, observer, shard) # run services, passed to the attack
+    recon  = engine.run(attack, case.update, case.model)
+    metrics = case.metrics(cfg, recon)        # what leaked (truth stays with the case)
+    write_run(out, recorded config, case, recon, metrics, history)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attacks.engine import Engine
+from ..attacks.shard import SeedShard
+from ..attacks.state import Session, StateFileError, load_state, state_dir_for
+from ..config import AttackConfig
+from ..errors import ConfigError
+from ..paths import StagedDir, check_output_dir
+from ..runtime import resolve_device
+from .case import Case, build_case
+from .record import RunResult, default_run_dir, write_run
+
+
+def run_name(cfg: AttackConfig) -> str:
+    return cfg.attack if cfg.modality == "image" else f"{cfg.modality}-{cfg.attack}"
+
+
+def run(cfg: AttackConfig, *, write: bool = True, resume: Path | str | None = None,
+        shard: SeedShard | None = None) -> RunResult:
+    """Run one attack as configured; write the run folder (atomically) unless ``write`` is False.
+
+    While it runs, its resumable state goes to ``.<out>.state/`` next to the run folder every
+    ``cfg.checkpoint_every`` iterations and on SIGINT/SIGTERM (then :class:`Interrupted` is
+    raised); ``resume`` is such a state folder to continue from (``cfg`` must be the config saved
+    in it). The state folder is removed once the run folder is written. A run whose attack
+    diverged beyond its retries is written too, with ``metrics["status"] == "diverged"``.
+
+    GradInversion over several processes (``cfg.nproc`` > 1, or launched by torchrun): see
+    distributed.py, which calls :func:`run_shard` in every process; rank 0 writes the run folder
+    and returns the result, the others return a RunResult without metrics."""
+    from .distributed import run_distributed, wanted
+
+    if shard is not None:  # this process's part, in a process group the caller made
+        return _run(cfg, write=write and shard.rank == 0, resume=resume, shard=shard)
+    if wanted(cfg):
+        return run_distributed(cfg, run_shard, write=write, resume=resume)
+    return _run(cfg, write=write, resume=resume, shard=None)
+
+
+def run_shard(cfg: AttackConfig, shard: SeedShard, write: bool) -> RunResult:
+    """This process's part of a run spread over processes (distributed.py)."""
+    return _run(cfg, write=write and shard.rank == 0, resume=None, shard=shard)
+
+
+def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: SeedShard | None) -> RunResult:
+    spread = shard is not None and shard.distributed
+    if spread and resume is not None:
+        raise ConfigError("--resume continues one-process runs only (not --nproc > 1)")
+    device = shard.device if spread and shard.device is not None else resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if resume is not None and not write:
+        raise ConfigError("resuming a run needs its run folder to be written")
+    out = Path(cfg.out) if cfg.out else default_run_dir(run_name(cfg))
+    state_dir = Path(resume) if resume is not None else state_dir_for(out)
+    if write:
+        check_output_dir(out)
+        if resume is None and (state_dir / "state.json").exists():
+            raise ConfigError(f"{out} has the saved state of an interrupted run in {state_dir}; continue it with "
+                              f"`gradleak attack --resume {out}` or delete that folder")
+    # The run folder's staging folder exists before the attack starts: an output path that
+    # cannot be written fails now, not after the work (paths.StagedDir).
+    stage = StagedDir(out) if write else None
+    try:
+        pending = load_state(state_dir) if resume is not None else None
+        case = build_case(cfg)
+        session = Session(directory=state_dir if write and not spread else None, every=cfg.checkpoint_every,
+                          retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
+                          config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
+        with session.signals() if write and not spread else contextlib.nullcontext():
+            result, attack = attack_case(cfg, case, session=session, shard=shard, device=device)
+        if result.rank:
+            return result
+        if write:
+            result.run_dir = write_run(out, recorded_config(cfg, case, attack, out), case, result.reconstruction,
+                                       result.metrics, result.history, stage=stage)
+            shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
+        return result
+    except BaseException:
+        if stage is not None:
+            stage.discard()
+        raise
+
+
+def attack_case(cfg: AttackConfig, case: Case, *, session: Session | None = None, shard: SeedShard | None = None,
+                device: torch.device | None = None) -> tuple[RunResult, Any]:
+    """Attack ``case`` as ``cfg`` says and score it (no files): the typed attack config resolved
+    on this case, an engine with ``session`` (default: in memory), the case's observer and
+    ``shard``, then the metrics. Returns the result and the attack config that ran. Also what
+    the Flower audit calls on each client update it receives."""
+    device = device if device is not None else resolve_device(cfg.device)
+    spread = shard is not None and shard.distributed
+    attack = case.attack_config(cfg)  # typed and resolved before anything runs
+    observer = case.observer() if not (spread and shard.rank != 0) else None  # rank 0 observes
+    session = session if session is not None else Session(every=0, retries=cfg.divergence_retries)
+    engine = Engine(device=device, session=session, observer=observer, shard=shard, log_every=cfg.log_every,
+                    progress=cfg.progress)
+    if observer is not None:
+        engine.provide("observer", observer.get_state, observer.set_state)
+    recon = engine.run(attack, case.update, case.model)
+    if spread and shard.rank != 0:
+        return RunResult(run_dir=None, metrics={}, reconstruction=recon, rank=shard.rank), attack
+    if session.pending is not None:
+        raise StateFileError(f"the attack never reached the saved state's phase {session.pending.phase!r}")
+    metrics = run_metrics(cfg, case, attack, recon, session, device)
+    history = observed_history(case, recon, observer)
+    return RunResult(run_dir=None, metrics=metrics, reconstruction=recon, history=history), attack
+
+
+def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> AttackConfig:
+    """config.json: the flat config with what the case stands for (an update file's values, the
+    model a default resolved to) and every resolved constant of the attack that ran."""
+    resolved = {k: v for k, v in attack.model_dump().items() if k in AttackConfig.model_fields and k != "attack"}
+    return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
+
+
+def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session: Session,
+                device: torch.device) -> dict[str, Any]:
+    metrics = case.metrics(cfg, recon, device)
+    # the attack's own numbers (scalars, and lists of numbers such as each seed's distance)
+    for k, v in recon.extra.items():
+        if isinstance(v, (int, float, str, bool, type(None))) or (
+                isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)):
+            metrics.setdefault(k, v)
+    # what ran: the typed attack config, every constant included
+    metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
+    metrics["status"] = "diverged" if session.diverged is not None else "finished"
+    metrics["recoveries"] = session.recoveries
+    if session.diverged is not None:
+        metrics["divergence"] = session.diverged
+    if session.resumed_at:
+        metrics["resumed_at"] = session.resumed_at
+    return metrics
+
+
+def observed_history(case: Case, recon: Any, observer: Any) -> list[dict[str, Any]]:
+    history = [dict(h) for h in recon.history]
+    if observer is not None:
+        key = case.observed_key
+        for h in history:
+            if int(h["iteration"]) in observer.points:
+                h[key] = observer.points[int(h["iteration"])]
+    return history
+
+
+__all__ = ["attack_case", "observed_history", "recorded_config", "run", "run_metrics", "run_name", "run_shard"]

@@ -1,0 +1,159 @@
+"""The one pipeline (issue 16): typed attack configs, the engine, text through every entry point,
+--indices, and the case deciding what the client shares."""
+
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from gradleak.attacks import AttackState, resolve_attack
+from gradleak.attacks.configs import GradInversionConfig, IGConfig
+from gradleak.attacks.state import state_dir_for
+from gradleak.cli import main
+from gradleak.config import make_config
+from gradleak.errors import ConfigError
+from gradleak.pipeline import build_case, run
+
+TEXT = ["attack", "--modality", "text", "--attack", "dlg", "--text", "gradients leak every word", "--no-progress",
+        "--threads", "1", "--iterations", "30", "--log-every", "5"]
+
+
+def _metrics(path):
+    m = json.loads((path / "metrics.json").read_text())
+    for k in ("wall_seconds", "search_seconds", "resumed_at", "seconds_per_iteration"):
+        m.pop(k, None)
+    return m
+
+
+def test_text_sigterm_then_resume_gives_the_uninterrupted_run(tmp_path, capsys, monkeypatch):
+    import gradleak.pipeline.text as text_case
+
+    out = tmp_path / "run"
+    real = text_case.TokenAccuracyObserver.__call__
+
+    def call(self, iteration, token_ids):
+        real(self, iteration, token_ids)
+        if iteration == 15:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(text_case.TokenAccuracyObserver, "__call__", call)
+    assert main([*TEXT, "--checkpoint-every", "10", "--out", str(out)]) == 128 + signal.SIGTERM
+    state = state_dir_for(out)
+    assert not out.exists() and json.loads((state / "state.json").read_text())["step"] == 15
+    monkeypatch.setattr(text_case.TokenAccuracyObserver, "__call__", real)
+    assert main(["attack", "--resume", str(out)]) == 0
+    assert not state.exists()
+    assert main([*TEXT, "--out", str(tmp_path / "straight")]) == 0
+    capsys.readouterr()
+    a, b = _metrics(out), _metrics(tmp_path / "straight")
+    assert a == b and a["status"] == "finished"
+    assert json.loads((out / "metrics.json").read_text())["resumed_at"] == [{"phase": "main", "iteration": 15}]
+    for name in ("history.csv", "reconstruction.json"):
+        assert (out / name).read_text() == (tmp_path / "straight" / name).read_text()
+
+
+def test_text_config_records_the_resolved_attack_and_reruns(tmp_path, capsys):
+    assert main([*TEXT, "--out", str(tmp_path / "a")]) == 0
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    settings = json.loads((tmp_path / "a" / "metrics.json").read_text())["settings"]
+    # every field the text attack read is resolved and recorded (the model's defaults filled in)
+    assert (cfg["iterations"], cfg["lr"], cfg["optimizer"], cfg["dtype"], cfg["labels"]) == (30, 0.1, "adam",
+                                                                                           "float64", "bias")
+    assert cfg["search_evaluations"] == settings["search_evaluations"] == 4000
+    assert main(["attack", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
+
+
+def test_text_cells_run_in_a_sweep(tmp_path):
+    from gradleak.sweep import parse_spec, run_sweep
+
+    spec = parse_spec({"base": {"modality": "text", "text": ["gradients leak every word"], "threads": 1},
+                       "grid": {"attack": ["bow", "dlg"]}})
+    summary = run_sweep(spec, tmp_path / "sw", executor="inline", progress=False)
+    assert len(summary.computed) == 2 and not summary.failed
+    import csv
+
+    rows = {r["attack"]: r for r in csv.DictReader(open(tmp_path / "sw" / "results.csv"))}
+    assert float(rows["bow"]["token_set_recall"]) == 1.0 and float(rows["dlg"]["token_accuracy"]) == 1.0
+
+
+def test_typed_configs_resolve_every_constant_and_refuse_what_an_attack_ignores():
+    gi = resolve_attack(make_config(attack="gradinversion", iterations=60, seeds=2, alpha_tv=0.5).model_dump(),
+                        bn_statistics_shared=True)
+    assert isinstance(gi, GradInversionConfig)
+    # the cpu preset, then --iterations (schedule rescaled, warm-up capped), then the constants given
+    assert (gi.iterations, gi.registration_start, gi.registration_every, gi.warmup) == (60, 15, 1, 6)
+    assert (gi.alpha_tv, gi.alpha_bn, gi.seeds, gi.bn) == (0.5, 1.0, 2, "exact")
+    assert gi.gi().alpha_tv == 0.5
+    ig = resolve_attack(make_config(attack="ig", alpha_tv=0.2).model_dump(), bn_statistics_shared=False)
+    assert isinstance(ig, IGConfig) and ig.alpha_tv == 0.2 and ig.iterations == 4800
+    for attack, flag in (("dlg", "alpha_tv"), ("idlg", "seeds"), ("ig", "alpha_bn"), ("dlg", "search_evaluations")):
+        with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} does not apply"):
+            resolve_attack(make_config(attack=attack, **{flag: 1}).model_dump(), bn_statistics_shared=False)
+
+
+def test_the_case_decides_what_the_client_shares(tmp_path, capsys):
+    base = dict(attack="gradinversion", model="convnet", width=4, batch_size=1, iterations=0, seeds=1,
+                progress=False, paper_metrics=False)
+    case = build_case(make_config(**base))
+    assert not case.update.meta.bn_statistics_shared and case.attack_config(make_config(**base)).bn == "approx"
+    shared = make_config(**base, share_bn_statistics=True)
+    assert build_case(shared).attack_config(shared).bn == "exact"
+    with pytest.raises(ConfigError, match="--bn exact needs an update"):
+        case.attack_config(make_config(**base, bn="exact"))
+    # the attack never changes the client: DLG on the same config shares the same update
+    a = build_case(make_config(**{**base, "attack": "dlg"})).update.gradients
+    b = case.update.gradients
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_indices_attack_those_items(tmp_path):
+    cfg = make_config(attack="idlg", indices=[5, 2], batch_size=2, iterations=1, progress=False, paper_metrics=False)
+    case = build_case(cfg)
+    from gradleak.data import open_source
+
+    source = open_source("cifar10-samples")
+    assert case.truth.labels.tolist() == [source.label(5), source.label(2)]
+    assert case.truth.names == (source.item_name(5), source.item_name(2))
+    with pytest.raises(ConfigError, match="--indices names 1 items"):
+        build_case(make_config(indices=[1], batch_size=2))
+    with pytest.raises(ConfigError, match="past the end"):
+        build_case(make_config(indices=[10_000]))
+
+
+@dataclass
+class _Toy(AttackState):
+    x: torch.Tensor
+    best: float | None = None
+    gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(1))
+    shape: tuple = field(default=(2,), metadata={"state": False})
+
+
+def test_attack_state_round_trip_and_checks():
+    a = _Toy(x=torch.arange(2.0), best=0.5)
+    a.gen.manual_seed(7)
+    saved = a.get_state()
+    assert set(saved) == {"x", "best", "gen"}           # the run-describing field is not saved
+    b = _Toy(x=torch.zeros(2, dtype=torch.float64))
+    b.set_state(saved)
+    assert torch.equal(b.x, torch.arange(2.0, dtype=torch.float64)) and b.x.dtype == torch.float64 and b.best == 0.5
+    assert torch.equal(b.gen.get_state(), a.gen.get_state())
+    for bad, match in (({**saved, "x": torch.zeros(3)}, "shape"), ({**saved, "best": "x"}, "best"),
+                       ({k: v for k, v in saved.items() if k != "gen"}, "lacks 'gen'")):
+        with pytest.raises(ValueError, match=match):
+            _Toy(x=torch.zeros(2)).set_state(bad)
+
+
+def test_run_is_the_one_entry_for_image_and_text(tmp_path):
+    r = run(make_config(modality="text", attack="bow", text=["a secret"], progress=False), write=False)
+    assert r.metrics["modality"] == "text" and r.metrics["token_set_recall"] == 1.0 and r.run_dir is None
+    r = run(make_config(attack="idlg", iterations=2, progress=False, paper_metrics=False), write=False)
+    assert r.metrics["label_accuracy"] == 1.0 and r.metrics["settings"]["attack"] == "idlg"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
