@@ -157,3 +157,54 @@ def test_run_is_the_one_entry_for_image_and_text(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.parametrize("flags,match", [({"local_steps": 3}, "--local-steps applies to --threat fedavg"),
+                                         ({"clients": 3}, "--clients applies to --threat aggregate"),
+                                         ({"inner": "fedavg"}, "--inner applies to --threat aggregate"),
+                                         ({"threat": "fedavg", "clients": 2}, "--clients applies"),
+                                         ({"threat": "aggregate", "clients": 2, "local_lr": 0.5},
+                                          "--local-lr applies")])
+def test_threat_flags_for_another_threat_are_errors(flags, match):
+    with pytest.raises(ConfigError, match=match):
+        build_case(make_config(iterations=1, **flags))
+
+
+def test_every_typed_field_is_a_flag():
+    """Every field of every attack's typed config can be given on the command line."""
+    from gradleak.attacks.configs import IMAGE_ATTACK_CONFIGS
+    from gradleak.config import AttackConfig
+    from gradleak.text.configs import TEXT_ATTACK_CONFIGS
+
+    for cls in [*IMAGE_ATTACK_CONFIGS.values(), *TEXT_ATTACK_CONFIGS.values()]:
+        missing = set(cls.model_fields) - set(AttackConfig.model_fields) - {"attack"}
+        assert not missing, (cls.__name__, missing)
+    dlg = resolve_attack(make_config(attack="dlg", stall_restarts=0).model_dump(), bn_statistics_shared=False)
+    assert dlg.stall_restarts == 0
+
+
+def test_case_flags_a_source_or_model_would_ignore_are_errors():
+    from gradleak.errors import GradleakError
+
+    with pytest.raises(ConfigError, match="--split test applies to Fashion-MNIST"):
+        build_case(make_config(split="test", iterations=1))
+    with pytest.raises(GradleakError, match="--width applies to models with a width"):
+        build_case(make_config(width=8, iterations=1))
+    assert build_case(make_config(model="convnet", width=4, iterations=1)).model.kwargs["width"] == 4
+
+
+def test_an_experiment_workspace_runs_text_cells(tmp_path):
+    from gradleak.experiments import make_options
+    from gradleak.experiments.cells import Workspace
+
+    opts = make_options(out=str(tmp_path / "exp"), progress=False, executor="inline")
+    ws = Workspace("text-demo", opts, (tmp_path / "exp").absolute(), tmp_path / "stage")
+    (tmp_path / "exp").mkdir()
+    cells = {"bow": {"modality": "text", "attack": "bow", "text": ["the code is 1234"]},
+             "dlg": {"modality": "text", "attack": "dlg", "text": ["the code is 1234"], "iterations": 20}}
+    got = ws.run(cells, run_folders=["dlg"])
+    assert all(c.ok for c in got.values()) and ws.report.computed == 2
+    assert got["bow"].metrics["token_set_recall"] == 1.0
+    assert (got["dlg"].run_dir / "reconstruction.json").is_file()
+    again = Workspace("text-demo", opts, (tmp_path / "exp").absolute(), tmp_path / "stage")
+    assert again.run(cells, run_folders=["dlg"])["dlg"].metrics == got["dlg"].metrics and again.report.computed == 0

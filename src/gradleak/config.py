@@ -60,6 +60,8 @@ class AttackConfig(BaseModel):
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
+    stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: fresh random starts when a "
+                                       "trial stalls on a plateau (default 3)")
     # every constant of the attacks is a flag too (default: the attack's / its preset's value)
     alpha_g: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 3: alpha_G")
     alpha_tv: float | None = Field(None, ge=0, allow_inf_nan=False,

@@ -130,7 +130,7 @@ IMAGE_ATTACK_CONFIGS: dict[str, type[_AttackConfig]] = {
 
 # The flat (CLI) names of every attack constant, and the attack field each stands for.
 FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels",
-               "restarts", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
+               "restarts", "stall_restarts", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
                "registration_start", "registration_every", "registration_steps", "final", "search_evaluations")
 
 

@@ -391,10 +391,18 @@ def open_source(
 
     root:  overrides the folder of a named source (the IDX folder for ``fashion-mnist``,
            the folder holding the sample photos for the ``*-samples`` sources).
-    split: "train" or "test"; only Fashion-MNIST has splits, other sources ignore it.
+    split: "train" or "test"; only Fashion-MNIST (IDX) sources have splits: "test" for another
+    source is an error (it would be ignored).
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    source = _open(name_or_path, root, split)
+    if split != "train" and not isinstance(source, FashionMNISTSource):
+        raise ConfigError(f"--split {split} applies to Fashion-MNIST (IDX) sources, not to {source.name}")
+    return source
+
+
+def _open(name_or_path: str | os.PathLike[str], root: str | os.PathLike[str] | None, split: str) -> ImageSource:
     root_path = Path(root).expanduser() if root is not None else None
     if root_path is not None and not root_path.is_dir():
         raise DataError(f"no such folder: {root_path} (given as root)")

@@ -188,6 +188,9 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
     try:
         if name in _REGISTRY:
             entry = _REGISTRY[name]
+            if width is not None and "width" not in inspect.signature(entry.build).parameters:
+                takes = ", ".join(n for n, e in _REGISTRY.items() if "width" in inspect.signature(e.build).parameters)
+                raise ModelMismatchError(f"--width applies to models with a width ({takes}), not to {name}")
             module = entry.build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
             mean, std = _per_channel(entry.mean, channels), _per_channel(entry.std, channels)
         elif ":" in name:

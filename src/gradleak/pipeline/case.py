@@ -20,7 +20,8 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ..config import AttackConfig
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
+from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 
 
@@ -98,6 +99,28 @@ class Observer:
         self.points = dict(points)
 
 
+# The threat model's flags and the threats they describe: given for another threat (with a value
+# other than the default), a flag would be ignored, so it is an error (issue 16).
+THREAT_FLAGS = {"local_steps": "fedavg", "local_batch_size": "fedavg", "local_lr": "fedavg",
+                "clients": "aggregate", "inner": "aggregate"}
+
+
+def threat_model(cfg: AttackConfig) -> ThreatModel:
+    """The client's threat model from the config (ConfigError for a flag it would ignore)."""
+    fedavg = cfg.threat == "fedavg" or (cfg.threat == "aggregate" and cfg.inner == "fedavg")
+    for name, threat in THREAT_FLAGS.items():
+        default = AttackConfig.model_fields[name].get_default(call_default_factory=True)
+        applies = fedavg if threat == "fedavg" else cfg.threat == "aggregate"
+        if not applies and getattr(cfg, name) != default:
+            where = "--threat fedavg (or --threat aggregate --inner fedavg)" if threat == "fedavg" \
+                else "--threat aggregate"
+            raise ConfigError(f"--{name.replace('_', '-')} applies to {where}, not to --threat {cfg.threat}"
+                              + (f" --inner {cfg.inner}" if cfg.threat == "aggregate" else ""))
+    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
+                       local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1,
+                       inner=cfg.inner)
+
+
 def defended_file_update(cfg: AttackConfig, update: SharedUpdate) -> SharedUpdate:
     """An update file's update after the --defense specs given with it (applied in order,
     seeded by --seed), as a server would see it had the client used them."""
@@ -131,4 +154,4 @@ def build_case(cfg: AttackConfig) -> Case:
     return builder(cfg)
 
 
-__all__ = ["Case", "MODALITIES", "Observer", "build_case", "defended_file_update", "modality"]
+__all__ = ["Case", "MODALITIES", "Observer", "THREAT_FLAGS", "threat_model", "build_case", "defended_file_update", "modality"]

@@ -16,17 +16,11 @@ from ..config import AttackConfig
 from ..data import SOURCE_NAMES, Batch, batch_of, open_source, sample_batch
 from ..errors import ConfigError, GradleakError
 from ..fl import SharedUpdate, load_truth, load_update, save_truth, save_update
-from ..fl.threats import ThreatModel, client_share, share
+from ..fl.threats import client_share, share
 from ..metrics import evaluate, match, psnr
 from ..models import ModelSpec, build_model, default_image_size
-from .case import Case, Observer, defended_file_update, modality
+from .case import Case, Observer, defended_file_update, modality, threat_model
 from .record import versions
-
-
-def threat_model(cfg: AttackConfig) -> ThreatModel:
-    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
-                       local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1,
-                       inner=cfg.inner)
 
 
 def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:

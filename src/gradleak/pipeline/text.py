@@ -13,13 +13,12 @@ import torch
 
 from ..config import AttackConfig
 from ..errors import ConfigError
-from ..fl.threats import ThreatModel
 from ..text.client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
 from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
-from .case import Case, Observer, defended_file_update, modality
+from .case import Case, Observer, defended_file_update, modality, threat_model
 from .record import jsonable, versions
 
 # AttackConfig fields a text run reads; any other field set to a non-default value is an error.
@@ -62,15 +61,10 @@ def text_model_name(cfg: AttackConfig) -> str:
     return cfg.model
 
 
-def threat_of(cfg: AttackConfig) -> ThreatModel:
-    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
-                       local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1, inner=cfg.inner)
-
-
 def simulate_text_client(cfg: AttackConfig) -> "TextCase":
     """Read the sentences, draw the batch (N clients x --batch-size under ``aggregate``), build
     the global model and compute what the server receives."""
-    threat = threat_of(cfg)
+    threat = threat_model(cfg)
     model = build_text_model(text_model_name(cfg), num_classes=cfg.num_classes, seed=cfg.model_seed)
     sentences, source = read_sentences(cfg.text, _data_path(cfg))
     size = cfg.batch_size
