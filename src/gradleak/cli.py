@@ -344,8 +344,15 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
             table.add_row(key, fmt(metrics[key]))
     if metrics.get("defenses"):
         table.add_row("defenses", ", ".join(metrics["defenses"]))
+    conv = metrics.get("convergence") or {}
+    if "converged" in metrics:
+        rel = conv.get("relative_gradient_distance")
+        table.add_row("converged", ("yes" if metrics["converged"] else "NO: inconclusive")
+                      + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else ""))
     console = Console()
     console.print(table)
+    if metrics.get("converged") is False:
+        console.print(f"verdict: inconclusive. {conv.get('reason', '')}", markup=False, highlight=False)
     if text:
         rows = metrics.get("per_sentence") or []
         for r in rows:

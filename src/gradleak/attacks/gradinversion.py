@@ -59,6 +59,7 @@ from .reconstruction import Reconstruction
 from .shard import SeedShard
 from .simulate import UpdateSimulator
 from .state import AttackState
+from .verdict import relative_distance
 
 FINAL_CHOICES = ("best", "consensus")
 
@@ -345,6 +346,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
         chosen = shard.seed_tensor(x.detach(), best) if shard.distributed else x.detach()[best]
         distance = float(distances[best])
     extra_dist = {"processes": shard.world} if shard.distributed else {}
+    with torch.enable_grad():  # the verdict's evidence: how well the answer explains the update (verdict.py)
+        relative = relative_distance(victim(chosen.detach(), labels, create_graph=False), victim.target)
     return Reconstruction(
         images=to_pixels(model, chosen), labels=labels.cpu().long(),
         candidates=to_pixels(model, candidates) if candidates is not None else None,
@@ -357,6 +360,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "registrations": group.registration.fits if group.registration is not None else 0,
                "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
+               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0,
                # the config fields this run resolved (recorded in config.json: --config reruns it)
                "resolved": {"preset": cfg.name, "iterations": cfg.iterations, "lr": cfg.lr,
                             "optimizer": settings.optimizer or "adam", "dtype": str(dtype).removeprefix("torch."),

@@ -50,6 +50,7 @@ from .labels import restore_labels
 from .engine import Engine
 from .loop import LoopSettings
 from .state import AttackState
+from .verdict import relative_distance
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
@@ -129,6 +130,8 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
     with torch.no_grad():
         grads, _ = victim.batched(answer[best:best + 1], labels)
         l2 = float(victim.gradient.layer_l2(grads)[0])
+    with torch.enable_grad():  # the verdict's evidence (verdict.py)
+        relative = relative_distance(victim(answer[best], labels, create_graph=False), victim.target)
     return Reconstruction(
         images=to_pixels(model, answer[best]), labels=labels.cpu().long(), candidates=to_pixels(model, answer),
         history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
@@ -136,6 +139,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
         extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
                "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
                "alpha_tv": alpha_tv, "lr": s.lr,
+               "relative_gradient_distance": relative, "plateau": False, "restarts_used": restarts - 1,
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True},
                # the config fields this run resolved (recorded in config.json: --config reruns it)

@@ -38,7 +38,7 @@ TruthFn = Callable[[int, str], "Batch | None"]
 
 CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "num_examples", "local_steps", "local_batch_size",
                "local_lr", "defenses", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance",
-               "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
+               "converged", "relative_gradient_distance", "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
                "error")
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
 ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "seed", "device", "log_every")
@@ -167,6 +167,8 @@ class LeakageAuditor:
             recon = result.reconstruction
             row.update(status="ok", attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
                        gradient_distance=result.metrics.get("gradient_distance"),
+                       converged=result.metrics.get("converged"),
+                       relative_gradient_distance=result.metrics["convergence"]["relative_gradient_distance"],
                        labels_restored=" ".join(str(int(y)) for y in recon.labels))
             truth = self.truth_fn(server_round, client) if self.truth_fn is not None else None
             paired = recon.images

@@ -190,7 +190,12 @@ class ImageCase(Case):
     def attack_config(self, cfg: AttackConfig) -> Any:
         # A model without BatchNorm has no batch statistics to share: "exact" is then vacuous.
         shared = bool(self.update.meta.bn_statistics_shared) or not _has_batchnorm(self.model)
-        return resolve_attack(cfg.model_dump(), bn_statistics_shared=shared)
+        values = cfg.model_dump()
+        threat = self.update.meta.threat if isinstance(self.update.meta.threat, dict) else {}
+        if "attack" not in cfg.model_fields_set and int(threat.get("clients", 1) or 1) > 1:
+            # an aggregate of several clients: batch recovery (GradInversion) unless an attack is named
+            values["attack"] = "gradinversion"
+        return resolve_attack(values, bn_statistics_shared=shared)
 
     def observer(self) -> PSNRObserver | None:
         return PSNRObserver(self.truth) if self.truth is not None else None

@@ -22,6 +22,7 @@ import torch
 from ..attacks.engine import Engine
 from ..attacks.shard import SeedShard
 from ..attacks.state import Session, StateFileError, load_state, state_dir_for
+from ..attacks.verdict import verdict
 from ..config import AttackConfig
 from ..errors import ConfigError
 from ..paths import StagedDir, check_output_dir
@@ -129,13 +130,14 @@ def attack_case(cfg: AttackConfig, case: Case, *, session: Session | None = None
 def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> AttackConfig:
     """config.json: the flat config with what the case stands for (an update file's values, the
     model a default resolved to) and every resolved constant of the attack that ran."""
-    resolved = {k: v for k, v in attack.model_dump().items() if k in AttackConfig.model_fields and k != "attack"}
+    resolved = {k: v for k, v in attack.model_dump().items() if k in AttackConfig.model_fields}
     return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
 
 
 def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session: Session,
                 device: torch.device) -> dict[str, Any]:
     metrics = case.metrics(cfg, recon, device)
+    metrics["attack"] = attack.attack  # as resolved (aggregates default to GradInversion)
     # the attack's own numbers (scalars, and lists of numbers such as each seed's distance)
     for k, v in recon.extra.items():
         if isinstance(v, (int, float, str, bool, type(None))) or (
@@ -143,6 +145,15 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
             metrics.setdefault(k, v)
     # what ran: the typed attack config, every constant included
     metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
+    # the verdict, from the attacker's side only (attacks/verdict.py)
+    conv = verdict("text" if cfg.modality == "text" else attack.attack, recon.extra).to_dict()
+    clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
+    if not conv["converged"] and attack.attack in ("dlg", "idlg") and int(clients or 1) > 1:
+        conv["reason"] += (f"; {attack.attack} treats the average of {clients} clients as one batch and cannot "
+                           f"separate them (GradInversion is the default for aggregates)")
+    if session.diverged is not None:
+        conv.update(converged=False, reason="the attack diverged (NaN/Inf) beyond its retries")
+    metrics["converged"], metrics["convergence"] = conv["converged"], conv
     metrics["status"] = "diverged" if session.diverged is not None else "finished"
     metrics["recoveries"] = session.recoveries
     if session.diverged is not None:

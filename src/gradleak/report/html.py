@@ -32,7 +32,7 @@ from typing import Any
 from gradleak.errors import DataError
 from gradleak.paths import check_input_file, check_output_file, loads_json, read_text_file
 from gradleak.report.figures import loss_plot_png
-from gradleak.report.page import figure, format_value, html_page, kv_table, page_css, value_cell, write_page
+from gradleak.report.page import figure, format_value, html_page, kv_table, page_css, value_cell, verdict_notice, write_page
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Bounds on the run folder's files, which are read whole: metrics.json and config.json are a few
@@ -225,7 +225,7 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
         f"<tr><th>{labels[k]}</th>{_cell(k, metrics.get(k))}</tr>" for k in _SUMMARY_KEYS
         if k in metrics or k in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy")
     )
-    out = f"<h2>Summary</h2><table>{rows}</table>"
+    out = f"<h2>Summary</h2>{verdict_notice(metrics)}<table>{rows}</table>"
     if metrics.get("iip_feature_space"):
         out += (f'<p class="sub">IIP: nearest neighbour in {escape(str(metrics["iip_feature_space"]))} among '
                 f'{escape(str(metrics.get("iip_pool_size")))} real images.</p>')

@@ -129,3 +129,16 @@ def figure(png: bytes, alt: str, caption: str) -> str:
     """A ``<figure>`` with the PNG embedded and its caption; ``alt`` and ``caption`` are escaped."""
     return (f'<figure><img src="{data_uri(png)}" alt="{escape(alt)}">'
             f"<figcaption>{escape(caption)}</figcaption></figure>")
+
+
+def verdict_notice(metrics: Mapping[str, Any]) -> str:
+    """The convergence verdict (attacks/verdict.py) as a paragraph: a run whose attack did not
+    converge is inconclusive, whatever its image or token scores say."""
+    if "converged" not in metrics:
+        return ""
+    conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
+    reason = escape(str(conv.get("reason", "")))
+    if metrics.get("converged") is True:
+        return f'<p class="sub"><b>Converged</b>: {reason}.</p>'
+    return (f'<p class="notice"><b>Inconclusive: the attack did not converge.</b> {reason}. Low scores here '
+            f"are not evidence that the client is safe.</p>")

@@ -205,6 +205,8 @@ def _summary(records: Sequence[CellRecord], sweeps: int, folder: Path) -> str:
         vals = sorted({str(r.config.get(key)) for r in records})
         return ", ".join(vals[:12]) + (f" (+{len(vals) - 12})" if len(vals) > 12 else "")
     items = {"cells finished": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+             "attack converged": sum(1 for r in ok if _verdict(r) == "converged"),
+             "inconclusive (attack did not converge)": sum(1 for r in ok if _verdict(r) == "inconclusive"),
              "attacks": distinct("attack"), "models": distinct("model"), "data": distinct("data"),
              "threat models": distinct("threat"), "defenses": ", ".join(sorted({_defense_name(r.config) for r in records})),
              "sweep runs": sweeps}
@@ -292,14 +294,20 @@ def _marginals(records: Sequence[CellRecord], grid_fields: Sequence[str]) -> str
     return "".join(parts)
 
 
+def _verdict(r: CellRecord) -> str:
+    """"converged", "inconclusive" (the attack did not converge), or "" (failed cell / no verdict)."""
+    c = (r.metrics or {}).get("converged") if r.status == "ok" else None
+    return "" if not isinstance(c, bool) else ("converged" if c else "inconclusive")
+
+
 def _cells(records: Sequence[CellRecord], grid_fields: Sequence[str]) -> str:
     metrics = ["psnr_mean", "ssim_mean", "label_accuracy", "iip", "gradient_distance", "wall_seconds"]
-    cols = ["cell_id", "status", *grid_fields, *metrics]
+    cols = ["cell_id", "status", "verdict", *grid_fields, *metrics]
     rows = []
     for r in records[:MAX_TABLE_ROWS]:
         m = r.metrics or {}
-        rows.append([r.cell_id, r.status, *[_defense_name(r.config) if f == "defense" else r.config.get(f)
-                                            for f in grid_fields], *[m.get(k) for k in metrics]])
+        rows.append([r.cell_id, r.status, _verdict(r), *[_defense_name(r.config) if f == "defense" else r.config.get(f)
+                                                         for f in grid_fields], *[m.get(k) for k in metrics]])
     more = (f"<p class=\"muted\">{len(records) - MAX_TABLE_ROWS} more cells in results.csv</p>"
             if len(records) > MAX_TABLE_ROWS else "")
     failed = [r for r in records if r.status != "ok"]
@@ -382,7 +390,7 @@ def _audit_page(folder: Path) -> str:
     else:
         body.append(_notice("No ground truth in this audit (a real federation): see gradient_distance below."))
     cols = ["round", "client", "attack", "status", "num_examples", "psnr_mean", "ssim_mean", "label_accuracy",
-            "gradient_distance", "error"]
+            "gradient_distance", "converged", "error"]
 
     def conv(c: str, v: str) -> Any:
         if c in ("psnr_mean", "ssim_mean", "label_accuracy", "gradient_distance") and v:
@@ -456,7 +464,14 @@ def _sweep_page(folder: Path, records: list[CellRecord], sweeps: int) -> str:
     vary = _varying(records, ("model", "threat", "data", "defense"))
     body = [_summary(records, sweeps, folder)]
     if records:
-        body += [_vs_batch(records, vary), _iip(records, vary), _defenses(records), _marginals(records, grid_fields),
+        # Leakage plots and means use only cells whose attack converged (or that predate the
+        # verdict): a low PSNR from an attack that failed is inconclusive, never "defended".
+        judged = [r for r in records if _verdict(r) != "inconclusive"]
+        left_out = sum(1 for r in records if r.status == "ok") - sum(1 for r in judged if r.status == "ok")
+        if left_out:
+            body.append(_notice(f"{left_out} cell(s) are inconclusive (the attack did not converge): they are left "
+                                f"out of the leakage plots and means below, and listed as such in the cell table."))
+        body += [_vs_batch(judged, vary), _iip(judged, vary), _defenses(judged), _marginals(judged, grid_fields),
                  _cells(records, grid_fields)]
     else:
         body.append(_notice("No cell has finished yet."))

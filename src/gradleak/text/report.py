@@ -23,7 +23,7 @@ from typing import Any
 from ..report.figures import _as_float, _png_bytes
 from ..report.html import (_check_run_dir, check_report_target, read_csv_rows, read_json_file, read_metrics,
                            report_subtitle)
-from ..report.page import data_uri, format_value, html_page, kv_table, page_css, write_page
+from ..report.page import data_uri, format_value, html_page, kv_table, page_css, verdict_notice, write_page
 
 #: The shared rules with these in between: word pieces coloured by match.
 _CSS = page_css(""".notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
@@ -194,7 +194,7 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
     versions = metrics.get("versions")
     config_text = escape(json.dumps(config, indent=2, ensure_ascii=False)) if config is not None else "none"
     body = "\n".join([
-        f"<h2>Summary</h2>{_table(summary, dict(_SUMMARY))}{before}",
+        f"<h2>Summary</h2>{verdict_notice(metrics)}{_table(summary, dict(_SUMMARY))}{before}",
         f"<h2>What was attacked</h2>{_table(attacked)}",
         _sentences(metrics),
         _bag(metrics),

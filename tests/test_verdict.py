@@ -1,0 +1,78 @@
+"""Trustworthy verdicts (issue 17): every run says, from the attacker's side only, whether its
+attack converged; an attack that did not is inconclusive, never 'defended'."""
+
+import json
+
+import pytest
+
+from gradleak.attacks.verdict import CONVERGED_BELOW, relative_distance, verdict
+from gradleak.cli import main
+from gradleak.config import make_config
+from gradleak.pipeline import run
+
+FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
+
+
+def test_relative_distance_and_verdict_rules():
+    import torch
+
+    t = [torch.ones(3), torch.full((2,), 2.0)]
+    assert relative_distance(t, t) == 0.0
+    assert relative_distance([torch.zeros(3), torch.zeros(2)], t) == 1.0     # sharing nothing scores 1
+    assert relative_distance([torch.full((3,), float("nan")), torch.zeros(2)], t) == float("inf")
+    ok = verdict("idlg", {"relative_gradient_distance": 1e-9})
+    assert ok.converged and ok.threshold == CONVERGED_BELOW["idlg"]
+    bad = verdict("idlg", {"relative_gradient_distance": 0.03, "plateau": True})
+    assert not bad.converged and "plateau" in bad.reason and "inconclusive" in bad.reason
+    assert not verdict("gradinversion", {}).converged                      # no evidence: not converged
+    assert verdict("text", {"analytic": True, "exact": True}).converged
+    assert not verdict("text", {"analytic": True, "exact": False}).converged
+
+
+@pytest.mark.parametrize("attack", [["--attack", "gradinversion", "--model", "convnet", "--width", "8", "--seeds", "1"],
+                                    ["--attack", "ig", "--model", "convnet", "--width", "8"]])
+def test_a_two_iteration_run_reports_not_converged(attack, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["attack", *attack, "--iterations", "2", *FAST, "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    conv = m["convergence"]
+    assert m["converged"] is False and conv["relative_gradient_distance"] > conv["threshold"]
+    assert "inconclusive" in stdout and "NO: inconclusive" in stdout
+    assert "Inconclusive: the attack did not converge" in (out / "report.html").read_text()
+
+
+def test_text_runs_carry_the_verdict(tmp_path, capsys):
+    for attack, extra in (("dlg", ["--iterations", "30"]), ("bow", [])):
+        out = tmp_path / attack
+        assert main(["attack", "--modality", "text", "--attack", attack, "--text", "the code is 1234", *extra,
+                     "--no-progress", "--threads", "1", "--out", str(out)]) == 0
+        m = json.loads((out / "metrics.json").read_text())
+        assert m["converged"] is True, m["convergence"]
+        assert "Converged" in (out / "report.html").read_text()
+    capsys.readouterr()
+
+
+def test_aggregates_default_to_gradinversion_and_idlg_is_marked(tmp_path):
+    r = run(make_config(threat="aggregate", clients=2, iterations=2, seeds=1, progress=False, paper_metrics=False),
+            write=False)
+    assert r.metrics["attack"] == "gradinversion"                # batch recovery unless an attack is named
+    r = run(make_config(attack="idlg", threat="aggregate", clients=2, iterations=30, progress=False,
+                        paper_metrics=False), write=False)
+    assert r.metrics["converged"] is False and "cannot separate" in r.metrics["convergence"]["reason"]
+
+
+def test_dashboard_never_counts_an_inconclusive_cell_as_protection(tmp_path):
+    from gradleak.sweep import parse_spec, run_sweep
+    from gradleak.sweep.dashboard import render_dashboard
+
+    spec = parse_spec({"base": {"attack": "ig", "model": "convnet", "width": 8, "threads": 1, "paper_metrics": False},
+                       "grid": {"iterations": [2]}})
+    run_sweep(spec, tmp_path / "sw", executor="inline", progress=False)
+    page = render_dashboard(tmp_path / "sw").read_text()
+    assert "inconclusive (the attack did not converge): they are left out of the leakage plots" in page
+    assert ">inconclusive<" in page
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "sw" / "results.csv")))
+    assert rows[0]["converged"] in ("False", "false", "0")
