@@ -20,7 +20,8 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import budget, gradinversion_cell, image_rows, mean, save_grid, settings_of, victim, victim_setup
+from .common import (THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+                     save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 # Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
 STEPS: dict[str, dict[str, Any]] = {
@@ -33,8 +34,8 @@ STEPS: dict[str, dict[str, Any]] = {
 STEP_TEXT = {"noise": "N(0, I) start", "grad": "L_grad", "+fidelity": "+ R_fidelity (BN exact)",
              "+group lazy": "+ R_group lazy", "+group registered": "+ R_group registered"}
 COLUMNS = ["step", "sample", "seed", "image", "name", "label", "psnr", "ssim", "fft2d", "rpsnr", "lpips",
-           "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "answer", "iterations",
-           "seeds", "wall_seconds"]
+           "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "answer", *VERDICT_COLUMNS,
+           "iterations", "seeds", "wall_seconds"]
 SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "psnr", "ssim",
            "fft2d", "rpsnr", "lpips"]
 LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_distance_mean", "fft2d", "lpips")
@@ -44,7 +45,7 @@ LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_di
 def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]
-    samples = opt.samples or 1
+    samples = opt.samples or (1 if opt.smoke else 3)
     iterations, seeds = budget(opt)
     plan = {(step, sample): {**gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
                                                   batch_size=k, seed=opt.seed + sample), **changes}
@@ -64,11 +65,15 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                   "answer": m.get("answer"), "iterations": m["iterations"], "seeds": seeds,
                   "wall_seconds": round(float(m["wall_seconds"]), 2)}
         img_rows = image_rows(cell, **common)
+        for r in img_rows:
+            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB))
         rows += img_rows
         per_step[step] += img_rows
     summary = [{"step": s, **{c: mean([r[c] for r in per_step[s]]) for c in SUMMARY[1:]}} for s in STEPS]
     notes = ["Means over every image (and sample) per step:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
-    notes += _monotonicity_notes(summary)
+    spread = summarize(rows, ["step"], values=("psnr", "rpsnr"), images=True)
+    notes += _monotonicity_notes(summary, {r["step"]: r for r in spread})
+    notes += convergence_notes(cells.values())
     figs = ["ablation_quality.png", "ablation_distance.png", "ablation_images.png"]
     names = list(STEPS)
     save_line_plot(ws.out / figs[0], names, {"PSNR (dB)": [r["psnr"] for r in summary],
@@ -82,8 +87,11 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.remove("ablation_images.png")
     return ExperimentResult(
         name="ablation", title="GradInversion ablation (Table 2): each loss term in turn",
-        columns=COLUMNS, rows=rows, figures=figs, notes=notes,
+        columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
+        summary_columns=summary_columns(["step"], ("psnr", "rpsnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
+               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB; not rebuilt = below it after "
+                                    "a converged attack (attacks/verdict.py); else inconclusive",
                "budget": f"{iterations} iterations x {seeds} seeds for every step (noise: 0 iterations)",
                "settings": settings_of(c for (step, _), c in cells.items() if step == "+group registered"),
                "steps": {s: STEP_TEXT[s] for s in STEPS},
@@ -93,8 +101,9 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "smoke": opt.smoke})
 
 
-def _monotonicity_notes(summary: list[dict[str, Any]]) -> list[str]:
-    """Say plainly where a step did not improve a metric (the paper's Table 2 improves all)."""
+def _monotonicity_notes(summary: list[dict[str, Any]], spread: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Say plainly where a step did not improve a metric (the paper's Table 2 improves all), with
+    how many of each step's samples did not converge and its images' inconclusive verdicts."""
     notes = []
     for prev, cur in zip(summary, summary[1:]):
         worse = []
@@ -105,5 +114,16 @@ def _monotonicity_notes(summary: list[dict[str, Any]]) -> list[str]:
             if (b > a) if c in LOWER_IS_BETTER else (b < a):
                 worse.append(f"{c} {a:.4g} -> {b:.4g}")
         if worse:
-            notes.append(f"'{cur['step']}' did NOT improve on '{prev['step']}' in: " + ", ".join(worse) + ".")
+            counts = ""
+            if spread and prev["step"] in spread and cur["step"] in spread:
+                a, b = spread[prev["step"]], spread[cur["step"]]
+                counts = (f" (non-converged samples {a['non_converged']}/{a['samples']} -> "
+                          f"{b['non_converged']}/{b['samples']}; inconclusive images {a['inconclusive']}/{a['images']}"
+                          f" -> {b['inconclusive']}/{b['images']}; PSNR std {_num(a['psnr_std'])} -> "
+                          f"{_num(b['psnr_std'])})")
+            notes.append(f"'{cur['step']}' did NOT improve on '{prev['step']}' in: " + ", ".join(worse) + counts + ".")
     return notes
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{float(v):.2f}"

@@ -68,6 +68,10 @@ class ExperimentResult:
     notes: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     cells: dict[str, Any] = field(default_factory=dict)   # CellsReport: total, reused, computed, failed
+    # Per setting: mean, spread, non-converged and verdict counts (common.summarize), written to
+    # summary.csv, results.md and experiment.json; empty for an experiment without attacks.
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    summary_columns: list[str] = field(default_factory=list)
 
 
 ExperimentFn = Callable[[ExperimentOptions, Workspace], ExperimentResult]
@@ -118,24 +122,38 @@ def markdown_table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_result(result: ExperimentResult, out: Path) -> None:
-    """Write results.csv, results.md and experiment.json into ``out`` (figures already there)."""
+def _csv_text(columns: list[str], rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=result.columns, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
-    for r in result.rows:
+    for r in rows:
         w.writerow({k: ("" if v is None else v) for k, v in r.items()})
-    (out / "results.csv").write_text(buf.getvalue())
+    return buf.getvalue()
+
+
+def write_result(result: ExperimentResult, out: Path) -> None:
+    """Write results.csv (one row per sample), summary.csv (per setting, if the experiment has a
+    summary), results.md and experiment.json into ``out`` (figures already there)."""
+    from .common import MEANS_NOTE
+
+    (out / "results.csv").write_text(_csv_text(result.columns, result.rows))
+    summary_md = ""
+    if result.summary_columns:
+        (out / "summary.csv").write_text(_csv_text(result.summary_columns, result.summary))
+        summary_md = (f"## Summary per setting (summary.csv)\n\n{markdown_table(result.summary_columns, result.summary)}"
+                      f"\n\n{MEANS_NOTE}\n\n")
     setup = "\n".join(f"- **{k}**: {_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)}"
                       for k, v in result.setup.items())
     notes = "\n".join(f"- {n}" for n in result.notes)
     figs = "\n".join(f"![{f}]({f})" for f in result.figures)
     md = (f"# {result.title}\n\nExperiment `{result.name}`, {len(result.rows)} rows, "
           f"{result.wall_seconds:.0f} s.\n\n## Setup\n\n{setup}\n\n## Results\n\n"
-          f"{markdown_table(result.columns, result.rows)}\n\n" + (f"## Notes\n\n{notes}\n\n" if notes else "") + figs + "\n")
+          f"{markdown_table(result.columns, result.rows)}\n\n" + summary_md
+          + (f"## Notes\n\n{notes}\n\n" if notes else "") + figs + "\n")
     (out / "results.md").write_text(md)
     (out / "experiment.json").write_text(json.dumps({"name": result.name, "title": result.title,
                                                       "setup": result.setup, "rows": result.rows,
+                                                      "summary": result.summary,
                                                       "notes": result.notes, "figures": result.figures,
                                                       "wall_seconds": result.wall_seconds, "cells": result.cells},
                                                      indent=2, default=str))

@@ -11,7 +11,9 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import THRESHOLD_DB, leakage_rows, series
+from .common import (THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
+                     summary_columns, trend_notes)
+
 BATCH_SIZES = (1, 2, 4, 8)
 SMOKE_BATCH_SIZES = (1, 2)
 # The attacks compared, in this order (--attacks picks others; an unknown one is a failed cell).
@@ -62,7 +64,10 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                 plan[(attack, k, s)] = dict(attack=attack, model=model, width=width, data=data, batch_size=k,
                                             seed=opt.seed + s, iterations=n_iter,
                                             log_every=max(1, (n_iter or 200) // 10), **options[attack])
-    rows = leakage_rows(ws.run(plan), ("attack", "batch_size", "sample"))
+    cells = ws.run(plan)
+    rows = leakage_rows(cells, ("attack", "batch_size", "sample"))
+    by = ["attack", "batch_size"]
+    summary = summarize(rows, by)
     fig = "psnr_vs_batch_size.png"
     save_line_plot(ws.out / fig, [str(k) for k in sizes],
                    {a: series(rows, "batch_size", sizes, attack=a) for a in attacks}, xlabel="batch size K", ylabel=f"PSNR (dB), mean of {samples} batch(es)",
@@ -70,8 +75,8 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="batch-size", title="Leakage vs batch size",
         columns=["attack", "batch_size", "sample", "psnr", "ssim", "mse", "label_accuracy", "model", "width", "seed", "psnr_min",
-                 "recovered", "iterations", "wall_seconds"],
-        rows=rows, figures=[fig],
+                 "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
+        rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by),
         setup={"data": f"{data} (each batch: K photos with distinct labels)",
                "model": models,
                "attacks": attacks, "batch sizes": sizes,
@@ -80,7 +85,13 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "threat": "fedsgd (one gradient of the batch's mean loss); with gradinversion the client also shares "
                          "its BN batch statistics",
                "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn and attack start)",
-               "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch)", "smoke": opt.smoke},
+               "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch)",
+               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
+                          "= not recovered and the attack did not converge",
+               "smoke": opt.smoke},
         notes=["psnr/ssim/mse are means over the K images of a batch after optimal pairing; psnr_min is its worst "
-               "image.", "Every batch attacked is a row."])
+               "image.", "Every batch attacked is a row."]
+        + convergence_notes(cells.values())
+        + trend_notes(summary, "batch_size", falls=True, within=("attack",),
+                      claim="leakage falls as the batch size grows"))
 

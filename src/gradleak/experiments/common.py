@@ -91,15 +91,17 @@ def quality(cell: CellResult) -> dict[str, Any]:
 
 def leakage_rows(cells: dict[tuple[Any, ...], CellResult], names: tuple[str, ...]) -> list[dict[str, Any]]:
     """One row per finished cell: its key under ``names``, what it attacked (model, width, seed)
-    and how well (quality, worst image, recovered)."""
+    and how well (quality, worst image, recovered = mean PSNR >= THRESHOLD_DB), and its verdict
+    (VERDICT_COLUMNS)."""
     rows = []
     for key, cell in cells.items():
         if not cell.ok:
             continue
         c, q = cell.config, quality(cell)
+        recovered = q["psnr"] >= THRESHOLD_DB
         rows.append({**dict(zip(names, key)), **q, "model": c["model"], "width": c["width"], "seed": c["seed"],
                      "psnr_min": min(r["psnr"] for r in cell.metrics["per_image"]),
-                     "recovered": q["psnr"] >= THRESHOLD_DB})
+                     "recovered": recovered, **verdict_fields(cell, recovered)})
     return rows
 
 
@@ -192,3 +194,148 @@ def victim_setup(model: str, width: int, data: str, batch_size: int, samples: in
 def settings_of(cells: Iterable[CellResult]) -> dict[str, Any] | None:
     """The attack's resolved constants as the first finished cell recorded them (metrics "settings")."""
     return next((c.metrics.get("settings") for c in cells if c.ok and c.metrics.get("settings")), None)
+
+
+# --------------------------------------------------------------------------- verdicts and summaries
+# What a sample's numbers say about the client (issue 17). The attack's own verdict (did its answer
+# explain the shared update? attacks/verdict.py, metrics.json "converged") is judged from the
+# attacker's side; "rebuilt" compares with the ground truth (the experiment's success rule):
+#   leaked        the data was rebuilt (a leak, whatever the attacker's own verdict says);
+#   not rebuilt   the attack converged to the shared update and still did not rebuild the data:
+#                 the only evidence that the client is protected;
+#   inconclusive  not rebuilt, and the attack did not converge (or recorded no verdict): a failed
+#                 attack, which says nothing about the client.
+LEAKED, NOT_REBUILT, INCONCLUSIVE = "leaked", "not rebuilt", "inconclusive"
+VERDICTS = (LEAKED, NOT_REBUILT, INCONCLUSIVE)
+VERDICT_COLUMNS = ["converged", "verdict", "relative_gradient_distance"]
+MEANS_NOTE = ("Summary per setting: `<metric>_mean`, `_std` (sample standard deviation, n - 1), `_min`, `_max` "
+              "are over ALL samples, the inconclusive ones included (a failed attack lowers the mean: it is not "
+              "evidence of protection); `<metric>_mean_converged` is over the samples whose attack converged only. "
+              "`non_converged`: samples whose attack did not converge (attacks/verdict.py); `leaked`, "
+              "`not_rebuilt`, `inconclusive`: the verdicts of results.csv's rows.")
+
+
+def converged_of(metrics: dict[str, Any]) -> bool | None:
+    """The run's own verdict (metrics "converged", else "convergence"["converged"]); None when the
+    run recorded none (a cell computed before the verdict existed)."""
+    value = metrics.get("converged")
+    if value is None and isinstance(metrics.get("convergence"), dict):
+        value = metrics["convergence"].get("converged")
+    return None if value is None else bool(value)
+
+
+def verdict_of(converged: bool | None, rebuilt: bool | None) -> str:
+    """leaked / not rebuilt / inconclusive (see above): "not rebuilt" needs a converged attack."""
+    if rebuilt:
+        return LEAKED
+    if rebuilt is False and converged is True:
+        return NOT_REBUILT
+    return INCONCLUSIVE
+
+
+def verdict_fields(cell: CellResult, rebuilt: bool | None) -> dict[str, Any]:
+    """The verdict columns of a row of ``cell`` (VERDICT_COLUMNS)."""
+    m = cell.metrics
+    conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
+    converged = converged_of(m)
+    return {"converged": converged, "verdict": verdict_of(converged, rebuilt),
+            "relative_gradient_distance": conv.get("relative_gradient_distance")}
+
+
+def _std(vals: Sequence[float]) -> float | None:
+    if len(vals) < 2:
+        return None
+    mu = sum(vals) / len(vals)
+    return math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def spread(values: Iterable[Any], name: str) -> dict[str, Any]:
+    """``name``_mean, _std (n - 1; None below 2 values), _min, _max over the values that are finite."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return {f"{name}_mean": sum(vals) / len(vals) if vals else None, f"{name}_std": _std(vals),
+            f"{name}_min": min(vals, default=None), f"{name}_max": max(vals, default=None)}
+
+
+def summary_columns(by: Sequence[str], values: Sequence[str] = ("psnr",), images: bool = False) -> list[str]:
+    cols = list(by) + ["samples"] + (["images"] if images else [])
+    for v in values:
+        cols += [f"{v}_mean", f"{v}_std", f"{v}_min", f"{v}_max", f"{v}_mean_converged"]
+    return cols + ["non_converged", "leaked", "not_rebuilt", "inconclusive"]
+
+
+def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str], values: Sequence[str] = ("psnr",),
+              sample_key: str = "sample", images: bool = False) -> list[dict[str, Any]]:
+    """One summary row per value of ``by`` (in the rows' order): the number of samples (distinct
+    ``sample_key``; ``images``: also the rows), each value's mean, std, min, max over all rows and
+    its mean over the rows whose attack converged, the samples that did not converge, and the
+    count of each verdict. Every row counts (nothing dropped); see MEANS_NOTE."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = []
+    for key, sel in groups.items():
+        samples = {r.get(sample_key): r.get("converged") for r in sel}
+        s: dict[str, Any] = {**dict(zip(by, key)), "samples": len(samples)}
+        if images:
+            s["images"] = len(sel)
+        for v in values:
+            s.update(spread([r.get(v) for r in sel], v))
+            s[f"{v}_mean_converged"] = spread([r.get(v) for r in sel if r.get("converged") is True], v)[f"{v}_mean"]
+        s["non_converged"] = sum(c is False for c in samples.values())
+        s["leaked"] = sum(r.get("verdict") == LEAKED for r in sel)
+        s["not_rebuilt"] = sum(r.get("verdict") == NOT_REBUILT for r in sel)
+        s["inconclusive"] = sum(r.get("verdict") == INCONCLUSIVE for r in sel)
+        out.append(s)
+    return out
+
+
+def convergence_notes(cells: Iterable[CellResult]) -> list[str]:
+    """Say how many finished cells (samples attacked) did not converge, and how many recorded no
+    verdict at all."""
+    verdicts = [converged_of(c.metrics) for c in cells if c.ok]
+    n, failed, unknown = len(verdicts), sum(v is False for v in verdicts), sum(v is None for v in verdicts)
+    notes = []
+    if failed:
+        notes.append(f"{failed} of {n} attacked samples did NOT converge (attacks/verdict.py): their rows are "
+                     "'inconclusive' unless the data was rebuilt anyway; they are not evidence of protection.")
+    if unknown:
+        notes.append(f"{unknown} of {n} attacked samples recorded no convergence verdict (cells computed before "
+                     "the verdict existed, or an attack that records none): counted as inconclusive unless rebuilt.")
+    if n and not failed and not unknown:
+        notes.append(f"All {n} attacked samples converged (attacks/verdict.py).")
+    return notes
+
+
+def trend_notes(summary: Sequence[dict[str, Any]], x: str, *, falls: bool, claim: str,
+                within: Sequence[str] = (), value: str = "psnr", unit: str = "dB") -> list[str]:
+    """Flag each pair of neighbouring settings (ordered by ``x``, within each group of ``within``)
+    where the mean of ``value`` moves against the trend the experiment states (``falls``: it should
+    fall as x grows), with the numbers: means over all samples and over the converged ones, their
+    spread and how many samples were inconclusive."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for s in summary:
+        groups.setdefault(tuple(s[k] for k in within), []).append(s)
+    notes = []
+    for key, sel in groups.items():
+        sel = sorted(sel, key=lambda s: s[x])
+        where = ", ".join(f"{k} {v}" for k, v in zip(within, key))
+        for a, b in zip(sel, sel[1:]):
+            va, vb = a[f"{value}_mean"], b[f"{value}_mean"]
+            if va is None or vb is None or (vb < va if falls else vb > va) or vb == va:
+                continue
+            notes.append(
+                f"CONTRADICTS the stated trend ({claim}){' for ' + where if where else ''}: {x} {a[x]} -> {b[x]}, "
+                f"mean {value} {_num(va)} -> {_num(vb)} {unit} ({'rises' if vb > va else 'falls'} by "
+                f"{_num(abs(vb - va))}; std {_num(a[f'{value}_std'])} / {_num(b[f'{value}_std'])}; range "
+                f"{_num(a[f'{value}_min'])}..{_num(a[f'{value}_max'])} / {_num(b[f'{value}_min'])}.."
+                f"{_num(b[f'{value}_max'])}; mean over converged samples {_num(a[f'{value}_mean_converged'])} / "
+                f"{_num(b[f'{value}_mean_converged'])}; inconclusive {a['inconclusive']}/{a['samples']} / "
+                f"{b['inconclusive']}/{b['samples']}).")
+    if not notes and summary:
+        notes.append(f"No neighbouring settings contradict the stated trend ({claim}) in the mean {value} over all "
+                     "samples.")
+    return notes
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{float(v):.2f}"

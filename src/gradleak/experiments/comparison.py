@@ -16,11 +16,13 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import budget, gradinversion_cell, image_rows, mean, save_grid, settings_of, victim, victim_setup
+from .common import (THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+                     save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 METHODS = ("dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact")
 COLUMNS = ["method", "sample", "seed", "image", "name", "label", "label_restored", "psnr", "ssim", "fft2d", "rpsnr",
-           "lpips", "identified", "label_accuracy", "gradient_distance", "iterations", "wall_seconds"]
+           "lpips", "identified", "label_accuracy", "gradient_distance", *VERDICT_COLUMNS, "iterations",
+           "wall_seconds"]
 SUMMARY = ["method", "psnr", "ssim", "fft2d", "rpsnr", "lpips", "label_accuracy", "gradient_distance", "wall_seconds"]
 
 
@@ -54,12 +56,17 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     for (method, sample), cell in cells.items():
         if cell.ok:
             m = cell.metrics
-            rows += image_rows(cell, method=method, sample=sample, seed=opt.seed + sample,
-                               label_accuracy=m["label_accuracy"], gradient_distance=m.get("gradient_distance"),
-                               iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
+            img = image_rows(cell, method=method, sample=sample, seed=opt.seed + sample,
+                             label_accuracy=m["label_accuracy"], gradient_distance=m.get("gradient_distance"),
+                             iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
+            for r in img:
+                r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB))
+            rows += img
+    spread = summarize(rows, ["method"], values=("psnr", "rpsnr"), images=True)
     summary = [{"method": mt, **{c: mean([r[c] for r in rows if r["method"] == mt]) for c in SUMMARY[1:]}}
                for mt in methods]
     notes = ["Means over every image of every batch:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
+    notes += convergence_notes(cells.values())
     if all(r["lpips"] is None for r in rows):
         notes.append("LPIPS is null: its AlexNet/VGG weights are not in the torch cache (no random backbone is used).")
     if "gradinversion-bn-approx" in methods:
@@ -67,7 +74,10 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                      "model these are the initial 0/1, not statistics learnt from the data as in the paper.")
     best = max(summary, key=lambda r: r["psnr"] if r["psnr"] is not None else -1.0)
     if best["psnr"] is not None:
-        notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB).")
+        b = next((r for r in spread if r["method"] == best["method"]), None)
+        notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB"
+                     + (f"; {b['non_converged']} of {b['samples']} samples did not converge, "
+                        f"{b['inconclusive']} of {b['images']} images inconclusive" if b else "") + ").")
     figs = ["comparison_quality.png", "comparison_images.png"]
     save_line_plot(ws.out / figs[0], [r["method"] for r in summary],
                    {"PSNR (dB)": [r["psnr"] for r in summary], "RPSNR (dB)": [r["rpsnr"] for r in summary]},
@@ -76,8 +86,11 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.remove("comparison_images.png")
     return ExperimentResult(
         name="comparison", title="DLG vs Inverting Gradients vs GradInversion (Table 4)",
-        columns=COLUMNS, rows=rows, figures=figs, notes=notes,
+        columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
+        summary_columns=summary_columns(["method"], ("psnr", "rpsnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
+               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB; not rebuilt = below it after "
+                                    "a converged attack (attacks/verdict.py); else inconclusive",
                "budget": f"{iterations} iterations x {seeds} seeds/restarts; "
                          f"DLG {dlg_steps(iterations, seeds)} "
                          "L-BFGS steps (<= 20 evaluations each)",

@@ -7,7 +7,10 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
   step defended that way (:func:`gradleak.training.train`, the same small budget for all, plus
   the undefended baseline);
 - leakage: iDLG against the defended FedSGD update of one real held-out Fashion-MNIST test image
-  (per sample), and ``defended`` = the attack fails = mean PSNR below THRESHOLD_DB.
+  (per sample). Each sample's verdict: "leaked" (PSNR >= THRESHOLD_DB), "not rebuilt" (the attack
+  converged to the shared update, attacks/verdict.py, and still stayed below THRESHOLD_DB) or
+  "inconclusive" (below it, and the attack did not converge: a failed attack, not a defense).
+  ``defended`` means "not rebuilt": per sample, and for a setting only when every sample is.
 
 Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused with the
 :mod:`gradleak.defenses` package; the experiment's name is ``defenses``.
@@ -21,7 +24,8 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import LBFGS_INIT, lbfgs_cell, mean, setting
+from .common import (INCONCLUSIVE, LBFGS_INIT, LEAKED, NOT_REBUILT, VERDICT_COLUMNS, convergence_notes, converged_of,
+                     lbfgs_cell, setting, summarize, summary_columns, verdict_fields)
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
 # these images, and a reconstruction at 20 dB already shows the garment; failed runs sit at 3-10 dB.
@@ -69,31 +73,34 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     cells = ws.run(plan)
     rows: list[dict[str, Any]] = []
     for i, (name, strength, spec) in enumerate(settings):
-        done = [cells[(i, s)].metrics for s in range(samples) if cells[(i, s)].ok]
-        psnrs = [m["psnr_mean"] for m in done]
-        psnr = mean(psnrs)
         epsilon = trained[i].epsilon
-        rows.append({"defense": name, "strength": strength, "accuracy": trained[i].final_accuracy, "psnr": psnr,
-                     "ssim": mean(m["ssim_mean"] for m in done),
-                     "defended": None if psnr is None else psnr < THRESHOLD_DB, "mse": mean(m["mse_mean"] for m in done),
-                     "label_accuracy": mean(m["label_accuracy"] for m in done),
-                     "psnr_min": min(psnrs, default=None), "psnr_max": max(psnrs, default=None), "samples": len(done),
-                     "psnr_per_sample": ";".join(f"{p:.2f}" for p in psnrs),
-                     "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
-                     "spec": spec or ""})
+        for s in range(samples):
+            cell = cells[(i, s)]
+            if not cell.ok:
+                continue
+            m = cell.metrics
+            rebuilt = m["psnr_mean"] >= THRESHOLD_DB
+            v = verdict_fields(cell, rebuilt)
+            rows.append({"defense": name, "strength": strength, "accuracy": trained[i].final_accuracy,
+                         "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == NOT_REBUILT,
+                         **v, "sample": s, "seed": opt.seed + s, "mse": m["mse_mean"],
+                         "label_accuracy": m["label_accuracy"],
+                         "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
+                         "spec": spec or ""})
+    summary = setting_summary(rows)
     fig = "accuracy_vs_psnr.png"
-    labels_x = [_short(r["defense"], r["strength"]) for r in rows]
-    save_line_plot(ws.out / fig, labels_x, {"attack PSNR (dB)": [r["psnr"] for r in rows],
-                                         "test accuracy (%)": [100 * r["accuracy"] for r in rows],
-                                         f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(rows)},
+    labels_x = [_short(r["defense"], r["strength"]) for r in summary]
+    save_line_plot(ws.out / fig, labels_x, {"attack PSNR (dB), mean": [r["psnr_mean"] for r in summary],
+                                         "test accuracy (%)": [100 * r["accuracy"] for r in summary],
+                                         f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(summary)},
                    xlabel="defense", ylabel="dB / %", title=f"Defense trade-off, {model} on {data}")
     _rotate_note = ("figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
                     "DP = dpsgd noise multiplier (clip 1)")
     return ExperimentResult(
         name="defenses", title="Accuracy vs defendability (rebuttal Table 3)",
-        columns=["defense", "strength", "accuracy", "psnr", "ssim", "defended", "mse", "label_accuracy", "psnr_min",
-                 "psnr_max", "samples", "psnr_per_sample", "epsilon", "spec"],
-        rows=rows, figures=[fig],
+        columns=["defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
+                 "mse", "label_accuracy", "epsilon", "spec"],
+        rows=rows, figures=[fig], summary=summary, summary_columns=SUMMARY_COLUMNS,
         setup={"data": f"{data}: trained on train-split images, attacked on test-split images (held out)",
                "model": model,
                "training": {**TRAIN, "train_images": train_subset, "test_images": test_subset or "all",
@@ -102,18 +109,60 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, defended FedSGD "
                          "update of the untrained global model",
                "samples": samples, "seeds": f"{st.seed_text} (test image drawn, attack start, defense noise)",
-               "success threshold": f"defended = mean PSNR < {THRESHOLD_DB} dB (attack fails)",
+               "success threshold": f"defended = the attack converged (attacks/verdict.py) and PSNR < "
+                                    f"{THRESHOLD_DB} dB; leaked = PSNR >= {THRESHOLD_DB} dB; a non-converged attack "
+                                    "below it is inconclusive (not defended, not leaked)",
+               "setting verdict": "leaked if any sample leaked; defended if every sample is defended; else "
+                                  "inconclusive",
                "strength": "sigma (gaussian), b (laplace), fraction zeroed per layer (prune), bits (fp16, int8), "
                            "noise multiplier Z at clip 1 (dpsgd)",
                "settings": [spec or "none" for _, _, spec in settings],
                "epsilon": "DP-SGD training run's epsilon at delta 1e-5 (Opacus RDP accountant)",
                "smoke": opt.smoke},
-        notes=[_rotate_note, "psnr, ssim, mse are means over the samples; every sample's PSNR is in psnr_per_sample.",
-               "accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
+        notes=[_rotate_note, "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
+        + convergence_notes(cells.values()) + inconclusive_notes(summary, cells, settings, samples)
+        + ["accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
                "was not measured, so read differences of a few points with care."]
         + (["Smoke setting: the weakest and strongest Gaussian noise and the strongest setting of every other "
             "defense; the training budget is too short for the accuracies to mean more than 'trains / does not'."]
            if opt.smoke else []))
+
+
+SUMMARY_COLUMNS = (["defense", "strength", "accuracy"] + summary_columns((), ("psnr",))
+                   + ["defended", "verdict", "epsilon", "spec"])
+
+
+def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per setting: mean, spread and verdict counts over its samples (common.summarize),
+    ``defended`` only when every sample is (the attack converged each time and never rebuilt the
+    image), ``verdict`` leaked (any sample leaked) / defended / inconclusive."""
+    out = []
+    for s in summarize(rows, ["defense", "strength", "spec"]):
+        first = next(r for r in rows if r["spec"] == s["spec"])
+        defended = s["samples"] > 0 and s["not_rebuilt"] == s["samples"]
+        out.append({**s, "accuracy": first["accuracy"], "epsilon": first["epsilon"], "defended": defended,
+                    "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE)})
+    return out
+
+
+def inconclusive_notes(summary: list[dict[str, Any]], cells: dict[tuple[int, int], Any],
+                       settings: list[tuple[str, float | None, str | None]], samples: int) -> list[str]:
+    """For each inconclusive setting, the numbers, and whether the same attack on the same images
+    converged without the defense (a hint that the defense, not the optimiser, stopped it; still not
+    evidence of protection: the attack did not explain the update it was given)."""
+    base = [converged_of(cells[(0, s)].metrics) for s in range(samples) if cells[(0, s)].ok] if settings[0][2] is None else []
+    notes = []
+    for s in summary:
+        if s["verdict"] != INCONCLUSIVE:
+            continue
+        text = (f"{s['spec'] or s['defense']}: INCONCLUSIVE, not defended: {s['inconclusive']} of {s['samples']} "
+                f"samples' attacks did not converge (or recorded no verdict) and stayed below {THRESHOLD_DB:g} dB "
+                f"(mean PSNR {s['psnr_mean']:.2f} dB).")
+        if base:
+            text += (f" Without a defense the same attack on the same images converged in {sum(c is True for c in base)} "
+                     f"of {len(base)} samples.")
+        notes.append(text)
+    return notes
 
 
 def _short(name: str, strength: float | None) -> str:

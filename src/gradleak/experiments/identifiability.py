@@ -29,10 +29,11 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import budget, gradinversion_cell, image_rows, mean, victim
+from .common import (VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean, summarize,
+                     summary_columns, trend_notes, verdict_fields, victim)
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
-           "rpsnr", "fft2d", "lpips", "identified", "batch_iip", "iterations", "wall_seconds"]
+           "rpsnr", "fft2d", "lpips", "identified", "batch_iip", *VERDICT_COLUMNS, "iterations", "wall_seconds"]
 
 
 def vulnerable_indices(source: Any, norms: torch.Tensor, k: int) -> list[int]:
@@ -63,7 +64,7 @@ def spearman(x: list[float], y: list[float]) -> float | None:
 def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data = victim(opt)
     batch_sizes = opt.batch_sizes or ([1, 4] if opt.smoke else [1, 2, 4, 8])
-    samples = opt.samples or (1 if opt.smoke else 2)
+    samples = opt.samples or (1 if opt.smoke else 3)
     iterations, seeds = budget(opt)
     source = open_source(data)
     size, channels = default_image_size(model), source.native_channels
@@ -78,12 +79,14 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                   num_classes=source.num_classes, batch_size=k)
         for s in range(samples):
             plan[(k, "random", s)] = {**base, "seed": opt.seed + s}
-        if k in vulnerable_sizes:
-            plan[(k, "vulnerable", 0)] = {**base, "seed": opt.seed,
-                                          "indices": vulnerable_indices(source, norms, k)}
+        if k in vulnerable_sizes:  # one fixed batch; the samples differ in the attack's start
+            for s in range(samples):
+                plan[(k, "vulnerable", s)] = {**base, "seed": opt.seed + s,
+                                              "indices": vulnerable_indices(source, norms, k)}
     rows: list[dict[str, Any]] = []
     feature_space, pool_size = None, None
-    for (k, population, sample), cell in ws.run(plan).items():
+    cells = ws.run(plan)
+    for (k, population, sample), cell in cells.items():
         if not cell.ok:
             continue
         m = cell.metrics
@@ -94,7 +97,10 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                          wall_seconds=round(float(m["wall_seconds"]), 2))
         for r in img:
             r["grad_norm"] = float(batch_norms[r["image"]])
+            r.update(verdict_fields(cell, bool(r["identified"]) if r["identified"] is not None else None))
         rows += img
+    by = ["batch_size", "population"]
+    spread = summarize(rows, by, values=("psnr", "identified"), images=True)
     iip_rows = []
     for k in batch_sizes:
         for population in ("random", "vulnerable"):
@@ -113,6 +119,9 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
              f"{'n/a' if rho is None else f'{rho:.3f}'} over all {len(rows)} images; "
              f"{'n/a' if rho_random is None else f'{rho_random:.3f}'} over the random batches only.",
              f"Chance level of IIP is about 1/{pool_size} (candidates searched)."]
+    notes += convergence_notes(cells.values())
+    notes += trend_notes(spread, "batch_size", falls=True, within=("population",), value="identified", unit="",
+                         claim="identifiability (IIP) falls as the batch size grows (GradInversion Fig. 8)")
     figs = ["iip_vs_batch_size.png", "grad_norm_vs_psnr.png"]
     series = {p: [next((r["iip"] for r in iip_rows if r["batch_size"] == k and r["population"] == p), None)
                   for k in batch_sizes] for p in ("random", "vulnerable")}
@@ -121,13 +130,17 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     _scatter(ws.out / figs[1], rows)
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
-        columns=COLUMNS, rows=rows, figures=figs, notes=notes,
+        columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
+        summary_columns=summary_columns(by, ("psnr", "identified"), images=True),
         setup={"data": f"{data} ({len(source)} images)", "model": f"{model} (width {width}, random init, seed 0)",
                "attack": f"gradinversion, cpu preset at {iterations} iterations x {seeds} seeds, BN exact",
                "batch sizes": batch_sizes, "random batches per size": samples,
                "seeds": f"{opt.seed}..{opt.seed + samples - 1} (sample_batch seed; the attack uses the same seed)",
                "vulnerable batches": f"batch sizes {vulnerable_sizes}: per class the image with the largest "
-                                     "per-sample gradient norm, then the K largest of those",
+                                     "per-sample gradient norm, then the K largest of those; attacked once per "
+                                     "seed (the same batch, another start)",
+               "success threshold": "leaked = identified (IIP hit); not rebuilt = not identified after a converged "
+                                    "attack (attacks/verdict.py); else inconclusive; identified_mean = IIP",
                "iip feature space": feature_space, "iip candidates": pool_size,
                "iip pool": "the data source's real images (up to 256, evenly spaced; originals de-duplicated)",
                "grad norm": "||d CE(f(x_k), y_k) / d W||_2 per image, eval-mode BN (per_sample_gradient_norms)",

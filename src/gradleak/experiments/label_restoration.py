@@ -31,6 +31,7 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
+from .common import spread
 
 UNIQUE_METHODS = ("gradinversion", "sum")          # results.csv (the paper's Table 1)
 MULTISET_METHODS = ("gradinversion", "sum", "counts")  # multiset.csv (beyond the paper)
@@ -115,7 +116,7 @@ def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult
     rows = [{"batch_size": k, "method": m, "accuracy": mean((k, "distinct", m)),
              "batches": len(acc.get((k, "distinct", m), [])), "labels": k * len(acc.get((k, "distinct", m), [])),
              "exact_batches": sum(a == 1.0 for a in acc.get((k, "distinct", m), [])),
-             "model": model_name, "data": data}
+             **_spread(acc.get((k, "distinct", m), [])), "model": model_name, "data": data}
             for k in batch_sizes for m in UNIQUE_METHODS if acc.get((k, "distinct", m))]
     multiset = [{"batch_size": k, "kind": "repeats", "method": m, "accuracy": mean((k, "repeats", m)),
                  "batches": len(acc.get((k, "repeats", m), []))}
@@ -147,7 +148,8 @@ def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult
                      f"({len(grad_seconds)} gradients, {torch.get_num_threads()} torch threads).")
     return ExperimentResult(
         name="label-restoration", title="Label restoration accuracy vs batch size (GradInversion Table 1)",
-        columns=["batch_size", "method", "accuracy", "batches", "labels", "exact_batches", "model", "data"],
+        columns=["batch_size", "method", "accuracy", "batches", "labels", "exact_batches", "accuracy_std",
+                 "accuracy_min", "accuracy_max", "model", "data"],
         rows=rows, figures=[fig], notes=notes,
         setup={"data": f"{data} ({len(source)} images, {source.num_classes} classes)",
                "model": f"{model_name} (seed {opt.seed}; efficientnet-lite0 = pretrained ImageNet weights; the "
@@ -157,7 +159,10 @@ def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult
                "seeds": f"{opt.seed}..{opt.seed + n_batches - 1} (sample_batch seed per batch)",
                "batches (distinct)": "sample_batch without repeated labels, as in the paper",
                "batches (repeats)": "K - r distinct photos + flipped copies of r of them, r in 1..K//2",
-               "accuracy": "order-free: |restored multiset ∩ true multiset| / K, averaged over batches",
+               "accuracy": "order-free: |restored multiset ∩ true multiset| / K, averaged over batches (std: "
+                           "sample standard deviation over the batches; min..max)",
+               "convergence": "none: label restoration is a closed-form rule on one gradient, no optimisation "
+                              "(so no inconclusive rows)",
                "methods": {"gradinversion": "Eq. 8, argsort(min_m dW_mn)[:K]", "sum": "Eq. 7, argsort(sum_m dW_mn)[:K]",
                            "counts": "multiset from FC weight + bias gradients (label_counts.count_labels)"},
                "smoke": opt.smoke})
@@ -169,3 +174,8 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> No
         w.writeheader()
         for r in rows:
             w.writerow({c: ("" if r.get(c) is None else r.get(c)) for c in columns})
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    out = spread(values, "accuracy")
+    return {"accuracy_std": out["accuracy_std"], "accuracy_min": out["accuracy_min"], "accuracy_max": out["accuracy_max"]}

@@ -18,7 +18,9 @@ from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import THRESHOLD_DB, leakage_rows, series
+from .common import (THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
+                     summary_columns, trend_notes)
+
 WIDTHS = (4, 8, 16, 32, 64)
 SMOKE_WIDTHS = (4, 16)
 # Iterations (smoke, full); None = the attack's default (Inverting Gradients: 4800 signed-Adam steps,
@@ -46,9 +48,12 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                 plan[(attack, w, s)] = dict(attack=attack, model=model, width=w, data=data, batch_size=1,
                                             seed=opt.seed + s, iterations=n_iter,
                                             log_every=max(1, (n_iter or 1000) // 10), **OPTIONS.get(attack, {}))
-    rows = leakage_rows(ws.run(plan), ("attack", "width", "sample"))
+    cells = ws.run(plan)
+    rows = leakage_rows(cells, ("attack", "width", "sample"))
     for r in rows:
         r["parameters"] = params[r["width"]]
+    by = ["attack", "width"]
+    summary = summarize(rows, by)
     fig = "psnr_vs_width.png"
     save_line_plot(ws.out / fig, [f"{w}\n({params[w]:,})" for w in widths],
                    {a: series(rows, "width", widths, attack=a) for a in attacks},
@@ -57,17 +62,24 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="model-size", title="Leakage vs model size",
         columns=["attack", "model", "width", "parameters", "sample", "seed", "psnr", "ssim", "mse", "label_accuracy",
-                 "recovered", "iterations", "wall_seconds"],
-        rows=rows, figures=[fig],
+                 "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
+        rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by),
         setup={"data": data, "model": f"{model}, widths {widths}, random weights (model seed 0), train-mode BN",
                "parameters": {str(w): p for w, p in params.items()},
                "attack": {a: f"{a}, {iterations[a] if iterations[a] is not None else 'default'} iterations"
                           + (f", {OPTIONS[a]}" if a in OPTIONS else "") for a in attacks},
                "threat": "fedsgd, batch 1 (one gradient of one photo)",
                "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (photo drawn and attack start)",
-               "success threshold": f"recovered = PSNR >= {THRESHOLD_DB} dB", "smoke": opt.smoke},
+               "success threshold": f"recovered = PSNR >= {THRESHOLD_DB} dB",
+               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
+                          "= not recovered and the attack did not converge",
+               "smoke": opt.smoke},
         notes=["parameters: trainable parameters of the model as built for this data.",
-               "Every sample attacked is a row; the figure shows means."])
+               "Every sample attacked is a row; the figure shows means."]
+        + convergence_notes(cells.values())
+        + trend_notes(summary, "width", falls=False, within=("attack",),
+                      claim="leakage grows with the width: more gradient equations per unknown pixel "
+                            "(Geiping et al. 2020)"))
 
 
 def _parameters(name: str, width: int | None, data: str) -> int:

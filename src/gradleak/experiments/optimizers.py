@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import first_reaching, psnr_curve
+from .common import (VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
+                     verdict_fields)
 
 THRESHOLD_DB = 30.0
 # Per optimizer: learning rate and iterations (full, smoke). One L-BFGS iteration runs up to 20
@@ -28,7 +29,8 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                    optimizer=name, lr=lr, iterations=n_iter, dtype="float64",
                                    log_every=max(1, n_iter // 60))
     rows, curves = [], {}
-    for (name, s), cell in ws.run(plan, run_folders=list(plan)).items():  # the PSNR history is in the run folder
+    cells = ws.run(plan, run_folders=list(plan))
+    for (name, s), cell in cells.items():  # the PSNR history is in the run folder
         if not cell.ok:
             continue
         it, sec = first_reaching(cell, THRESHOLD_DB)
@@ -36,7 +38,8 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         rows.append({"optimizer": name, "sample": s, "lr": cell.config["lr"], "iterations": m["iterations"],
                      "wall_seconds": round(float(m["wall_seconds"]), 2), "psnr": m["psnr_mean"],
                      "mse": m["mse_mean"], "ssim": m["ssim_mean"], "reached": it is not None,
-                     "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2)})
+                     "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2),
+                     **verdict_fields(cell, m["psnr_mean"] >= THRESHOLD_DB)})
         if s == 0:
             curves[name] = psnr_curve(cell)
     fig = "psnr_vs_time.png"
@@ -46,8 +49,11 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="optimizers", title="DLG: L-BFGS vs Adam vs SGD",
         columns=["optimizer", "sample", "lr", "iterations", "wall_seconds", "psnr", "mse", "ssim", "reached",
-                 "iterations_to_threshold", "seconds_to_threshold"],
-        rows=rows, figures=[fig],
+                 "iterations_to_threshold", "seconds_to_threshold", *VERDICT_COLUMNS],
+        rows=rows, figures=[fig], summary=summarize(rows, ["optimizer"], values=("psnr", "wall_seconds")),
+        summary_columns=summary_columns(["optimizer"], ("psnr", "wall_seconds")),
+        notes=["Every sample attacked is a row; reached = the observed PSNR reached the threshold at some point, "
+               "verdict = the final answer's (leaked: final PSNR >= the threshold)."] + convergence_notes(cells.values()),
         setup={"data": data, "model": model, "attack": "dlg (float64, batch 1)", "samples": samples,
                "seeds": f"{opt.seed}..{opt.seed + samples - 1} (one photo per seed)",
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB", "settings": {k: list(v) for k, v in SETTINGS.items()},

@@ -1,0 +1,193 @@
+"""Issue 17: an experiment's numbers must never show a failed attack as a protected client.
+
+Every row of results.csv carries the attack's own verdict (``converged``, from the run's
+metrics.json) and a ``verdict``: leaked / not rebuilt / inconclusive; a summary per setting gives
+mean, spread and the non-converged count; the defenses table's ``defended`` needs a converged
+attack; the defaults run at least 3 samples per setting outside --smoke. Stubbed cells (no attack
+runs) except for one 2-iteration attack.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradleak.experiments import make_options, run_experiment
+from gradleak.experiments.cells import CellResult, Checkpoint, Trained, Workspace
+from gradleak.experiments.common import (INCONCLUSIVE, LEAKED, NOT_REBUILT, converged_of, summarize, trend_notes,
+                                         verdict_of)
+
+ATTACKING = ("ablation", "batch-size", "comparison", "defenses", "identifiability", "local-iterations", "model-size",
+             "optimizers", "training-stage")
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _fake_trained(self: Workspace, cfg: Any, name: str = "model") -> Trained:
+    folder = self.folder / "training" / name
+    cps = [Checkpoint(fraction=float(f), path=folder / f"checkpoint-{f:.2f}.safetensors", test_accuracy=0.5)
+           for f in cfg.checkpoints]
+    return Trained(folder=folder, checkpoints=cps, final_accuracy=0.5, epsilon=None, train_images=10, test_images=10,
+                   total_steps=1, wall_seconds=0.0)
+
+
+def _metrics(psnr: float, converged: bool | None) -> dict[str, Any]:
+    m: dict[str, Any] = {"psnr_mean": psnr, "ssim_mean": 0.5, "mse_mean": 10 ** (-psnr / 10), "label_accuracy": 1.0,
+                         "iterations": 2, "wall_seconds": 0.1, "update": {"loss": 1.0},
+                         "per_image": [{"index": 0, "psnr": psnr, "ssim": 0.5, "label_true": 0, "label_restored": 0}]}
+    if converged is not None:
+        m["converged"] = converged
+        m["convergence"] = {"converged": converged, "relative_gradient_distance": 1e-9 if converged else 0.3,
+                            "threshold": 1e-4, "plateau": not converged, "restarts_used": 0, "reason": "stub"}
+    return m
+
+
+# --------------------------------------------------------------------------- the rules
+def test_verdict_needs_a_converged_attack_to_say_not_rebuilt():
+    assert verdict_of(True, True) == verdict_of(False, True) == verdict_of(None, True) == LEAKED  # rebuilt: a leak
+    assert verdict_of(True, False) == NOT_REBUILT
+    assert verdict_of(False, False) == INCONCLUSIVE
+    assert verdict_of(None, False) == INCONCLUSIVE   # no verdict recorded: never read as protection
+    assert verdict_of(True, None) == INCONCLUSIVE
+    assert converged_of({}) is None
+    assert converged_of({"converged": False}) is False
+    assert converged_of({"convergence": {"converged": True}}) is True
+
+
+def test_summary_gives_mean_spread_and_non_converged_over_every_sample():
+    rows = [{"k": 1, "sample": 0, "psnr": 40.0, "converged": True, "verdict": LEAKED},
+            {"k": 1, "sample": 1, "psnr": 30.0, "converged": True, "verdict": LEAKED},
+            {"k": 1, "sample": 2, "psnr": 5.0, "converged": False, "verdict": INCONCLUSIVE},
+            {"k": 2, "sample": 0, "psnr": 10.0, "converged": True, "verdict": NOT_REBUILT},
+            {"k": 2, "sample": 1, "psnr": 12.0, "converged": None, "verdict": INCONCLUSIVE}]
+    s1, s2 = summarize(rows, ["k"])
+    assert (s1["k"], s1["samples"], s1["non_converged"]) == (1, 3, 1)
+    assert s1["psnr_mean"] == pytest.approx(25.0)                   # all samples, the failed one included
+    assert s1["psnr_mean_converged"] == pytest.approx(35.0)         # the converged ones only
+    assert s1["psnr_std"] == pytest.approx(math.sqrt(((15) ** 2 + 5 ** 2 + 20 ** 2) / 2))  # n - 1
+    assert (s1["psnr_min"], s1["psnr_max"]) == (5.0, 40.0)
+    assert (s1["leaked"], s1["not_rebuilt"], s1["inconclusive"]) == (2, 0, 1)
+    assert (s2["samples"], s2["non_converged"], s2["inconclusive"], s2["not_rebuilt"]) == (2, 0, 1, 1)
+    assert s2["psnr_mean_converged"] == pytest.approx(10.0)
+    # A trend that should fall: K=1 -> K=2 falls, nothing flagged; a rise is flagged with its numbers.
+    assert "No neighbouring settings contradict" in trend_notes([s1, s2], "k", falls=True, claim="falls")[0]
+    flag = trend_notes([s1, s2], "k", falls=False, claim="rises")
+    assert len(flag) == 1 and "CONTRADICTS" in flag[0] and "25.00 -> 11.00" in flag[0] and "inconclusive 1/3" in flag[0]
+
+
+# --------------------------------------------------------------------------- defenses: defended needs convergence
+def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, monkeypatch):
+    """Stubbed cells (no training, no attack): per defense spec, the PSNR and the run's verdict."""
+    outcome = {None: (50.0, True), "gaussian:0.0001": (48.0, False),   # rebuilt although not converged: leaked
+               "gaussian:0.1": (5.0, False),                           # failed attack: inconclusive
+               "laplace:0.1": (6.0, True),                             # converged, not rebuilt: defended
+               "prune:0.9": (4.0, None)}                               # no verdict recorded: inconclusive
+
+    def fake_run(self, cells, *, run_folders=()):
+        out = {}
+        for i, (key, cfg) in enumerate(cells.items()):
+            spec = (cfg.get("defense") or [None])[0]
+            psnr, conv = outcome.get(spec, (45.0, True))
+            out[key] = CellResult(key=key, cell_id=f"c{i}", config=dict(cfg), status="ok", metrics=_metrics(psnr, conv))
+        self.report.total += len(out)
+        return out
+
+    monkeypatch.setattr(Workspace, "run", fake_run)
+    monkeypatch.setattr(Workspace, "trained", _fake_trained)
+    out = tmp_path / "def"
+    result, _ = run_experiment("defenses", make_options(out=str(out), smoke=True, progress=False, samples=3,
+                                                        executor="inline"))
+    rows = _csv(out / "results.csv")
+    assert len(rows) == 3 * len({r["spec"] for r in rows}) == len(result.rows)  # every sample a row
+    by_spec = {r["spec"]: r for r in rows}
+    assert (by_spec[""]["verdict"], by_spec[""]["defended"], by_spec[""]["converged"]) == (LEAKED, "False", "True")
+    assert (by_spec["gaussian:0.0001"]["verdict"], by_spec["gaussian:0.0001"]["defended"]) == (LEAKED, "False")
+    assert by_spec["gaussian:0.1"]["verdict"] == INCONCLUSIVE and by_spec["gaussian:0.1"]["defended"] == "False"
+    assert by_spec["gaussian:0.1"]["converged"] == "False"
+    assert by_spec["laplace:0.1"]["verdict"] == NOT_REBUILT and by_spec["laplace:0.1"]["defended"] == "True"
+    assert by_spec["prune:0.9"]["verdict"] == INCONCLUSIVE and by_spec["prune:0.9"]["converged"] == ""
+    for r in rows:  # defended is exactly "converged and below the threshold"
+        assert r["defended"] == str(r["converged"] == "True" and float(r["psnr"]) < 20.0)
+    summary = {r["spec"]: r for r in _csv(out / "summary.csv")}
+    assert summary["gaussian:0.1"]["verdict"] == INCONCLUSIVE and summary["gaussian:0.1"]["defended"] == "False"
+    assert summary["gaussian:0.1"]["non_converged"] == "3" and summary["gaussian:0.1"]["inconclusive"] == "3"
+    assert summary["laplace:0.1"]["verdict"] == "defended" and summary["laplace:0.1"]["defended"] == "True"
+    assert summary[""]["verdict"] == LEAKED and summary[""]["samples"] == "3"
+    md = (out / "results.md").read_text()
+    assert "## Summary per setting" in md and "gaussian:0.1: INCONCLUSIVE, not defended" in md
+    assert "recorded no convergence verdict" in md and "did NOT converge" in md
+    assert json.loads((out / "experiment.json").read_text())["summary"][0]["samples"] == 3
+
+
+# --------------------------------------------------------------------------- a real 2-iteration attack
+def test_a_two_iteration_attack_is_inconclusive_not_a_protected_client(tmp_path):
+    out = tmp_path / "bs"
+    run_experiment("batch-size", make_options(out=str(out), smoke=True, progress=False, executor="inline",
+                                              attacks=["idlg"], batch_sizes=[1], samples=1, iterations=2))
+    (row,) = _csv(out / "results.csv")
+    assert float(row["psnr"]) < 20.0 and row["recovered"] == "False"
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["converged"] in ("False", "")   # "" until the runs record their verdict
+    (s,) = _csv(out / "summary.csv")
+    assert s["inconclusive"] == "1" and s["samples"] == "1"
+
+
+# --------------------------------------------------------------------------- trends flagged in results.md
+def test_batch_size_flags_a_row_against_its_trend(tmp_path, monkeypatch):
+    psnr = {1: [30.0, 32.0, 31.0], 2: [45.0, 44.0, 7.0]}   # K=2 rises over K=1 in the mean: against the trend
+
+    def fake_run(self, cells, *, run_folders=()):
+        return {key: CellResult(key=key, cell_id=str(key), config=dict(cfg), status="ok",
+                                metrics=_metrics(psnr[key[1]][key[2]], key[2] != 2))
+                for key, cfg in cells.items()}
+
+    monkeypatch.setattr(Workspace, "run", fake_run)
+    out = tmp_path / "bs"
+    run_experiment("batch-size", make_options(out=str(out), smoke=True, progress=False, attacks=["dlg"],
+                                              batch_sizes=[1, 2], samples=3, executor="inline"))
+    md = (out / "results.md").read_text()
+    assert "CONTRADICTS the stated trend (leakage falls as the batch size grows) for attack dlg: batch_size 1 -> 2" in md
+    assert "31.00 -> 32.00" in md and "inconclusive 0/3 / 1/3" in md
+    (s1, s2) = _csv(out / "summary.csv")
+    assert (s2["psnr_mean"], s2["psnr_mean_converged"], s2["non_converged"]) == ("32.0", "44.5", "1")
+
+
+# --------------------------------------------------------------------------- default samples
+class _Planned(Exception):
+    def __init__(self, cells: dict[Any, dict[str, Any]]):
+        super().__init__("planned")
+        self.cells = cells
+
+
+def _plan(name: str, tmp_path: Path, monkeypatch, **options: Any) -> dict[Any, dict[str, Any]]:
+    def stop(self, cells, *, run_folders=()):
+        raise _Planned(dict(cells))
+
+    monkeypatch.setattr(Workspace, "run", stop)
+    monkeypatch.setattr(Workspace, "trained", _fake_trained)
+    with pytest.raises(_Planned) as caught:
+        run_experiment(name, make_options(out=str(tmp_path / name), progress=False, **options))
+    return caught.value.cells
+
+
+@pytest.mark.parametrize("name", ATTACKING)
+def test_default_samples_per_setting_are_at_least_three_outside_smoke(name, tmp_path, monkeypatch):
+    """The cells an experiment plans at its defaults (no attack runs): every setting (a cell's
+    config without its seed) is attacked with at least 3 seeds; --smoke keeps 1."""
+    def per_setting(cells: dict[Any, dict[str, Any]]) -> Counter:
+        return Counter(json.dumps({k: v for k, v in c.items() if k != "seed"}, sort_keys=True, default=str)
+                       for c in cells.values())
+
+    full = per_setting(_plan(name, tmp_path / "full", monkeypatch))
+    assert min(full.values()) >= 3, (name, sorted(full.values()))
+    smoke = per_setting(_plan(name, tmp_path / "smoke", monkeypatch, smoke=True))
+    assert min(smoke.values()) >= 1 and sum(smoke.values()) < sum(full.values())
