@@ -15,7 +15,9 @@ GradInversion, IG) the restored labels are put in sorted order, which fixes whic
 trained in which local step: when the client's private order put the classes in other steps, the
 attack matches the wrong step structure and loses much of its quality (measured: iDLG on 2
 photos, local batch 1, 2 steps, 80 iterations: 5.3 dB when the orders differ, 19.4 dB when they
-agree). Searching over the label-to-step assignments is not implemented yet.
+agree). iDLG therefore searches the label-to-step assignments (attacks/dlg.py: each distinct
+ordering of the restored labels over the slots is one trial, at most dlg.MAX_ASSIGNMENTS; the
+assignment whose answer has the smallest gradient distance wins), as a hard-label attacker must.
 """
 
 from __future__ import annotations
