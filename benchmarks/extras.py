@@ -140,7 +140,7 @@ def measure_dlg_default(*, quick: bool, threads: int, root: Path) -> dict[str, A
     out: dict[str, Any] = {
         "config": {"attack": defaults.attack, "model": defaults.model, "data": defaults.data,
                    "batch_size": defaults.batch_size, "seed": defaults.seed},
-        "resolved": rec.extra.get("resolved", {}), "iterations": rec.iterations, "trials": rec.extra.get("trials"),
+        "resolved": typed.model_dump(), "iterations": rec.iterations, "trials": rec.extra.get("trials"),
         "quick_iterations_override": extra.get("iterations"),
         "client_setup_s": setup, "attack_total_s": total, "loop_s": rec.wall_seconds - obs.overhead,
         "seconds_to_mse_1e-4": reached["seconds"] if reached else None,

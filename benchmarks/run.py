@@ -185,7 +185,7 @@ def run_gradleak(spec: CaseSpec, case, cfg, attack_kwargs: dict[str, Any] | None
         rec = engine.run(typed, case.update, case.model)
         total = obs.elapsed()
     loop = rec.wall_seconds - obs.overhead
-    resolved = rec.extra.get("resolved", {})
+    resolved = typed.model_dump()  # the typed attack config that ran
     return {
         "tool": "gradleak", "version": gradleak.__version__, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "dtype": cfg.dtype or resolved.get("dtype") or "float32",

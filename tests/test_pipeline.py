@@ -208,3 +208,67 @@ def test_an_experiment_workspace_runs_text_cells(tmp_path):
     assert (got["dlg"].run_dir / "reconstruction.json").is_file()
     again = Workspace("text-demo", opts, (tmp_path / "exp").absolute(), tmp_path / "stage")
     assert again.run(cells, run_folders=["dlg"])["dlg"].metrics == got["dlg"].metrics and again.report.computed == 0
+
+
+def test_resume_of_an_update_run_and_of_a_two_sentence_text_run(tmp_path, capsys, monkeypatch):
+    """A resumed run tells a given flag from a default as the first run did (review of issue 16)."""
+    import gradleak.pipeline.image as image_case
+    import gradleak.pipeline.text as text_case
+
+    def stop_at(cls, n):
+        real = cls.__call__
+
+        def call(self, iteration, answer):
+            real(self, iteration, answer)
+            if iteration == n:
+                signal.raise_signal(signal.SIGTERM)
+        monkeypatch.setattr(cls, "__call__", call)
+        return real
+
+    u, t = tmp_path / "u.safetensors", tmp_path / "t.safetensors"
+    assert main(["share", "--model", "convnet", "--width", "8", "--threat", "fedavg", "--local-steps", "2",
+                 "--out", str(u), "--truth", str(t)]) == 0
+    real = stop_at(image_case.PSNRObserver, 10)
+    out = tmp_path / "img"
+    args = ["attack", "--update", str(u), "--truth", str(t), "--attack", "ig", "--iterations", "20", "--log-every", "5",
+            "--checkpoint-every", "5", "--no-progress", "--threads", "1", "--no-paper-metrics", "--out", str(out)]
+    assert main(args) == 128 + signal.SIGTERM
+    monkeypatch.setattr(image_case.PSNRObserver, "__call__", real)
+    assert main(["attack", "--resume", str(out)]) == 0
+    assert json.loads((out / "metrics.json").read_text())["model"] == "convnet"
+
+    real = stop_at(text_case.TokenAccuracyObserver, 10)
+    out = tmp_path / "txt"
+    targs = ["attack", "--modality", "text", "--text", "the cat sat on the mat", "--text", "a dog ran home",
+             "--iterations", "20", "--log-every", "5", "--checkpoint-every", "5", "--no-progress", "--threads", "1",
+             "--out", str(out)]
+    assert main(targs) == 128 + signal.SIGTERM
+    monkeypatch.setattr(text_case.TokenAccuracyObserver, "__call__", real)
+    assert main(["attack", "--resume", str(out)]) == 0
+    assert json.loads((out / "metrics.json").read_text())["batch_size"] == 2
+    capsys.readouterr()
+
+
+def test_cells_and_update_files_decide_like_the_cli(tmp_path, capsys):
+    from gradleak.sweep.worker import run_cell
+
+    two = {**make_config(modality="text", attack="bow", text=["one secret", "two secrets"]).model_dump(mode="json")}
+    res = run_cell(two)
+    assert res["status"] == "ok" and res["metrics"]["batch_size"] == 2       # both sentences, as on the CLI
+    u = tmp_path / "u.safetensors"
+    assert main(["share", "--model", "convnet", "--width", "8", "--out", str(u)]) == 0
+    res = run_cell({**make_config(attack="idlg", iterations=1, update=str(u)).model_dump(mode="json")})
+    assert res["status"] == "ok" and res["metrics"]["model"] == "convnet"
+    assert res["metrics"]["data"] == "unknown (update file)"
+    code = main(["attack", "--update", str(u), "--data", "fashion-mnist", "--iterations", "1", "--out",
+                 str(tmp_path / "x")])
+    assert code == 2 and "does not apply to an update file without --truth" in capsys.readouterr().err
+    tu = tmp_path / "tu.safetensors"
+    assert main(["share", "--modality", "text", "--text", "hello there", "--threat", "fedavg", "--local-steps", "2",
+                 "--out", str(tu)]) == 0
+    for bad in (["--threat", "fedsgd"], ["--local-steps", "3"], ["--model-seed", "3"]):
+        code = main(["attack", "--modality", "text", "--update", str(tu), *bad, "--out", str(tmp_path / "y")])
+        assert code == 2 and not (tmp_path / "y").exists()
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="--allow-repeats applies to a draw"):
+        build_case(make_config(indices=[1], allow_repeats=True))

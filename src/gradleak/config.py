@@ -60,8 +60,8 @@ class AttackConfig(BaseModel):
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
-    stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: fresh random starts when a "
-                                       "trial stalls on a plateau (default 3)")
+    stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: further starts (other inits) "
+                                       "while the answer does not explain the update (default 3)")
     # every constant of the attacks is a flag too (default: the attack's / its preset's value)
     alpha_g: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 3: alpha_G")
     alpha_tv: float | None = Field(None, ge=0, allow_inf_nan=False,
@@ -147,6 +147,14 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def config_from_record(record: dict[str, Any]) -> AttackConfig:
+    """A config rebuilt from a full record (a sweep or experiment cell): fields equal to their
+    default count as not given, so that what a case decides when a flag is absent (an update
+    file's values, a text batch of all --text sentences) is decided the same way as on the CLI."""
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
+    return make_config(**{k: v for k, v in record.items() if k not in defaults or v != defaults[k]})
 
 
 def make_config(**values: Any) -> AttackConfig:

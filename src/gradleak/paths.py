@@ -160,10 +160,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
                 os.close(dfd)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def _umask_mode(path: Path, *, folder: bool = False) -> None:
     mask = os.umask(0)
     os.umask(mask)
@@ -212,7 +208,6 @@ def loads_json(text: str, what: str, *, error: type[GradleakError] = DataError) 
         raise error(f"{what} is not valid JSON: {one_line(str(exc))}") from None
     check_tree(value, what, error=error)
     return value
-
 
 
 class _quiet:
@@ -319,5 +314,5 @@ class StagedDir:
 
 
 __all__ = ["InputFileError", "check_input_file", "read_text_file", "check_output_file", "check_output_dir",
-           "check_distinct", "atomic_write_bytes", "atomic_write_text", "StagedDir", "remove_stale_partials",
+           "check_distinct", "atomic_write_bytes", "StagedDir", "remove_stale_partials",
            "MAX_TEXT_FILE", "MAX_JSON_DEPTH", "one_line", "check_tree", "loads_json"]

@@ -2,7 +2,7 @@
 allocator on CPU.
 
 Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
-device, with one clear ConfigError for a GPU that is not there; the runner and the attacks
+device, with one clear ConfigError for a GPU that is not there; the pipeline and the attacks
 (``AttackSettings.torch_device``) both use it.
 
 float32 on CUDA: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere

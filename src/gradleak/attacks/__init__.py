@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import torch
 
 from ..errors import UnknownNameError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from . import configs  # noqa: F401  (registers each attack with the engine)
 from .base import AttackSettings, Observer
-from .configs import ImageAttackConfig, resolve_attack
+from .configs import IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
 from .engine import Engine
 from .state import AttackState
 from .dlg import dlg, idlg
@@ -18,23 +18,37 @@ from .ig import inverting_gradients
 from .labels import LABEL_METHODS, restore_labels
 from .reconstruction import Reconstruction
 
-AttackFn = Callable[[SharedUpdate, ModelSpec, AttackSettings, "Observer | None"], Reconstruction]
-ATTACKS: dict[str, AttackFn] = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients}
+# The attack functions by name (for calling one directly with its own extra arguments).
+ATTACKS = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients}
 
 
 def attack_names() -> list[str]:
-    return sorted(ATTACKS)
+    return sorted(IMAGE_ATTACK_CONFIGS)
+
+
+def _has_batchnorm(model: ModelSpec) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.module.modules())
 
 
 def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: AttackSettings | None = None,
                observer: Observer | None = None) -> Reconstruction:
-    """Run the named attack. Its inputs are the shared update and the model only."""
-    try:
-        fn = ATTACKS[name]
-    except KeyError:
-        raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}") from None
-    return fn(update, model, settings or AttackSettings(), observer)
+    """Run the named attack. Its inputs are the shared update and the model only.
+
+    The same path as a pipeline run: ``settings`` become the attack's typed config, resolved on
+    this update (GradInversion's BN prior follows what the update carries), then Engine.run."""
+    if name not in IMAGE_ATTACK_CONFIGS:
+        raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}")
+    s = settings or AttackSettings()
+    values = {k: getattr(s, k) for k in ("iterations", "lr", "optimizer", "init", "dtype", "seed", "preset", "group",
+                                         "bn", "labels")}
+    values["attack"] = name
+    values["restarts" if name == "ig" else "seeds"] = s.seeds
+    shared = bool(update.meta.bn_statistics_shared) or not _has_batchnorm(model)
+    config = resolve_attack(values, bn_statistics_shared=shared)
+    return Engine(device=s.device, observer=observer, log_every=s.log_every, progress=s.progress).run(
+        config, update, model)
 
 
-__all__ = ["ATTACKS", "AttackSettings", "AttackState", "Engine", "ImageAttackConfig", "resolve_attack", "GradInversionSettings", "LABEL_METHODS", "Observer", "Reconstruction",
-           "attack_names", "restore_labels", "run_attack"]
+__all__ = ["ATTACKS", "AttackSettings", "AttackState", "Engine", "GradInversionSettings", "ImageAttackConfig",
+           "LABEL_METHODS", "Observer", "Reconstruction", "attack_names", "resolve_attack", "restore_labels",
+           "run_attack"]

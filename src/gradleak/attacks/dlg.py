@@ -263,7 +263,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
             outer.best_distance, outer.best_relative, outer.best_images = dist, rel, x.detach().clone()
             outer.best_labels, outer.best_stalled, outer.best_trial = trial_labels.clone(), stalled, trial
         if diverged or res.diverged is not None:
-            break  # the loop gave up on this trial: the run stops here (the runner reports it)
+            break  # the loop gave up on this trial: the run stops here (the pipeline reports it)
         if trial + 1 < len(assignments):
             continue  # every label-to-step assignment is tried
         best_rel = outer.best_relative if outer.best_relative is not None else math.inf
@@ -278,9 +278,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     extra = {"gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
              "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > STALL_FAR),
              "restarts_used": trials - 1, "trials": trials, "best_trial": outer.best_trial,
-             "trial_inits": list(outer.inits),
-             "resolved": {"iterations": s.iterations, "lr": s.lr, "optimizer": s.optimizer, "dtype": s.dtype,
-                          "init": s.init, "restarts": int(restarts)}}
+             "trial_inits": list(outer.inits)}
     if len(assignments) > 1:
         extra["label_assignments"] = len(assignments)
     return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,

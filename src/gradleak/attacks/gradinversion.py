@@ -360,11 +360,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "registrations": group.registration.fits if group.registration is not None else 0,
                "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
-               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0,
-               # the config fields this run resolved (recorded in config.json: --config reruns it)
-               "resolved": {"preset": cfg.name, "iterations": cfg.iterations, "lr": cfg.lr,
-                            "optimizer": settings.optimizer or "adam", "dtype": str(dtype).removeprefix("torch."),
-                            "seeds": cfg.seeds, "group": cfg.group, "bn": cfg.bn, "labels": cfg.labels}})
+               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0})
 
 
 __all__ = ["GradInversionSettings", "PRESETS", "gradinversion", "resolve_settings"]

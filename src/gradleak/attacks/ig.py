@@ -141,10 +141,7 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
                "alpha_tv": alpha_tv, "lr": s.lr,
                "relative_gradient_distance": relative, "plateau": False, "restarts_used": restarts - 1,
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
-               "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True},
-               # the config fields this run resolved (recorded in config.json: --config reruns it)
-               "resolved": {"iterations": int(s.iterations), "lr": float(s.lr), "optimizer": str(s.optimizer),
-                            "dtype": str(s.dtype), "restarts": restarts, "labels": method}})
+               "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True}})
 
 
 ig = inverting_gradients

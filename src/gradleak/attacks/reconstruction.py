@@ -17,9 +17,9 @@ class Reconstruction:
     candidates:  optional [G, K, C, H, W] in [0, 1]: every seed's candidate (GradInversion).
     history:     one dict per logged iteration, at least {"iteration": int, "loss": float}.
     label_method: how ``labels`` were obtained ("idlg", "gradinversion", "soft", ...).
-    extra:       attack-specific scalars for metrics.json (final gradient distance, restarts...);
-                 ``extra["resolved"]`` holds the settings the attack actually used (defaults filled
-                 in), which the run folder's config.json records.
+    extra:       attack-specific numbers for metrics.json (final gradient distance, restarts, the
+                 verdict's evidence: see verdict.py). What settings ran is the typed attack config
+                 (configs.py), which the pipeline records in config.json and metrics.json.
     """
 
     images: torch.Tensor

@@ -260,12 +260,6 @@ def state_dir_for(out: Path | str) -> Path:
     return out.parent / f".{out.name}.state"
 
 
-def run_dir_for(state_dir: Path) -> Path:
-    """Inverse of :func:`state_dir_for`."""
-    name = state_dir.name
-    return state_dir.parent / name[1:-len(".state")] if name.startswith(".") and name.endswith(".state") else state_dir
-
-
 def find_state(run: Path | str) -> Path:
     """The state folder ``--resume RUN`` means: RUN itself if it holds state.json, else RUN's
     sibling ``.RUN.state``."""
@@ -449,4 +443,4 @@ class Session:
 
 __all__ = ["AttackState", "BACKOFF", "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_RETRIES", "Interrupted", "SNAPSHOT_EVERY", "Session",
            "Snapshot", "StateFileError", "StateHooks", "find_state", "load_state", "pack",
-           "read_saved_config", "run_dir_for", "save_state", "state_dir_for", "unpack"]
+           "read_saved_config", "save_state", "state_dir_for", "unpack"]

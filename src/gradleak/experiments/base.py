@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import config_error
 from ..errors import UnknownNameError
-from .cells import CellResult, Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
+from .cells import Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
 
 
 class ExperimentOptions(BaseModel):
@@ -201,7 +201,3 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
               file=sys.stderr)
     return result, Path(options.out)
 
-
-def ok_cells(cells: dict[Any, CellResult]) -> dict[Any, CellResult]:
-    """The cells that finished (the failed ones are reported by the workspace)."""
-    return {k: c for k, c in cells.items() if c.ok}

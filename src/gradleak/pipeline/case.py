@@ -121,6 +121,50 @@ def threat_model(cfg: AttackConfig) -> ThreatModel:
                        inner=cfg.inner)
 
 
+def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_only: tuple[str, ...]) -> dict[str, Any]:
+    """The client-describing config values an update file stands for (its public metadata).
+    With --update the file decides the fields ``decides``: given values must agree with the file;
+    fields it does not record (the client's private choices, ``client_only``) may not be given
+    at all; config.json then records the file's values (issue 16: no flag ignored). Raises
+    ConfigError naming the first given flag that contradicts the file or does not apply."""
+    rec = meta.threat if isinstance(meta.threat, dict) else {}
+    name = str(rec.get("name", "fedsgd"))
+    clients = int(rec.get("clients", 1)) if name == "aggregate" else 1
+    inner = str(rec.get("inner", "fedsgd")) if name == "aggregate" else "fedsgd"
+    per_client = meta.batch_size // clients
+    fedavg = (inner if name == "aggregate" else name) == "fedavg"
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
+    values: dict[str, Any] = {
+        "model": meta.model, "width": meta.model_kwargs.get("width"), "batch_size": per_client,
+        "image_size": meta.input_shape[1] if len(meta.input_shape) == 3 else None, "num_classes": meta.num_classes,
+        "threat": name, "clients": clients, "inner": inner,
+        "local_steps": int(rec.get("local_steps", 1)) if fedavg else defaults["local_steps"],
+        "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
+        "local_lr": float(rec.get("local_lr", defaults["local_lr"])) if fedavg else defaults["local_lr"],
+        "share_bn_statistics": bool(meta.bn_statistics_shared),
+    }
+
+    def agrees(key: str, given: Any) -> bool:
+        if given == values[key]:
+            return True
+        if key == "local_batch_size" and fedavg:  # None means the whole client batch
+            return (given or per_client) == (values[key] or per_client)
+        # "use the file's / the data's" defaults agree with any recorded value
+        return given is None and key in ("width", "image_size", "num_classes")
+
+    for key in decides:
+        given = getattr(cfg, key)
+        if key in cfg.model_fields_set and not agrees(key, given):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {given} does not match the update file, which records {values[key]!r}; "
+                              f"with --update the file decides {flag} (leave it out)")
+    for key in client_only:
+        given = getattr(cfg, key)
+        if key in cfg.model_fields_set and given != defaults[key] and not (key in values and given == values[key]):
+            raise ConfigError(f"--{key.replace('_', '-')} describes the client and does not apply to an update file")
+    return values
+
+
 def defended_file_update(cfg: AttackConfig, update: SharedUpdate) -> SharedUpdate:
     """An update file's update after the --defense specs given with it (applied in order,
     seeded by --seed), as a server would see it had the client used them."""
@@ -154,4 +198,4 @@ def build_case(cfg: AttackConfig) -> Case:
     return builder(cfg)
 
 
-__all__ = ["Case", "MODALITIES", "Observer", "THREAT_FLAGS", "threat_model", "build_case", "defended_file_update", "modality"]
+__all__ = ["Case", "MODALITIES", "Observer", "file_values", "THREAT_FLAGS", "threat_model", "build_case", "defended_file_update", "modality"]

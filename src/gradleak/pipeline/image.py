@@ -19,7 +19,7 @@ from ..fl import SharedUpdate, load_truth, load_update, save_truth, save_update
 from ..fl.threats import client_share, share
 from ..metrics import evaluate, match, psnr
 from ..models import ModelSpec, build_model, default_image_size
-from .case import Case, Observer, defended_file_update, modality, threat_model
+from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
 from .record import versions
 
 
@@ -93,54 +93,15 @@ def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn
     return share(model, batch, threat, private_seed=private_seed, client_fn=one_client)
 
 
-# Config fields that describe the client. With --update the file decides them: given values must
-# agree with the file, and fields the file does not record (the client's private choices) may not
-# be given at all; config.json then records the file's values (issue 16: no flag ignored).
+# Config fields that describe the client: with --update the file decides them (case.py).
 UPDATE_DECIDES = ("model", "width", "batch_size", "image_size", "num_classes", "threat", "local_steps",
                   "local_batch_size", "local_lr", "clients", "inner")
 CLIENT_ONLY = ("model_seed", "allow_repeats", "checkpoint", "share_bn_statistics", "indices")
 
 
 def update_file_values(cfg: AttackConfig, meta: Any) -> dict[str, Any]:
-    """The client-describing config values an update file stands for (its public metadata).
-    Raises ConfigError naming the first given flag that contradicts the file or does not apply
-    to an update file."""
-    rec = meta.threat if isinstance(meta.threat, dict) else {}
-    name = str(rec.get("name", "fedsgd"))
-    clients = int(rec.get("clients", 1)) if name == "aggregate" else 1
-    inner = str(rec.get("inner", "fedsgd")) if name == "aggregate" else "fedsgd"
-    per_client = meta.batch_size // clients
-    fedavg = (inner if name == "aggregate" else name) == "fedavg"
-    defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
-    values: dict[str, Any] = {
-        "model": meta.model, "width": meta.model_kwargs.get("width"), "batch_size": per_client,
-        "image_size": meta.input_shape[1], "num_classes": meta.num_classes,
-        "threat": name, "clients": clients, "inner": inner,
-        "local_steps": int(rec.get("local_steps", 1)) if fedavg else defaults["local_steps"],
-        "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
-        "local_lr": float(rec.get("local_lr", defaults["local_lr"])) if fedavg else defaults["local_lr"],
-        "share_bn_statistics": bool(meta.bn_statistics_shared),
-    }
-
-    def agrees(key: str, given: Any) -> bool:
-        if given == values[key]:
-            return True
-        if key == "local_batch_size" and fedavg:  # None means the whole client batch
-            return (given or per_client) == (values[key] or per_client)
-        # "use the file's / the data's" defaults agree with any recorded value
-        return given is None and key in ("width", "image_size", "num_classes")
-
-    for key in UPDATE_DECIDES:
-        given = getattr(cfg, key)
-        if key in cfg.model_fields_set and not agrees(key, given):
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(f"{flag} {given} does not match the update file, which records {values[key]!r}; "
-                              f"with --update the file decides {flag} (leave it out)")
-    for key in CLIENT_ONLY:
-        given = getattr(cfg, key)
-        if key in cfg.model_fields_set and given != defaults[key] and not (key in values and given == values[key]):
-            raise ConfigError(f"--{key.replace('_', '-')} describes the client and does not apply to an update file")
-    return values
+    """The image config values an update file stands for (see case.file_values)."""
+    return file_values(cfg, meta, UPDATE_DECIDES, CLIENT_ONLY)
 
 
 def load_case(cfg: AttackConfig) -> "ImageCase":
@@ -158,6 +119,12 @@ def load_case(cfg: AttackConfig) -> "ImageCase":
 def build_image_case(cfg: AttackConfig) -> "ImageCase":
     if cfg.truth and not cfg.update:
         raise ConfigError("--truth needs --update (a truth file belongs to an update file)")
+    if cfg.update and not cfg.truth:  # no data is opened at all: data flags would be ignored
+        for name in ("data", "data_root", "split"):
+            if name in cfg.model_fields_set and getattr(cfg, name) != AttackConfig.model_fields[name].default:
+                raise ConfigError(f"--{name.replace('_', '-')} does not apply to an update file without --truth")
+    if cfg.indices and cfg.allow_repeats:
+        raise ConfigError("--allow-repeats applies to a draw by --seed, not to --indices (which names the items)")
     return load_case(cfg) if cfg.update else simulate_client(cfg)
 
 
@@ -206,7 +173,9 @@ class ImageCase(Case):
     def metrics(self, cfg: AttackConfig, recon: Reconstruction, device: torch.device) -> dict[str, Any]:
         meta = self.update.meta
         metrics: dict[str, Any] = {
-            "attack": cfg.attack, "model": meta.model, "data": self.data or cfg.data, "batch_size": meta.batch_size,
+            # an update file without a truth file does not say where its data came from
+            "attack": cfg.attack, "model": meta.model, "batch_size": meta.batch_size,
+            "data": self.data or ("unknown (update file)" if cfg.update else cfg.data),
             "iterations": recon.iterations, "wall_seconds": round(recon.wall_seconds, 3),
             "psnr_mean": None, "ssim_mean": None, "mse_mean": None, "label_accuracy": None, "per_image": [],
             "label_method": recon.label_method, "labels_restored": recon.labels.tolist(),

@@ -86,7 +86,10 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
         case = build_case(cfg)
         session = Session(directory=state_dir if write and not spread else None, every=cfg.checkpoint_every,
                           retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
-                          config=cfg.model_copy(update={"out": str(out)}).model_dump(mode="json"))
+                          # only the fields the user gave (and out): a resumed run must tell a given
+                          # flag from a default, as the first one did (an --update file decides the
+                          # rest; several --text sentences form the batch unless --batch-size is given)
+                          config={**cfg.model_dump(mode="json", exclude_unset=True), "out": str(out)})
         with session.signals() if write and not spread else contextlib.nullcontext():
             result, attack = attack_case(cfg, case, session=session, shard=shard, device=device)
         if result.rank:

@@ -18,7 +18,7 @@ from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
 from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
-from .case import Case, Observer, defended_file_update, modality, threat_model
+from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
 from .record import jsonable, versions
 
 # AttackConfig fields a text run reads; any other field set to a non-default value is an error.
@@ -75,9 +75,21 @@ def simulate_text_client(cfg: AttackConfig) -> "TextCase":
     return TextCase(update=update, model=model, truth=batch, data=source)
 
 
+# With --update the text file decides these (case.file_values); the client's own choices may not be given.
+TEXT_UPDATE_DECIDES = ("model", "batch_size", "num_classes", "threat", "local_steps", "local_batch_size", "local_lr",
+                       "clients", "inner")
+TEXT_CLIENT_ONLY = ("model_seed",)
+
+
+def text_file_values(cfg: AttackConfig, meta: Any) -> dict[str, Any]:
+    values = file_values(cfg, meta, TEXT_UPDATE_DECIDES, TEXT_CLIENT_ONLY)
+    return {k: values[k] for k in TEXT_UPDATE_DECIDES}
+
+
 def load_text_case(cfg: AttackConfig) -> "TextCase":
     assert cfg.update is not None
     update, model = load_text_update(cfg.update)
+    text_file_values(cfg, update.meta)
     truth = load_text_truth(cfg.truth, update.meta) if cfg.truth else None
     return TextCase(update=defended_file_update(cfg, update), model=model, truth=truth,
                     data=truth.source if truth is not None else "")
@@ -115,6 +127,8 @@ class TextCase(Case):
         return TokenAccuracyObserver(self.truth, self.model.tokenizer.special_ids) if self.truth is not None else None
 
     def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
+        if cfg.update:
+            return text_file_values(cfg, self.update.meta)
         clients = cfg.clients if cfg.threat == "aggregate" else 1
         return {"model": self.model.name, "batch_size": self.update.meta.batch_size // clients}
 

@@ -44,14 +44,14 @@ def run_cell(config: dict[str, Any], run_dir: str | None = None) -> dict[str, An
     """
     import torch
 
-    from ..config import AttackConfig
+    from ..config import config_from_record
     from ..pipeline import jsonable, run
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     try:
-        cfg = AttackConfig(**{**config, "progress": False})
+        cfg = config_from_record({**config, "progress": False})
         torch.set_num_threads(cfg.threads or 1)
         if run_dir is not None:
             _clear(Path(run_dir))

@@ -23,7 +23,7 @@ or for K sentences of equal length; shorter sentences of a batch are then rebuil
 
 The attack receives the update and the model only: never the sentences, never the labels.
 Progress (optimisation loss, then each accepted search move) is recorded per iteration like the
-image attacks; an observer may watch the current tokens (the runner scores them against the
+image attacks; an observer may watch the current tokens (the pipeline scores them against the
 truth it holds; nothing flows back).
 """
 
@@ -585,9 +585,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
                "dlg_token_ids": dlg_tokens, "search_evaluations": search.evaluations,
                "search_moves": len([h for h in history if h.get("phase") == "search"]),
                "dlg_iterations": res.iterations, "search_seconds": round(search_seconds, 3),
-               "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed,
-               "resolved": {"iterations": s.iterations, "lr": s.lr, "optimizer": s.optimizer, "dtype": s.dtype,
-                            "labels": label_mode}})
+               "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed})
 
 
 def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
@@ -608,7 +606,7 @@ def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSetti
     return TextReconstruction(token_ids=rows, labels=labels, bag=bag,
                               history=[{"iteration": 1, "loss": float("nan"), "phase": "bow"}],
                               iterations=1, wall_seconds=wall, label_method="bias" if k == 1 else "none",
-                              extra={"sentence_length": bag.length, "resolved": {},
+                              extra={"sentence_length": bag.length,
                                      # analytic (no optimisation): the verdict is whether the bag is exact
                                      "analytic": True, "exact": bool(bag.exact)})
 

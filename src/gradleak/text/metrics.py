@@ -1,4 +1,4 @@
-"""Text leakage metrics: the only place (with the runner) that sees the true sentences.
+"""Text leakage metrics: the only place (with the pipeline's text case) that sees the true sentences.
 
 * ``token_accuracy``: position-wise: the fraction of the true sentences' content tokens (word
   pieces between [CLS] and [SEP]) that the paired reconstruction has at the same position.
