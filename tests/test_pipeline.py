@@ -272,3 +272,15 @@ def test_cells_and_update_files_decide_like_the_cli(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(ConfigError, match="--allow-repeats applies to a draw"):
         build_case(make_config(indices=[1], allow_repeats=True))
+
+
+def test_run_service_flags_that_would_be_ignored_are_errors(tmp_path, capsys):
+    code = main(["attack", "--modality", "text", "--attack", "bow", "--text", "a b", "--log-every", "3",
+                 "--out", str(tmp_path / "b")])
+    assert code == 2 and "--log-every does not apply to text attack 'bow'" in capsys.readouterr().err
+    code = main(["attack", "--attack", "gradinversion", "--nproc", "2", "--seeds", "2", "--checkpoint-every", "5",
+                 "--out", str(tmp_path / "n")])
+    assert code == 2 and "--checkpoint-every does not apply to a run over several" in capsys.readouterr().err
+    code = main(["experiment", "label-restoration", "--smoke", "--workers", "2", "--out", str(tmp_path / "e")])
+    assert code == 2 and "--workers does not apply to label-restoration" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists() and not (tmp_path / "n").exists()

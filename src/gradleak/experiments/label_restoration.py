@@ -24,7 +24,7 @@ import torch
 
 from ..attacks.labels import restore_labels
 from ..data import Batch, open_source, sample_batch
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..fl import fedsgd
 from ..metrics import label_accuracy
 from ..models import build_model, default_image_size
@@ -63,6 +63,11 @@ def repeat_batch(source: Any, k: int, seed: int, image_size: int, channels: int)
 
 @experiment("label-restoration", "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)")
 def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    # It optimises nothing and runs no attack cells: options about attacks or cells would be ignored.
+    for name in ("attacks", "iterations", "samples", "executor", "workers", "retry_failed"):
+        default = ExperimentOptions.model_fields[name].get_default(call_default_factory=True)
+        if name in opt.model_fields_set and getattr(opt, name) != default:
+            raise ConfigError(f"--{name.replace('_', '-')} does not apply to label-restoration (it runs no attack)")
     out = ws.out
     model_name = opt.model or DEFAULT_MODEL
     data = opt.data or _default_data(model_name)

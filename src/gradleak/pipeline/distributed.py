@@ -76,6 +76,9 @@ def check(cfg: AttackConfig, world: int) -> int:
     if cfg.modality != "image" or cfg.attack != "gradinversion":
         raise ConfigError(f"--nproc > 1 spreads GradInversion's seeds over processes; attack {cfg.attack!r} "
                           f"({cfg.modality}) runs in one process (use --nproc 1)")
+    if cfg.checkpoint_every != AttackConfig.model_fields["checkpoint_every"].default:
+        raise ConfigError("--checkpoint-every does not apply to a run over several processes (it saves no "
+                          "resumable state)")
     seeds = resolved_seeds(cfg)
     if world > seeds:
         raise ConfigError(f"--nproc {world} is more processes than seeds ({seeds}); every process needs at least "

@@ -121,6 +121,11 @@ class TextCase(Case):
     kind: ClassVar[str] = "text update"
 
     def attack_config(self, cfg: AttackConfig) -> Any:
+        if cfg.attack == "bow":  # read off the update: nothing is observed, checkpointed or recovered
+            for name in ("log_every", "checkpoint_every", "divergence_retries"):
+                if getattr(cfg, name) != AttackConfig.model_fields[name].default:
+                    raise ConfigError(f"--{name.replace('_', '-')} does not apply to text attack 'bow' "
+                                      f"(it optimises nothing)")
         return resolve_text_attack(cfg.model_dump(), self.model, int(self.update.meta.batch_size))
 
     def observer(self) -> TokenAccuracyObserver | None:
