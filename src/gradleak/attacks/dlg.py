@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from ..errors import GradleakError
+from ..defenses.floor import noise_floor
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from ..runtime import attack_precision
@@ -29,7 +30,7 @@ from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
 from .state import AttackState, StateFileError
-from .verdict import CONVERGED_BELOW, relative_distance
+from .verdict import CONVERGED_BELOW, converged_below, relative_distance
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
 # code loops 300 times (the paper's text says 1200 for images; 300 already end below the paper's
@@ -42,7 +43,8 @@ DLG_DEFAULTS = dict(iterations=300, lr=1.0, optimizer="lbfgs", dtype="float64")
 
 # The portfolio. A trial is one L-BFGS run from one start. Trial 0 starts from the configured
 # ``init``; while the best answer so far does not explain the shared update (its relative gradient
-# distance is above the converged threshold, verdict.CONVERGED_BELOW) and restarts remain, the
+# distance is above the converged threshold, verdict.converged_below: CONVERGED_BELOW plus the noise
+# floor of the update's recorded defenses, defenses/floor.py) and restarts remain, the
 # next trial starts from the next initialisation of INIT_PORTFOLIO (the configured one first,
 # then the others in this order, then round again with fresh random draws). A trial that stalls
 # (below) is cut short and replaced. The answer is the trial with the smallest gradient distance:
@@ -156,6 +158,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     device = s.torch_device()
     k = update.meta.batch_size
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
+    explained = converged_below(name, noise_floor(update))  # the verdict's line, defenses' floor included
     norm2 = sum(float(t.detach().double().pow(2).sum()) for t in victim.target)
     scale = 1.0 / norm2 if norm2 > 0 else 1.0
     assignments: list[torch.Tensor | None] = [None]
@@ -267,7 +270,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         if trial + 1 < len(assignments):
             continue  # every label-to-step assignment is tried
         best_rel = outer.best_relative if outer.best_relative is not None else math.inf
-        if best_rel <= CONVERGED_BELOW[name]:
+        if best_rel <= explained:
             break  # the best answer explains the shared update: no further start
         if not stalled and res.iterations <= STALL_PATIENCE:
             # a budget too short to judge a start (smoke runs): another start would not do better
@@ -276,7 +279,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     assert outer.best_images is not None and outer.best_labels is not None and outer.best_distance is not None
     dist, x_best, labels_best = outer.best_distance, outer.best_images.to(device, dtype), outer.best_labels.to(device)
     extra = {"gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
-             "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > STALL_FAR),
+             "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > max(STALL_FAR, explained)),
              "restarts_used": trials - 1, "trials": trials, "best_trial": outer.best_trial,
              "trial_inits": list(outer.inits)}
     if len(assignments) > 1:

@@ -18,6 +18,15 @@ priors too (and IG a cosine), so their answer never explains the update exactly:
 (width 16), batch 2 / 1, 300 steps, runs that rebuilt ~19 dB ended at 0.21-0.25 and 10-20-step
 runs at 0.64-0.71, hence 0.4; a coarse line, stated as such. Text DLG is exact when it succeeds.
 A run that did not converge is "inconclusive": its low PSNR says nothing about the client.
+
+Defended updates (defenses/floor.py): noise and rounding move the shared update away from what
+the data produce, so even the truth scores a relative distance f (the floor, from the public
+defense parameters; tolerance t, 3 standard deviations). The attack has converged when it
+explains the update as well as the truth would: ``rel <= threshold * max(1 - f, 0) + f + t``
+(the threshold applies to the clean part of the update). Under a floor that swamps the update,
+any answer scores like the truth: the update no longer tells the data apart, and a converged
+attack that did not rebuild the data is then evidence of a defense that worked. Defenses the
+floor does not model (pruning) add nothing: the verdict errs on "inconclusive".
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
+
+from ..defenses.floor import NoiseFloor
 
 # relative squared distance at or below which the attack's answer explains the update
 CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-4, "idlg": 1e-4, "ig": 0.4, "gradinversion": 0.4,
@@ -50,14 +61,41 @@ class Convergence:
     plateau: bool
     restarts_used: int
     reason: str
+    noise_floor: float = 0.0            # the truth's own relative distance (defenses/floor.py)
+    floor_tolerance: float = 0.0
+    unmodelled_defenses: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def verdict(attack_family: str, extra: dict[str, Any]) -> Convergence:
-    """The verdict on an attack's own evidence (its Reconstruction.extra)."""
+def converged_below(attack_family: str, floor: NoiseFloor | None = None) -> float:
+    """The relative distance at or below which the attack's answer explains the update: the
+    family's threshold on the clean part, plus the defenses' noise floor and its tolerance."""
     threshold = CONVERGED_BELOW[attack_family]
+    if floor is None or (floor.mean == 0 and floor.tolerance == 0):
+        return threshold
+    return threshold * max(1.0 - floor.mean, 0.0) + floor.mean + floor.tolerance
+
+
+def verdict(attack_family: str, extra: dict[str, Any], floor: NoiseFloor | None = None) -> Convergence:
+    """The verdict on an attack's own evidence (its Reconstruction.extra), against the noise
+    floor of the update's defenses (``floor``, defenses.floor.noise_floor; None: undefended)."""
+    conv = _verdict(attack_family, extra, converged_below(attack_family, floor))
+    if floor is None or floor.empty:
+        return conv
+    reason = conv.reason
+    if floor.modelled:
+        reason += (f"; the defenses {', '.join(floor.modelled)} leave even the true data at {floor.mean:.2e} "
+                   f"(+- {floor.tolerance:.2e}), which the threshold includes")
+    if floor.unmodelled:
+        reason += (f"; the floor does not model {', '.join(floor.unmodelled)} (the true data may score above "
+                   "the threshold: a non-converged run under it is inconclusive, not safe)")
+    return Convergence(conv.converged, conv.relative_gradient_distance, conv.threshold, conv.plateau,
+                       conv.restarts_used, reason, floor.mean, floor.tolerance, tuple(floor.unmodelled))
+
+
+def _verdict(attack_family: str, extra: dict[str, Any], threshold: float) -> Convergence:
     if extra.get("analytic"):  # read off the update, nothing optimised (text bag of words)
         exact = bool(extra.get("exact"))
         return Convergence(exact, None, threshold, False, 0,
@@ -78,4 +116,4 @@ def verdict(attack_family: str, extra: dict[str, Any]) -> Convergence:
                        f"inconclusive, not evidence that the client is safe")
 
 
-__all__ = ["CONVERGED_BELOW", "Convergence", "relative_distance", "verdict"]
+__all__ = ["CONVERGED_BELOW", "Convergence", "converged_below", "relative_distance", "verdict"]

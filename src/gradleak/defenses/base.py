@@ -68,6 +68,26 @@ def check_finite(defense: str, field: str, value: Any, *, minimum: float | None 
 
 
 @dataclass(frozen=True)
+class Residual:
+    """Mean and variance of the squared distance ||shared - clean||^2 a defense adds."""
+
+    mean: float
+    var: float
+
+
+def entry_noise(entries: int, variance: float, fourth_moment: float) -> Residual:
+    """i.i.d. zero-mean noise on ``entries`` entries: E||n||^2 = N v, Var||n||^2 = N (m4 - v^2)."""
+    return Residual(mean=entries * variance, var=entries * max(fourth_moment - variance ** 2, 0.0))
+
+
+def uniform_rounding(half_steps: torch.Tensor) -> Residual:
+    """Rounding to a grid, the error of entry i uniform on [-a_i, a_i] (a_i = half its step):
+    E e^2 = a^2 / 3, E e^4 = a^4 / 5, so Var e^2 = 4 a^4 / 45, summed over the entries."""
+    a2 = half_steps.detach().double().pow(2)
+    return Residual(mean=float(a2.sum() / 3), var=float(a2.pow(2).sum() * 4 / 45))
+
+
+@dataclass(frozen=True)
 class Defense:
     """Base class. Subclasses are frozen dataclasses; their fields are the defense's parameters.
 
@@ -113,6 +133,13 @@ class Defense:
         return self.spec
 
     # ------------------------------------------------------------------ application
+    def residual(self, shared: list[torch.Tensor], client_batch: int) -> Residual | None:
+        """The attacker's model of what this defense did to one client's update: the mean and
+        variance of ||shared - clean||^2 over all entries, from the public parameters and the
+        shared tensors alone (defenses/floor.py). None: not modelled (the verdict then keeps its
+        plain threshold, which errs on "inconclusive", never on "defended")."""
+        return None
+
     def apply(self, update: SharedUpdate, generator: torch.Generator) -> SharedUpdate:
         """The defended copy of ``update`` (gradients transformed, spec recorded in meta)."""
         with torch.no_grad():

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Defense, check_finite
+from .base import Defense, Residual, check_finite, entry_noise
 
 
 def _noise_dtype(t: torch.Tensor) -> torch.dtype:
@@ -62,6 +62,14 @@ class _AdditiveNoise(Defense):
         """Noise shaped like ``t`` on t.device, drawn with ``generator``."""
         raise NotImplementedError
 
+    def moments(self) -> tuple[float, float]:
+        """(E n^2, E n^4) of one noise entry."""
+        raise NotImplementedError
+
+    def residual(self, shared: list[torch.Tensor], client_batch: int) -> Residual:
+        # the noise itself: its variance and fourth moment are public (the defense's parameter)
+        return entry_noise(sum(t.numel() for t in shared), *self.moments())
+
     def transform(self, gradients: dict[str, torch.Tensor],
                   generator: torch.Generator) -> dict[str, torch.Tensor]:
         if self.scale == 0:
@@ -78,6 +86,9 @@ class GaussianNoise(_AdditiveNoise):
     positional: ClassVar[str | None] = "sigma"
     sigma: float
 
+    def moments(self) -> tuple[float, float]:
+        return self.sigma ** 2, 3 * self.sigma ** 4
+
     def noise_like(self, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return gaussian_like(t, self.sigma, generator)
 
@@ -89,6 +100,9 @@ class LaplaceNoise(_AdditiveNoise):
     name: ClassVar[str] = "laplace"
     positional: ClassVar[str | None] = "b"
     b: float
+
+    def moments(self) -> tuple[float, float]:
+        return 2 * self.b ** 2, 24 * self.b ** 4  # E n^k = k! b^k for even k
 
     def noise_like(self, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return laplace_like(t, self.b, generator)

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import NonFiniteError
-from .base import Defense
+from .base import Defense, Residual, uniform_rounding
 
 INT8_LEVELS = 127
 
@@ -22,6 +22,16 @@ class FP16(Defense):
     """
 
     name: ClassVar[str] = "fp16"
+
+    def residual(self, shared: list[torch.Tensor], client_batch: int) -> Residual:
+        # the float16 grid around each shared value: spacing 2^(e - 11) for |t| = m 2^e, m in
+        # [0.5, 1), at least 2^-24 (subnormals); a value flushed to 0 was below 2^-25
+        halves = []
+        for t in shared:
+            _, e = torch.frexp(t.detach().double())
+            step = torch.exp2((e - 11).clamp(min=-24).double())
+            halves.append(torch.where(t == 0, torch.full_like(step, 2.0 ** -25), step / 2).reshape(-1))
+        return uniform_rounding(torch.cat(halves)) if halves else Residual(0.0, 0.0)
 
     def transform(self, gradients: dict[str, torch.Tensor],
                   generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -43,6 +53,12 @@ class Int8(Defense):
     """
 
     name: ClassVar[str] = "int8"
+
+    def residual(self, shared: list[torch.Tensor], client_batch: int) -> Residual:
+        # the largest entry lands on +-127 * scale exactly, so the shared tensor gives back its
+        # scale; every entry is within scale / 2 of the original
+        halves = [torch.full((t.numel(),), float(int8_scale(t)) / 2, dtype=torch.float64) for t in shared]
+        return uniform_rounding(torch.cat(halves)) if halves else Residual(0.0, 0.0)
 
     def transform(self, gradients: dict[str, torch.Tensor],
                   generator: torch.Generator) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from ..attacks.engine import Engine
 from ..attacks.shard import SeedShard
 from ..attacks.state import Session, StateFileError, load_state, state_dir_for
 from ..attacks.verdict import verdict
+from ..defenses.floor import noise_floor
 from ..config import AttackConfig
 from ..errors import ConfigError
 from ..paths import StagedDir, check_output_dir
@@ -149,7 +150,8 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     # what ran: the typed attack config, every constant included
     metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
     # the verdict, from the attacker's side only (attacks/verdict.py)
-    conv = verdict("text" if cfg.modality == "text" else attack.attack, recon.extra).to_dict()
+    conv = verdict("text" if cfg.modality == "text" else attack.attack, recon.extra,
+                   noise_floor(case.update)).to_dict()
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
     if not conv["converged"] and attack.attack in ("dlg", "idlg") and int(clients or 1) > 1:
         conv["reason"] += (f"; {attack.attack} treats the average of {clients} clients as one batch and cannot "
