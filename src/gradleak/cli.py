@@ -129,7 +129,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
 SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
                 "allow_repeats", "image_size", "num_classes", "share_bn_statistics", "defense", "device",
                 "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "checkpoint",
-                "modality", "text")
+                "modality", "text", "server")
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -344,6 +344,8 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
             table.add_row(key, fmt(metrics[key]))
     if metrics.get("defenses"):
         table.add_row("defenses", ", ".join(metrics["defenses"]))
+    if isinstance(metrics.get("separated"), int):  # the closed-form attacks on a batch
+        table.add_row("inputs separated", f"{metrics['separated']} of {metrics['batch_size']}")
     conv = metrics.get("convergence") or {}
     if "converged" in metrics:
         rel = conv.get("relative_gradient_distance")
@@ -351,6 +353,12 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
                       + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else ""))
     console = Console()
     console.print(table)
+    auto = metrics.get("auto")
+    if isinstance(auto, dict):  # --attack auto: what it tried and what it used
+        tried = ", ".join(f"{t['attack']} ({'converged' if t.get('converged') else 'not converged'})" if t.get("applies")
+                          else f"{t['attack']} (does not apply)" for t in auto.get("tried", []))
+        console.print(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried}", markup=False,
+                      highlight=False)
     if metrics.get("converged") is False:
         console.print(f"verdict: inconclusive. {conv.get('reason', '')}", markup=False, highlight=False)
     if text:

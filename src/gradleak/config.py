@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError, InputFileError
+from .errors import ConfigError, GradleakError, InputFileError
 from .paths import read_text_file
 
 
@@ -23,7 +23,8 @@ class AttackConfig(BaseModel):
 
     # what is attacked
     modality: Literal["image", "text"] = Field("image", description="what the client trains on: image | text")
-    attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig (text: dlg | dlg-free | bow)")
+    attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig | analytic | rgap | imprint | "
+                        "auto (text: dlg | dlg-free | bow)")
     model: str = Field("lenet-dlg", description="victim model name, or package.module:callable")
     width: int | None = Field(None, ge=1, le=4096, description="model width (convnet)")
     data: str = Field("cifar10-samples", description="data source name or an ImageFolder / IDX folder")
@@ -46,6 +47,8 @@ class AttackConfig(BaseModel):
     clients: int = Field(1, ge=1, le=1024, description="aggregate: clients averaged (each --batch-size)")
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
+    server: str = Field("honest", description="what the server sends the client: honest | imprint[:bins=N,mean=M,"
+                        "std=S,gain=G] (a malicious server's imprint block, Fowl et al. 2022)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     text: list[str] = Field(default_factory=list, description="text: one sentence of the client's data, repeatable")
     # the attack
@@ -60,6 +63,9 @@ class AttackConfig(BaseModel):
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
+    fallback: Literal["dlg", "idlg", "ig", "gradinversion"] | None = Field(
+        None, description="auto: the optimisation attack when no closed-form attack explains the update (default: "
+                          "gradinversion for a batch or an aggregate, idlg for one image)")
     stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: further starts (other inits) "
                                        "while the answer does not explain the update (default 3)")
     # every constant of the attacks is a flag too (default: the attack's / its preset's value)
@@ -120,10 +126,23 @@ class AttackConfig(BaseModel):
                     raise ValueError("is not valid UTF-8 text") from None
         return v
 
+    @field_validator("server")
+    @classmethod
+    def _server(cls, v: str) -> str:
+        from .models.server import parse_server
+
+        try:
+            parse_server(v)
+        except GradleakError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
     @model_validator(mode="after")
     def _text_needs_text_modality(self) -> "AttackConfig":
         if self.text and self.modality != "text":
             raise ValueError("--text needs --modality text")
+        if self.modality == "text" and self.server != "honest":
+            raise ValueError("--server applies to image models (the imprint block reads images)")
         return self
 
 

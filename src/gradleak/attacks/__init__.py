@@ -7,19 +7,24 @@ import torch
 from ..errors import UnknownNameError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from . import configs  # noqa: F401  (registers each attack with the engine)
+from . import auto, configs  # noqa: F401  (register each attack with the engine)
 from .base import AttackSettings, Observer
-from .configs import IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
+from .auto import auto_fallback
+from .configs import CLOSED_FORM, IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
 from .engine import Engine
 from .state import AttackState
+from .analytic import analytic
 from .dlg import dlg, idlg
+from .imprint import imprint_attack
+from .rgap import rgap
 from .gradinversion import GradInversionSettings, gradinversion
 from .ig import inverting_gradients
 from .labels import LABEL_METHODS, restore_labels
 from .reconstruction import Reconstruction
 
 # The attack functions by name (for calling one directly with its own extra arguments).
-ATTACKS = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients}
+ATTACKS = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients,
+           "analytic": analytic, "rgap": rgap, "imprint": imprint_attack}
 
 
 def attack_names() -> list[str]:
@@ -39,12 +44,16 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
     if name not in IMAGE_ATTACK_CONFIGS:
         raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}")
     s = settings or AttackSettings()
-    values = {k: getattr(s, k) for k in ("iterations", "lr", "optimizer", "init", "dtype", "seed", "preset", "group",
-                                         "bn", "labels")}
-    values["attack"] = name
-    values["restarts" if name == "ig" else "seeds"] = s.seeds
     shared = bool(update.meta.bn_statistics_shared) or not _has_batchnorm(model)
-    config = resolve_attack(values, bn_statistics_shared=shared)
+    if name in CLOSED_FORM:  # no optimisation: no constants
+        config = resolve_attack({"attack": name, "seed": s.seed}, bn_statistics_shared=shared)
+    else:
+        values = {k: getattr(s, k) for k in ("iterations", "lr", "optimizer", "init", "dtype", "seed", "preset",
+                                             "group", "bn", "labels")}
+        values["attack"] = name
+        values["restarts" if name == "ig" else "seeds"] = s.seeds
+        fallback = auto_fallback(update) if name == "auto" else None
+        config = resolve_attack(values, bn_statistics_shared=shared, fallback=fallback)
     return Engine(device=s.device, observer=observer, log_every=s.log_every, progress=s.progress).run(
         config, update, model)
 

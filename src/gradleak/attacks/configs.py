@@ -127,10 +127,51 @@ class GradInversionConfig(_AttackConfig):
         return GradInversionSettings(name=self.preset, **values).validate()
 
 
-ImageAttackConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInversionConfig],
-                              Field(discriminator="attack")]
-IMAGE_ATTACK_CONFIGS: dict[str, type[_AttackConfig]] = {
-    "dlg": DLGConfig, "idlg": IDLGConfig, "ig": IGConfig, "gradinversion": GradInversionConfig}
+class _ClosedFormConfig(BaseModel):
+    """A closed-form attack: no optimisation, so no constants (any optimisation flag is refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, ge=0)
+
+
+class AnalyticConfig(_ClosedFormConfig):
+    """Analytic recovery through a fully connected first layer (Phong et al.; attacks/analytic.py)."""
+
+    attack: Literal["analytic"] = "analytic"
+
+
+class RGAPConfig(_ClosedFormConfig):
+    """R-GAP (Zhu and Blaschko, ICLR 2021): the recursive closed-form attack (attacks/rgap.py)."""
+
+    attack: Literal["rgap"] = "rgap"
+
+
+class ImprintConfig(_ClosedFormConfig):
+    """The imprint module of a malicious server (Fowl et al., ICLR 2022; attacks/imprint.py)."""
+
+    attack: Literal["imprint"] = "imprint"
+
+
+OptimisationConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInversionConfig],
+                               Field(discriminator="attack")]
+
+
+class AutoConfig(_ClosedFormConfig):
+    """The attack chooser (attacks/auto.py): the closed-form attacks that apply to the model and
+    the threat first (imprint, analytic, R-GAP), and ``fallback``, an optimisation attack with
+    every constant resolved, when none of them explains the update."""
+
+    attack: Literal["auto"] = "auto"
+    fallback: OptimisationConfig
+
+
+ImageAttackConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInversionConfig, AnalyticConfig,
+                                    RGAPConfig, ImprintConfig, AutoConfig], Field(discriminator="attack")]
+IMAGE_ATTACK_CONFIGS: dict[str, type[BaseModel]] = {
+    "dlg": DLGConfig, "idlg": IDLGConfig, "ig": IGConfig, "gradinversion": GradInversionConfig,
+    "analytic": AnalyticConfig, "rgap": RGAPConfig, "imprint": ImprintConfig, "auto": AutoConfig}
+CLOSED_FORM = ("imprint", "analytic", "rgap")  # the order attack "auto" tries them in
 
 # The flat (CLI) names of every attack constant, and the attack field each stands for.
 FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels",
@@ -138,9 +179,9 @@ FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seed
                "registration_start", "registration_every", "registration_steps", "final", "search_evaluations")
 
 
-def applicable(attack: str) -> tuple[str, ...]:
-    """The flat config fields the image attack ``attack`` reads."""
-    cls = IMAGE_ATTACK_CONFIGS[attack]
+def applicable(attack: str, fallback: str | None = None) -> tuple[str, ...]:
+    """The flat config fields the image attack ``attack`` reads (auto: its fallback's)."""
+    cls = IMAGE_ATTACK_CONFIGS[fallback if attack == "auto" and fallback else attack]
     return tuple(f for f in FLAT_FIELDS if f in cls.model_fields)
 
 
@@ -155,13 +196,22 @@ def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) 
             raise ConfigError(f"option --{name.replace('_', '-')} does not apply to attack {attack!r}")
 
 
-def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool) -> ImageAttackConfig:
+def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
+                   fallback: str | None = None) -> ImageAttackConfig:
     """The typed, fully resolved config of the image attack ``values["attack"]`` from the flat
     config values (None: the attack's default). ``bn_statistics_shared``: whether the update
-    carries the client's BN batch statistics (GradInversion's default BN prior follows it)."""
+    carries the client's BN batch statistics (GradInversion's default BN prior follows it).
+    ``fallback``: for attack "auto", the optimisation attack it falls back to (the case chooses
+    it: GradInversion for batches and aggregates, iDLG for one image); the flags given go to it."""
     attack = str(values.get("attack"))
     if attack not in IMAGE_ATTACK_CONFIGS:
         raise UnknownNameError(f"unknown attack {attack!r}; known: {', '.join(sorted(IMAGE_ATTACK_CONFIGS))}")
+    if values.get("fallback") is not None and attack != "auto":
+        raise ConfigError(f"option --fallback applies to attack 'auto', not to {attack!r}")
+    if attack == "auto":
+        chosen = values.get("fallback") or fallback or "idlg"
+        inner = resolve_attack({**values, "attack": chosen, "fallback": None}, bn_statistics_shared=bn_statistics_shared)
+        return AutoConfig(seed=int(values.get("seed", 0)), fallback=inner)  # type: ignore[arg-type]
     known = applicable(attack)
     check_flags(attack, values, known)
     given = {k: values[k] for k in known if values.get(k) is not None}
@@ -218,5 +268,6 @@ def _gradinversion(cfg: GradInversionConfig, update: SharedUpdate, model: ModelS
     return gradinversion(update, model, cfg.settings(**_run_settings(engine)), gi=cfg.gi(), engine=engine)
 
 
-__all__ = ["DLGConfig", "FLAT_FIELDS", "GradInversionConfig", "IDLGConfig", "IGConfig", "IMAGE_ATTACK_CONFIGS",
+__all__ = ["AnalyticConfig", "AutoConfig", "CLOSED_FORM", "DLGConfig", "ImprintConfig", "RGAPConfig",
+           "OptimisationConfig", "FLAT_FIELDS", "GradInversionConfig", "IDLGConfig", "IGConfig", "IMAGE_ATTACK_CONFIGS",
            "ImageAttackConfig", "applicable", "check_flags", "resolve_attack"]

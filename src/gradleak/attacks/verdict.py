@@ -16,7 +16,9 @@ tests): iDLG/DLG that rebuild a photo (>= 50 dB) end at 1e-11..1e-8; stalled or 
 and attacks on aggregates end at 1e-2..2e-1. GradInversion and Inverting Gradients optimise
 priors too (and IG a cosine), so their answer never explains the update exactly: on convnet
 (width 16), batch 2 / 1, 300 steps, runs that rebuilt ~19 dB ended at 0.21-0.25 and 10-20-step
-runs at 0.64-0.71, hence 0.4; a coarse line, stated as such. Text DLG is exact when it succeeds.
+runs at 0.64-0.71, hence 0.4; a coarse line, stated as such. Text DLG is exact when it succeeds,
+and so are the closed-form attacks (analytic, R-GAP: ~1e-13 when they rebuild the input; the
+imprint attack is judged analytically: exact when every sample sat alone in its bin).
 A run that did not converge is "inconclusive": its low PSNR says nothing about the client.
 
 Defended updates (defenses/floor.py): noise and rounding move the shared update away from what
@@ -41,7 +43,7 @@ from ..defenses.floor import NoiseFloor
 
 # relative squared distance at or below which the attack's answer explains the update
 CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-4, "idlg": 1e-4, "ig": 0.4, "gradinversion": 0.4,
-                                     "text": 1e-4}
+                                     "text": 1e-4, "analytic": 1e-4, "rgap": 1e-4, "imprint": 1e-4}
 
 
 def relative_distance(simulated: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> float:
@@ -107,6 +109,14 @@ def _verdict(attack_family: str, extra: dict[str, Any], threshold: float) -> Con
     if rel is None or not isinstance(rel, (int, float)) or not math.isfinite(rel):
         return Convergence(False, None, threshold, plateau, restarts,
                            "the attack recorded no finite gradient distance")
+    determined, layers = extra.get("layers_determined"), extra.get("layers")
+    if isinstance(determined, int) and isinstance(layers, int) and determined < layers:
+        # R-GAP: a layer whose system is rank deficient has many inputs that explain the update
+        # equally well; the answer is one of them, not necessarily the client's
+        return Convergence(False, float(rel), threshold, plateau, restarts,
+                           f"{layers - determined} of {layers} layers are not determined by the update (rank "
+                           f"deficient): the answer explains the update (relative distance {rel:.2e}) but is one "
+                           "of many that do: inconclusive")
     if rel <= threshold:
         return Convergence(True, float(rel), threshold, plateau, restarts,
                            f"the answer explains the shared update (relative distance {rel:.2e} <= {threshold:g})")

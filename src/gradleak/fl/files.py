@@ -137,9 +137,19 @@ def check_meta_bounds(meta: UpdateMeta, path: Path, *, image: bool = True) -> No
     width = meta.model_kwargs.get("width")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH):
         raise UpdateFileError(f"{path}: metadata model_kwargs.width {width!r} is not an integer in 1..{MAX_WIDTH}")
-    unknown = sorted(set(meta.model_kwargs) - {"width"})
+    unknown = sorted(set(meta.model_kwargs) - {"width", "server"})
     if image and unknown:
         raise UpdateFileError(f"{path}: metadata model_kwargs has unknown key {unknown[0]!r}")
+    server = meta.model_kwargs.get("server")
+    if image and server is not None:
+        from ..models.server import parse_server  # what the server sent (models/server.py)
+
+        if not isinstance(server, str):
+            raise UpdateFileError(f"{path}: metadata model_kwargs.server {server!r} is not text")
+        try:
+            parse_server(server)
+        except GradleakError as exc:
+            raise UpdateFileError(f"{path}: metadata model_kwargs.server: {exc}") from None
     if not image:  # text: (tokens per sentence, 1, 1)
         if len(meta.input_shape) != 3 or not 1 <= meta.input_shape[0] <= 4096:
             raise UpdateFileError(f"{path}: metadata input_shape {list(meta.input_shape)} is out of range")
@@ -210,7 +220,8 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
         c, h, w = meta.input_shape
         if h != w:
             raise UpdateFileError(f"{p}: only square inputs are supported, got {meta.input_shape}")
-        kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"))
+        kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"),
+                  server=meta.model_kwargs.get("server"))
         shapes_state, shapes_params = model_shapes(meta.model, **kw)
         check_update_header(f, p, meta.model, shapes_state, shapes_params,
                             ignore={k for k in f.keys() if k.startswith("bn/")})

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelMismatchError, UnknownNameError
-from .small import ConvNet, LeNetDLG
+from .small import MLP, ConvNet, LeNetDLG
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -91,6 +91,10 @@ def _convnet(num_classes: int, channels: int, image_size: int, width: int | None
     return ConvNet(num_classes=num_classes, channels=channels, width=width or 32)
 
 
+def _mlp(num_classes: int, channels: int, image_size: int, width: int | None = None, **kw: Any) -> nn.Module:
+    return MLP(num_classes=num_classes, channels=channels, image_size=image_size, width=width or 1024)
+
+
 def _torchvision_resnet(arch: str, cifar_stem: bool) -> Callable[..., nn.Module]:
     def build(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
         import torchvision
@@ -120,6 +124,7 @@ class _Entry:
 _REGISTRY: dict[str, _Entry] = {
     "lenet-dlg": _Entry(_lenet, 32, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights"),
     "convnet": _Entry(_convnet, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "small CNN with BatchNorm (--width, default 32)"),
+    "mlp": _Entry(_mlp, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "fully connected: Linear(C*H*W, width) - ReLU - Linear (--width, default 1024)"),
     "resnet18": _Entry(_torchvision_resnet("resnet18", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-18"),
     "resnet50": _Entry(_torchvision_resnet("resnet50", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-50"),
     "resnet18-cifar": _Entry(_torchvision_resnet("resnet18", True), 32, IMAGENET_MEAN, IMAGENET_STD, "ResNet-18 with a 3x3 stem for 32 px"),
@@ -168,7 +173,7 @@ def _user_model(spec: str, num_classes: int, channels: int, image_size: int, **k
 
 
 def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: int | None = None,
-                seed: int = 0, width: int | None = None) -> ModelSpec:
+                seed: int = 0, width: int | None = None, server: str | None = None) -> ModelSpec:
     """Build a named victim model with weights drawn reproducibly from ``seed``.
 
     ``name`` is a registry name or ``package.module:callable`` (a user's nn.Module factory; it
@@ -202,17 +207,23 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
         torch.random.set_rng_state(gen_state)
     spec = ModelSpec(name=name, module=module, input_shape=(channels, size, size), num_classes=num_classes,
                      mean=mean, std=std, kwargs=kwargs)
+    if server is not None:  # what a (malicious) server sends instead (models/server.py)
+        from .server import server_model
+
+        spec = server_model(spec, server)
     _check_runs(spec)
     return spec
 
 
 def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: int | None = None,
-                 width: int | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+                 width: int | None = None, server: str | None = None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(state dict, trainable parameters) of a registry model as meta tensors: shapes and
     dtypes without allocating memory, to check a file's declared tensors before the model is
     built for real. A ``module:callable`` model is built for real (its code is the user's)."""
     if name not in _REGISTRY:
-        spec = build_model(name, num_classes=num_classes, channels=channels, image_size=image_size, width=width)
+        spec = build_model(name, num_classes=num_classes, channels=channels, image_size=image_size, width=width,
+                           server=server)
         module = spec.module
     else:
         if num_classes < 2:
@@ -224,6 +235,13 @@ def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: 
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")  # pretrained weights copied onto meta tensors: a no-op
             module = _REGISTRY[name].build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
+            if server is not None:
+                from .server import server_model
+
+                entry = _REGISTRY[name]
+                module = server_model(ModelSpec(name, module, (channels, size, size), num_classes,
+                                                _per_channel(entry.mean, channels), _per_channel(entry.std, channels)),
+                                      server).module
     state = dict(module.state_dict())
     params = {n: p for n, p in module.named_parameters() if p.requires_grad}
     return state, params

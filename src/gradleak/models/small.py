@@ -1,4 +1,5 @@
-"""The papers' small models: DLG's LeNet and a small BatchNorm ConvNet for fast CPU runs."""
+"""The papers' small models: DLG's LeNet, a small BatchNorm ConvNet for fast CPU runs, and a
+fully connected network (the analytic attack's victim)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,21 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).flatten(1))
+
+
+class MLP(nn.Module):
+    """A fully connected network: flatten, Linear(C*H*W, width) with bias, ReLU, Linear(width,
+    num_classes). Its first layer sees the image itself, so the gradient of that layer gives the
+    input away in closed form (Phong et al. 2017; attacks/analytic.py). PyTorch's default init.
+
+    Input [B, C, H, W] -> logits [B, num_classes].
+    """
+
+    def __init__(self, num_classes: int = 10, channels: int = 3, image_size: int = 32, width: int = 1024):
+        super().__init__()
+        self.fc1 = nn.Linear(channels * image_size * image_size, width)
+        self.act = nn.ReLU()
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.fc1(x.flatten(1))))

@@ -142,11 +142,17 @@ def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_o
         "local_batch_size": rec.get("local_batch_size") if fedavg else defaults["local_batch_size"],
         "local_lr": float(rec.get("local_lr", defaults["local_lr"])) if fedavg else defaults["local_lr"],
         "share_bn_statistics": bool(meta.bn_statistics_shared),
+        "server": meta.model_kwargs.get("server") or "honest",
     }
 
     def agrees(key: str, given: Any) -> bool:
         if given == values[key]:
             return True
+        if key == "server":  # "imprint" agrees with the file's resolved "imprint:bins=64,..."
+            from ..models.server import parse_server
+
+            a, b = parse_server(given), parse_server(values[key])
+            return a.name == b.name and all(getattr(a, f) in (None, getattr(b, f)) for f in ("bins", "mean", "std", "gain"))
         if key == "local_batch_size" and fedavg:  # None means the whole client batch
             return (given or per_client) == (values[key] or per_client)
         # "use the file's / the data's" defaults agree with any recorded value

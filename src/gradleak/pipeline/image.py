@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..attacks.auto import auto_fallback
 from ..attacks.configs import resolve_attack
 from ..attacks.reconstruction import Reconstruction
 from ..config import AttackConfig
@@ -19,6 +20,7 @@ from ..fl import SharedUpdate, load_truth, load_update, save_truth, save_update
 from ..fl.threats import client_share, share
 from ..metrics import evaluate, match, psnr
 from ..models import ModelSpec, build_model, default_image_size
+from ..models.server import server_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
 from .record import versions
 
@@ -55,6 +57,8 @@ def simulate_client(cfg: AttackConfig) -> "ImageCase":
         from ..training import apply_checkpoint  # the global model is a trained checkpoint
 
         apply_checkpoint(model, cfg.checkpoint)
+    # what the server sent: the global model, or a malicious server's modification of it
+    model = server_model(model, cfg.server)
     update = client_update(cfg, model, batch, share_bn_statistics=cfg.share_bn_statistics)
     return ImageCase(update=update, model=model, truth=batch, data=source_name)
 
@@ -95,7 +99,7 @@ def client_update(cfg: AttackConfig, model: ModelSpec, batch: Batch, *, share_bn
 
 # Config fields that describe the client: with --update the file decides them (case.py).
 UPDATE_DECIDES = ("model", "width", "batch_size", "image_size", "num_classes", "threat", "local_steps",
-                  "local_batch_size", "local_lr", "clients", "inner")
+                  "local_batch_size", "local_lr", "clients", "inner", "server")
 CLIENT_ONLY = ("model_seed", "allow_repeats", "checkpoint", "share_bn_statistics", "indices")
 
 
@@ -162,7 +166,8 @@ class ImageCase(Case):
         if "attack" not in cfg.model_fields_set and int(threat.get("clients", 1) or 1) > 1:
             # an aggregate of several clients: batch recovery (GradInversion) unless an attack is named
             values["attack"] = "gradinversion"
-        return resolve_attack(values, bn_statistics_shared=shared)
+        fallback = auto_fallback(self.update) if values["attack"] == "auto" else None
+        return resolve_attack(values, bn_statistics_shared=shared, fallback=fallback)
 
     def observer(self) -> PSNRObserver | None:
         return PSNRObserver(self.truth) if self.truth is not None else None

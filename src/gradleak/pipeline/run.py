@@ -134,27 +134,36 @@ def attack_case(cfg: AttackConfig, case: Case, *, session: Session | None = None
 def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> AttackConfig:
     """config.json: the flat config with what the case stands for (an update file's values, the
     model a default resolved to) and every resolved constant of the attack that ran."""
-    resolved = {k: v for k, v in attack.model_dump().items() if k in AttackConfig.model_fields}
+    dumped = attack.model_dump()
+    if isinstance(dumped.get("fallback"), dict):  # auto: its fallback's constants as flat flags
+        inner = dumped.pop("fallback")
+        dumped = {**{k: v for k, v in inner.items() if k != "attack"}, **dumped, "fallback": inner["attack"]}
+    resolved = {k: v for k, v in dumped.items() if k in AttackConfig.model_fields}
     return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
 
 
 def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session: Session,
                 device: torch.device) -> dict[str, Any]:
     metrics = case.metrics(cfg, recon, device)
-    metrics["attack"] = attack.attack  # as resolved (aggregates default to GradInversion)
+    # as resolved (aggregates default to GradInversion; "auto" names the attack it used)
+    family = str(recon.extra.get("attack_used") or attack.attack)
+    metrics["attack"] = family
     # the attack's own numbers (scalars, and lists of numbers such as each seed's distance)
     for k, v in recon.extra.items():
         if isinstance(v, (int, float, str, bool, type(None))) or (
                 isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)):
             metrics.setdefault(k, v)
+    # the structured evidence of the closed-form attacks and the chooser (JSON-able dicts)
+    for k in ("auto", "rank_analysis"):
+        if k in recon.extra:
+            metrics[k] = recon.extra[k]
     # what ran: the typed attack config, every constant included
     metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
     # the verdict, from the attacker's side only (attacks/verdict.py)
-    conv = verdict("text" if cfg.modality == "text" else attack.attack, recon.extra,
-                   noise_floor(case.update)).to_dict()
+    conv = verdict("text" if cfg.modality == "text" else family, recon.extra, noise_floor(case.update)).to_dict()
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
-    if not conv["converged"] and attack.attack in ("dlg", "idlg") and int(clients or 1) > 1:
-        conv["reason"] += (f"; {attack.attack} treats the average of {clients} clients as one batch and cannot "
+    if not conv["converged"] and family in ("dlg", "idlg") and int(clients or 1) > 1:
+        conv["reason"] += (f"; {family} treats the average of {clients} clients as one batch and cannot "
                            f"separate them (GradInversion is the default for aggregates)")
     if session.diverged is not None:
         conv.update(converged=False, reason="the attack diverged (NaN/Inf) beyond its retries")

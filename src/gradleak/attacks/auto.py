@@ -1,0 +1,109 @@
+"""The closed-form attacks on the engine, and the chooser ``--attack auto``.
+
+``auto`` is what an auditor runs first: the worst case. It tries the closed-form attacks that
+apply to the model and the threat, in the order of configs.CLOSED_FORM:
+
+1. imprint: the model carries a malicious server's imprint block (attacks/imprint.py);
+2. analytic: the first layer is fully connected and sees the image (attacks/analytic.py);
+3. rgap: a chain of layers with invertible activations, batch 1 (attacks/rgap.py);
+
+and keeps the first whose answer explains the update (the convergence verdict, verdict.py, with
+the defenses' noise floor). When none applies or none converges, it runs its fallback, an
+optimisation attack (GradInversion for batches and aggregates, iDLG for one image), and keeps
+whichever answer explains the update best by the attacker's own objective. ``extra["auto"]``
+records every attack tried, why the others did not apply, and which was used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ..defenses.floor import noise_floor
+from ..errors import ConfigError, ModelMismatchError
+from ..fl.threats import ThreatModel
+from ..fl.update import SharedUpdate
+from ..models import ModelSpec
+from .analytic import analytic, check_analytic
+from .configs import CLOSED_FORM, AnalyticConfig, AutoConfig, ImprintConfig, RGAPConfig
+from .engine import Engine, register_attack
+from .imprint import check_imprint, imprint_attack
+from .reconstruction import Reconstruction
+from .rgap import check_rgap, rgap
+from .verdict import verdict
+
+
+def auto_fallback(update: SharedUpdate) -> str:
+    """The optimisation attack ``auto`` falls back to: GradInversion (batch recovery) for a batch
+    or an aggregate of clients, iDLG for one image."""
+    threat = ThreatModel.from_record(update.meta.threat)
+    return "gradinversion" if update.meta.batch_size > 1 or threat.clients > 1 else "idlg"
+
+
+@register_attack(AnalyticConfig)
+def _analytic(cfg: AnalyticConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return analytic(update, model, device=engine.device)
+
+
+@register_attack(RGAPConfig)
+def _rgap(cfg: RGAPConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return rgap(update, model, device=engine.device)
+
+
+@register_attack(ImprintConfig)
+def _imprint(cfg: ImprintConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    return imprint_attack(update, model)
+
+
+CHECKS: dict[str, Callable[[SharedUpdate, ModelSpec], Any]] = {
+    "imprint": check_imprint, "analytic": check_analytic, "rgap": check_rgap}
+CONFIGS = {"imprint": ImprintConfig, "analytic": AnalyticConfig, "rgap": RGAPConfig}
+
+
+def _score(rec: Reconstruction) -> float:
+    rel = rec.extra.get("relative_gradient_distance")
+    return float(rel) if isinstance(rel, (int, float)) and math.isfinite(rel) else math.inf
+
+
+@register_attack(AutoConfig)
+def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    floor = noise_floor(update)
+    tried: list[dict[str, Any]] = []
+    spent = 0.0
+    best: tuple[str, Reconstruction] | None = None
+    for name in CLOSED_FORM:
+        try:
+            CHECKS[name](update, model)
+        except (ConfigError, ModelMismatchError) as exc:
+            tried.append({"attack": name, "applies": False, "why": str(exc)})
+            continue
+        rec = engine.run(CONFIGS[name](seed=cfg.seed), update, model)
+        spent += rec.wall_seconds
+        conv = verdict(name, rec.extra, floor)
+        tried.append({"attack": name, "applies": True, "converged": conv.converged,
+                      "relative_gradient_distance": conv.relative_gradient_distance,
+                      "seconds": round(rec.wall_seconds, 3)})
+        if best is None or _score(rec) < _score(best[1]):
+            best = (name, rec)
+        if conv.converged:
+            return _chosen(name, rec, tried, f"{name} applies and its answer explains the update", spent)
+    fallback = cfg.fallback.attack
+    rec = engine.run(cfg.fallback, update, model)
+    spent += rec.wall_seconds
+    conv = verdict(fallback, rec.extra, floor)
+    tried.append({"attack": fallback, "applies": True, "converged": conv.converged,
+                  "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)})
+    if best is not None and _score(best[1]) < _score(rec):
+        return _chosen(best[0], best[1], tried, f"no attack converged; {best[0]} explains the update best", spent)
+    why = ("no closed-form attack applies" if best is None else "no closed-form attack explained the update")
+    return _chosen(fallback, rec, tried, f"{why}: fell back to optimisation ({fallback})", spent)
+
+
+def _chosen(name: str, rec: Reconstruction, tried: list[dict[str, Any]], why: str, spent: float) -> Reconstruction:
+    rec.wall_seconds = spent  # the chooser's whole cost: every attack it ran
+    rec.extra["attack_used"] = name
+    rec.extra["auto"] = {"used": name, "why": why, "tried": tried}
+    return rec
+
+
+__all__ = ["CHECKS", "auto_fallback"]
