@@ -105,7 +105,7 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
     monkeypatch.setattr(Workspace, "trained", _fake_trained)
     out = tmp_path / "def"
     result, _ = run_experiment("defenses", make_options(out=str(out), smoke=True, progress=False, samples=3,
-                                                        executor="inline"))
+                                                        executor="inline", attacks=["idlg"]))
     rows = _csv(out / "results.csv")
     assert len(rows) == 3 * len({r["spec"] for r in rows}) == len(result.rows)  # every sample a row
     by_spec = {r["spec"]: r for r in rows}
@@ -123,7 +123,7 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
     assert summary["laplace:0.1"]["verdict"] == "defended" and summary["laplace:0.1"]["defended"] == "True"
     assert summary[""]["verdict"] == LEAKED and summary[""]["samples"] == "3"
     md = (out / "results.md").read_text()
-    assert "## Summary per setting" in md and "gaussian:0.1: INCONCLUSIVE, not defended" in md
+    assert "## Summary per setting" in md and "idlg, gaussian:0.1: INCONCLUSIVE, not defended" in md
     assert "recorded no convergence verdict" in md and "did NOT converge" in md
     assert json.loads((out / "experiment.json").read_text())["summary"][0]["samples"] == 3
 

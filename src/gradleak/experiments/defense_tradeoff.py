@@ -7,7 +7,9 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
   step defended that way (:func:`gradleak.training.train`, the same small budget for all, plus
   the undefended baseline);
 - leakage: iDLG against the defended FedSGD update of one real held-out Fashion-MNIST test image
-  (per sample). Each sample's verdict: "leaked" (PSNR >= THRESHOLD_DB), "not rebuilt" (the attack
+  (per sample), and the closed-form imprint attack of a malicious server (Fowl et al. 2022:
+  ``--server imprint``, the same image, the same defended update of the imprinted model): a defense
+  that stops the optimisation attack but not the imprint module shows it. Each sample's verdict: "leaked" (PSNR >= THRESHOLD_DB), "not rebuilt" (the attack
   converged to the shared update, attacks/verdict.py, and still stayed below THRESHOLD_DB) or
   "inconclusive" (below it, and the attack did not converge: a failed attack, not a defense).
   ``defended`` means "not rebuilt": per sample, and for a setting only when every sample is.
@@ -22,6 +24,7 @@ import math
 from typing import Any
 
 from ..report import save_line_plot
+from ..models.server import DEFAULT_BINS
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import (INCONCLUSIVE, LBFGS_INIT, LEAKED, NOT_REBUILT, VERDICT_COLUMNS, convergence_notes, converged_of,
@@ -49,6 +52,8 @@ TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
 SMOKE_TRAIN_SUBSET = 3000
 SMOKE_TEST_SUBSET = 1000
 INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
+# the attacks compared (--attacks): the optimisation attack and a malicious server's imprint module
+ATTACKS = ("idlg", "imprint")
 
 
 @experiment("defenses", "accuracy when trained under a defense vs whether iDLG still leaks (rebuttal Table 3)")
@@ -57,48 +62,51 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
 
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
     model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
+    attacks = list(opt.attacks or ATTACKS)
     settings = SMOKE_SETTINGS if opt.smoke else SETTINGS
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else 10_000
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
     trained = {}
-    plan: dict[tuple[int, int], dict[str, Any]] = {}
+    plan: dict[tuple[str, int, int], dict[str, Any]] = {}
     for i, (name, strength, spec) in enumerate(settings):
         cfg = TrainConfig(model=model, width=opt.width, data=data, defense=(spec,) if spec else (),
                           checkpoints=(1.0,), train_subset=train_subset, test_subset=test_subset, seed=opt.seed,
                           model_seed=0, **TRAIN)
         trained[i] = ws.trained(cfg, name_of(name, strength))
-        for s in range(samples):
-            plan[(i, s)] = lbfgs_cell(st, opt.seed + s, log_points=10, split="test", batch_size=1,
-                                      defense=[spec] if spec else [])
+        for a in attacks:
+            for s in range(samples):
+                plan[(a, i, s)] = _cell(st, a, opt.seed + s, defense=[spec] if spec else [])
     cells = ws.run(plan)
     rows: list[dict[str, Any]] = []
-    for i, (name, strength, spec) in enumerate(settings):
+    for a, i, s in plan:
+        name, strength, spec = settings[i]
         epsilon = trained[i].epsilon
-        for s in range(samples):
-            cell = cells[(i, s)]
-            if not cell.ok:
-                continue
-            m = cell.metrics
-            rebuilt = m["psnr_mean"] >= THRESHOLD_DB
-            v = verdict_fields(cell, rebuilt)
-            rows.append({"defense": name, "strength": strength, "accuracy": trained[i].final_accuracy,
-                         "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == NOT_REBUILT,
-                         **v, "sample": s, "seed": opt.seed + s, "mse": m["mse_mean"],
-                         "label_accuracy": m["label_accuracy"],
-                         "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
-                         "spec": spec or ""})
+        cell = cells[(a, i, s)]
+        if not cell.ok:
+            continue
+        m = cell.metrics
+        rebuilt = m["psnr_mean"] >= THRESHOLD_DB
+        v = verdict_fields(cell, rebuilt)
+        rows.append({"attack": a, "defense": name, "strength": strength, "accuracy": trained[i].final_accuracy,
+                     "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == NOT_REBUILT,
+                     **v, "sample": s, "seed": opt.seed + s, "mse": m["mse_mean"],
+                     "label_accuracy": m["label_accuracy"],
+                     "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
+                     "spec": spec or ""})
     summary = setting_summary(rows)
     fig = "accuracy_vs_psnr.png"
-    labels_x = [_short(r["defense"], r["strength"]) for r in summary]
-    save_line_plot(ws.out / fig, labels_x, {"attack PSNR (dB), mean": [r["psnr_mean"] for r in summary],
-                                         "test accuracy (%)": [100 * r["accuracy"] for r in summary],
-                                         f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(summary)},
-                   xlabel="defense", ylabel="dB / %", title=f"Defense trade-off, {model} on {data}")
+    first = [r for r in summary if r["attack"] == attacks[0]]
+    labels_x = [_short(r["defense"], r["strength"]) for r in first]
+    lines = {f"{a} PSNR (dB), mean": [r["psnr_mean"] for r in summary if r["attack"] == a] for a in attacks}
+    lines.update({"test accuracy (%)": [100 * r["accuracy"] for r in first],
+                  f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(first)})
+    save_line_plot(ws.out / fig, labels_x, lines, xlabel="defense", ylabel="dB / %",
+                   title=f"Defense trade-off, {model} on {data}")
     _rotate_note = ("figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
                     "DP = dpsgd noise multiplier (clip 1)")
     return ExperimentResult(
         name="defenses", title="Accuracy vs defendability (rebuttal Table 3)",
-        columns=["defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
+        columns=["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
                  "mse", "label_accuracy", "epsilon", "spec"],
         rows=rows, figures=[fig], summary=summary, summary_columns=SUMMARY_COLUMNS,
         setup={"data": f"{data}: trained on train-split images, attacked on test-split images (held out)",
@@ -108,6 +116,10 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                             "defense applied to": "every training step's gradient (defended FedSGD client)"},
                "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, defended FedSGD "
                          "update of the untrained global model",
+               "attacks": attacks,
+               "imprint": "a malicious server sends the model with Fowl et al.'s imprint block in front (--server "
+                          f"imprint: {DEFAULT_BINS} bins, the public brightness prior); the client computes the same "
+                          "defended update on it; the attack is closed-form (no iterations)",
                "samples": samples, "seeds": f"{st.seed_text} (test image drawn, attack start, defense noise)",
                "success threshold": f"defended = the attack converged (attacks/verdict.py) and PSNR < "
                                     f"{THRESHOLD_DB} dB; leaked = PSNR >= {THRESHOLD_DB} dB; a non-converged attack "
@@ -121,6 +133,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "smoke": opt.smoke},
         notes=[_rotate_note, "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
         + convergence_notes(cells.values()) + inconclusive_notes(summary, cells, settings, samples)
+        + contrast_notes(summary, attacks)
         + ["accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
                "was not measured, so read differences of a few points with care."]
         + (["Smoke setting: the weakest and strongest Gaussian noise and the strongest setting of every other "
@@ -128,7 +141,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
            if opt.smoke else []))
 
 
-SUMMARY_COLUMNS = (["defense", "strength", "accuracy"] + summary_columns((), ("psnr",))
+SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"] + summary_columns((), ("psnr",))
                    + ["defended", "verdict", "epsilon", "spec"])
 
 
@@ -137,8 +150,8 @@ def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``defended`` only when every sample is (the attack converged each time and never rebuilt the
     image), ``verdict`` leaked (any sample leaked) / defended / inconclusive."""
     out = []
-    for s in summarize(rows, ["defense", "strength", "spec"]):
-        first = next(r for r in rows if r["spec"] == s["spec"])
+    for s in summarize(rows, ["attack", "defense", "strength", "spec"]):
+        first = next(r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"])
         defended = s["samples"] > 0 and s["not_rebuilt"] == s["samples"]
         out.append({**s, "accuracy": first["accuracy"], "epsilon": first["epsilon"], "defended": defended,
                     "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE)})
@@ -150,12 +163,14 @@ def inconclusive_notes(summary: list[dict[str, Any]], cells: dict[tuple[int, int
     """For each inconclusive setting, the numbers, and whether the same attack on the same images
     converged without the defense (a hint that the defense, not the optimiser, stopped it; still not
     evidence of protection: the attack did not explain the update it was given)."""
-    base = [converged_of(cells[(0, s)].metrics) for s in range(samples) if cells[(0, s)].ok] if settings[0][2] is None else []
     notes = []
     for s in summary:
         if s["verdict"] != INCONCLUSIVE:
             continue
-        text = (f"{s['spec'] or s['defense']}: INCONCLUSIVE, not defended: {s['inconclusive']} of {s['samples']} "
+        a = s["attack"]
+        base = ([converged_of(cells[(a, 0, k)].metrics) for k in range(samples) if cells[(a, 0, k)].ok]
+                if settings[0][2] is None else [])
+        text = (f"{a}, {s['spec'] or s['defense']}: INCONCLUSIVE, not defended: {s['inconclusive']} of {s['samples']} "
                 f"samples' attacks did not converge (or recorded no verdict) and stayed below {THRESHOLD_DB:g} dB "
                 f"(mean PSNR {s['psnr_mean']:.2f} dB).")
         if base:
@@ -163,6 +178,31 @@ def inconclusive_notes(summary: list[dict[str, Any]], cells: dict[tuple[int, int
                      f"of {len(base)} samples.")
         notes.append(text)
     return notes
+
+
+def contrast_notes(summary: list[dict[str, Any]], attacks: list[str]) -> list[str]:
+    """The settings where one attack still leaks while another did not rebuild the image: the
+    defense does not protect the client from the attack that leaks."""
+    notes = []
+    for spec in dict.fromkeys(r["spec"] for r in summary):
+        rows = {r["attack"]: r for r in summary if r["spec"] == spec}
+        leaked = [a for a in attacks if a in rows and rows[a]["verdict"] == LEAKED]
+        stopped = [a for a in attacks if a in rows and rows[a]["verdict"] != LEAKED]
+        if stopped and leaked:
+            what = ", ".join(f"{a} ({rows[a]['verdict']}, {rows[a]['psnr_mean']:.1f} dB)" for a in stopped)
+            leaks = ", ".join(f"{a} ({rows[a]['psnr_mean']:.1f} dB)" for a in leaked)
+            notes.append(f"{spec or 'none'}: stops {what} but NOT {leaks}, which still rebuilds the image: this "
+                         "defense does not protect the client from that attack.")
+    return notes
+
+
+def _cell(st: Any, attack: str, seed: int, **fields: Any) -> dict[str, Any]:
+    """One sample's cell: the optimisation attack as the DLG-side experiments run it, or the
+    imprint attack on the malicious server's model (closed-form: no optimisation constants)."""
+    if attack == "imprint":
+        return dict(attack="imprint", server="imprint", model=st.model, width=st.width, data=st.data, seed=seed,
+                    split="test", batch_size=1, **fields)
+    return lbfgs_cell(st, seed, log_points=10, split="test", batch_size=1, **fields)
 
 
 def _short(name: str, strength: float | None) -> str:
