@@ -163,3 +163,16 @@ def test_flower_example_federation_audits_every_client_every_round(tmp_path, cap
         assert (out / r["reconstruction"]).is_file()
     assert len({r["node_id"] for r in rows}) == 2
     assert (out / "audit.json").is_file()
+
+
+def test_auditor_runs_the_closed_form_chooser(tmp_path):
+    """--attack auto in the audit: the example federation's LeNet on a one-step FedAvg update of
+    one image is R-GAP's case (the attack rebuilds it in closed form); the row names the attack used."""
+    s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05)
+    g, c, batch = _client_round(s)
+    auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "auto", "fallback": "idlg",
+                                                                           "iterations": 5}, out=tmp_path),
+                             truth_fn=lambda rnd, client: batch)
+    row = auditor.audit(1, "0", g, c, num_examples=1, threat=ThreatModel(name="fedavg", local_steps=1, local_lr=0.05))
+    assert row["status"] == "ok" and row["attack"] == "rgap" and row["converged"] is True, row
+    assert row["psnr_mean"] >= 30 and row["label_accuracy"] == 1.0

@@ -41,7 +41,7 @@ CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "num_examples",
                "converged", "relative_gradient_distance", "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
                "error")
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
-ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "seed", "device", "log_every")
+ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "fallback", "seed", "device", "log_every")
 
 
 @dataclass
@@ -165,7 +165,8 @@ class LeakageAuditor:
             t0 = time.perf_counter()
             result, _ = attack_case(self.cfg, case, device=self.device)
             recon = result.reconstruction
-            row.update(status="ok", attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
+            row.update(status="ok", attack=result.metrics.get("attack", self.cfg.attack),  # auto: the one it used
+                       attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
                        gradient_distance=result.metrics.get("gradient_distance"),
                        converged=result.metrics.get("converged"),
                        relative_gradient_distance=result.metrics["convergence"]["relative_gradient_distance"],
