@@ -93,7 +93,7 @@ def test_verdict_reports_the_floor_and_unmodelled_defenses():
     from gradleak.defenses.floor import NoiseFloor
 
     floor = NoiseFloor(0.5, 0.01, ["gaussian:0.1"], [])
-    assert converged_below("idlg", floor) == pytest.approx(1e-4 * 0.5 + 0.51)
+    assert converged_below("idlg", floor) == pytest.approx(CONVERGED_BELOW["idlg"] * 0.5 + 0.51)
     v = verdict("idlg", {"relative_gradient_distance": 0.5}, floor)
     assert v.converged and v.noise_floor == 0.5 and "gaussian:0.1" in v.reason
     v = verdict("idlg", {"relative_gradient_distance": 1e-3}, NoiseFloor(0.0, 0.0, [], ["prune:0.5"]))

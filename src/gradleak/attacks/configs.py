@@ -59,7 +59,7 @@ class DLGConfig(_AttackConfig):
     """DLG (Zhu et al. 2019, Algorithm 1): image and soft label by L-BFGS on the squared L2
     gradient distance. ``init``: the first trial's start. ``stall_restarts``: further trials
     (dlg.INIT_PORTFOLIO: the other initialisations in turn) while the best answer so far does not
-    explain the update (relative gradient distance above verdict.CONVERGED_BELOW) after a trial
+    explain the update (relative gradient distance above dlg.RESTART_BELOW) after a trial
     that stalled or used its whole budget; the answer is the trial with the smallest gradient
     distance. A run costs up to (stall_restarts + 1) x ``iterations`` L-BFGS steps."""
 

@@ -30,7 +30,7 @@ from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
 from .state import AttackState, StateFileError
-from .verdict import CONVERGED_BELOW, converged_below, relative_distance
+from .verdict import converged_below, relative_distance
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
 # code loops 300 times (the paper's text says 1200 for images; 300 already end below the paper's
@@ -43,8 +43,8 @@ DLG_DEFAULTS = dict(iterations=300, lr=1.0, optimizer="lbfgs", dtype="float64")
 
 # The portfolio. A trial is one L-BFGS run from one start. Trial 0 starts from the configured
 # ``init``; while the best answer so far does not explain the shared update (its relative gradient
-# distance is above the converged threshold, verdict.converged_below: CONVERGED_BELOW plus the noise
-# floor of the update's recorded defenses, defenses/floor.py) and restarts remain, the
+# distance is above RESTART_BELOW plus the noise floor of the update's recorded defenses,
+# verdict.converged_below and defenses/floor.py) and restarts remain, the
 # next trial starts from the next initialisation of INIT_PORTFOLIO (the configured one first,
 # then the others in this order, then round again with fresh random draws). A trial that stalls
 # (below) is cut short and replaced. The answer is the trial with the smallest gradient distance:
@@ -61,7 +61,13 @@ DLG_RESTARTS = 3   # trials beyond the first (the default --stall-restarts)
 # update with a small local learning rate has a squared distance ~1e-4 of a FedSGD gradient's).
 STALL_PATIENCE = 20
 STALL_PROGRESS = 1e-3
-STALL_FAR = CONVERGED_BELOW["dlg"]
+STALL_FAR = 1e-4
+# Restarts stop once the best answer is within RESTART_BELOW (plus the defenses' noise floor), a
+# looser line than the verdict's (CONVERGED_BELOW, 1e-5): multi-image answers end at 1e-6..5e-5
+# and a fresh start rarely beats them (measured, FedAvg 2 steps x 1 photo: 25.76 dB at 2.1e-5
+# from one trial, 25.75 dB after a restart, twice the time), so the cost stays one trial there; the
+# verdict still reports such a run as not converged unless it rebuilt the data.
+RESTART_BELOW = 1e-4
 
 # Several images in one update (a FedSGD batch, FedAvg over several local steps): DLG's L-BFGS
 # from a random start settles in a basin of wrong images that explain the update to ~1e-6..1e-4
@@ -158,7 +164,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     device = s.torch_device()
     k = update.meta.batch_size
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
-    explained = converged_below(name, noise_floor(update))  # the verdict's line, defenses' floor included
+    explained = converged_below(name, noise_floor(update), RESTART_BELOW)  # defenses' floor included
     norm2 = sum(float(t.detach().double().pow(2).sum()) for t in victim.target)
     scale = 1.0 / norm2 if norm2 > 0 else 1.0
     assignments: list[torch.Tensor | None] = [None]
