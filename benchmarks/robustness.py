@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from gradleak.data import open_source
 
-    out: dict = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                             "torch": torch.__version__, "threads": 1},
+    # the sections not rerun (--only) are kept from the existing file
+    previous = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    out: dict = {**previous, "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
+                                         "torch": torch.__version__, "threads": 1},
                  "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory() as tmp:
         source = open_source(str(build_photo_set(Path(tmp) / "photos")))
