@@ -102,15 +102,32 @@ def test_analytic_separates_a_small_batch_and_says_when_it_cannot(cifar):
 def test_analytic_on_aggregates_and_one_step_fedavg(cifar):
     model = build_model("mlp", num_classes=10, seed=0)
     batch = batch_of(cifar, [4, 5], 32, 3)
-    for threat in (ThreatModel(name="fedavg", local_steps=1, local_lr=0.1),):
-        rec = analytic(client_share(model, batch, threat, private_seed=0), model)
-        assert evaluate(rec, batch).psnr_mean >= 60
+    from gradleak.fl.threats import share
+
+    for threat in (ThreatModel(name="fedavg", local_steps=1, local_lr=0.1), ThreatModel(name="aggregate", clients=2)):
+        rec = analytic(share(model, batch, threat, private_seed=0), model)
+        assert evaluate(rec, batch).psnr_mean >= 60 and rec.extra["separated"] == 2
     with pytest.raises(ConfigError, match="local steps"):
         analytic(client_share(model, batch, ThreatModel(name="fedavg", local_steps=2, local_batch_size=1,
                                                          local_lr=0.1), private_seed=0), model)
     with pytest.raises(ModelMismatchError, match="not a fully connected"):
         lenet = build_model("lenet-dlg", num_classes=10, seed=0)
         analytic(fedsgd(lenet, batch), lenet)
+
+
+def test_analytic_counts_only_inputs_it_really_separated(cifar):
+    """Batch 8: rows that mix the same pair of samples agree to 5e-5..1e-3 and must not count as
+    inputs (measured, seeds 0-3: 7, 6, 5, 6 of 8 separated, each exactly)."""
+    from gradleak.data import sample_batch
+
+    model = build_model("mlp", num_classes=10, seed=0)
+    for seed in range(2):
+        batch = sample_batch(cifar, 8, seed, image_size=32, channels=3)
+        rec = analytic(fedsgd(model, batch), model)
+        ev = evaluate(rec, batch)
+        exact = sum(p.psnr >= 60 for p in ev.per_image)
+        assert rec.extra["separated"] == exact, (seed, rec.extra["separated"], exact)
+        assert rec.extra["separated"] < 8 and not verdict("analytic", rec.extra).converged
 
 
 def test_analytic_through_the_cli_aggregate_and_refusals(tmp_path, capsys):
@@ -120,7 +137,8 @@ def test_analytic_through_the_cli_aggregate_and_refusals(tmp_path, capsys):
     m = _metrics(out)
     assert m["attack"] == "analytic" and m["psnr_mean"] >= 60 and m["converged"] is True and m["separated"] == 4
     assert "inputs separated" in capsys.readouterr().out
-    for argv, words in ((["--attack", "analytic", "--model", "lenet-dlg"], "not a fully connected"),
+    for argv, words in ((["--attack", "rgap", "--model", "lenet-dlg", "--image-size", "224"], "unknowns"),
+                        (["--attack", "analytic", "--model", "lenet-dlg"], "not a fully connected"),
                         (["--attack", "analytic", "--model", "mlp", "--iterations", "5"], "does not apply"),
                         (["--attack", "rgap", "--model", "convnet"], "rgap:")):
         assert _status(["attack", *argv, *FAST, "--out", str(tmp_path / "x")]) == 2
@@ -199,12 +217,28 @@ def test_imprint_server_through_an_update_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("text,words", [("evil", "unknown server"), ("imprint:bins=1", "bins"),
                                         ("imprint:bins=2.5", "integer"), ("imprint:std=-1", "std"),
-                                        ("imprint:foo=1", "unknown or repeated"), ("honest:3", "no parameters")])
+                                        ("imprint:foo=1", "unknown or repeated"), ("honest:3", "no parameters"),
+                                        ("imprint:gain=1e-300", "float32"), ("imprint:gain=1e300", "float32")])
 def test_bad_server_specs_are_one_line_errors(text, words, tmp_path, capsys):
     assert _status(["attack", "--server", text, *FAST, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
     assert not (tmp_path / "x").exists()
+
+
+def test_auto_keeps_the_imprint_answer_when_a_collision_keeps_it_from_being_exact(tmp_path):
+    """8 bins on 4 photos: two share a bin, so imprint cannot claim every input; auto still
+    reports what it read off the update (the worst case), not the analytic attack's mixtures.
+    config.json records the server as resolved."""
+    out = tmp_path / "auto"
+    assert main(["attack", "--attack", "auto", "--server", "imprint:bins=8", "--batch-size", "4",
+                 "--indices", "0", "--indices", "1", "--indices", "2", "--indices", "3", "--fallback", "dlg",
+                 "--iterations", "3", *FAST, "--out", str(out)]) == 0
+    m = _metrics(out)
+    assert m["attack"] == "imprint" and m["converged"] is False
+    assert sum(p["psnr"] >= 60 for p in m["per_image"]) >= 2
+    assert "shared a bin" in m["convergence"]["reason"]
+    assert json.loads((out / "config.json").read_text())["server"].startswith("imprint:bins=8,mean=")
 
 
 def test_server_parsing_and_text_refusal():

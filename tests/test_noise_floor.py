@@ -23,7 +23,7 @@ def _gradients(seed: int = 0) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(300, 200, generator=g) * 1e-2, "b": torch.randn(5000, generator=g) * 1e-3}
 
 
-@pytest.mark.parametrize("spec", ["gaussian:1e-4", "gaussian:1e-2", "gaussian:1", "laplace:1e-3", "fp16", "int8"])
+@pytest.mark.parametrize("spec", ["gaussian:1e-4", "gaussian:1e-2", "gaussian:1", "laplace:1e-3", "fp16"])
 def test_each_defense_models_its_own_residual(spec):
     """||shared - clean||^2 lands within 3 standard deviations of the modelled mean, for 5 draws."""
     clean = _gradients()
@@ -34,6 +34,24 @@ def test_each_defense_models_its_own_residual(spec):
         res = d.residual(list(shared.values()), client_batch=4)
         assert res is not None and res.mean > 0
         assert abs(actual - res.mean) <= 3 * res.var ** 0.5, (spec, seed, actual, res.mean, res.var ** 0.5)
+
+
+def test_int8_floor_is_a_lower_bound():
+    """int8 counts entries shared as 0 as exact (they may have been 0: dead ReLU rows), so its floor
+    is below the real residual, never above (the verdict errs on "inconclusive"); on a real mlp
+    update, where whole rows are 0, it is within a few percent."""
+    clean = _gradients()
+    d = parse_defense("int8")
+    shared = d.transform(clean, torch.Generator().manual_seed(0))
+    actual = sum(float((shared[k].double() - clean[k].double()).pow(2).sum()) for k in clean)
+    res = d.residual(list(shared.values()), client_batch=4)
+    assert 0.9 * actual <= res.mean <= actual
+    case = simulate_client(make_config(model="mlp", defense=["int8"], progress=False))
+    plain = simulate_client(make_config(model="mlp", progress=False))
+    actual = sum(float((case.update.gradients[k].double() - plain.update.gradients[k].double()).pow(2).sum())
+                 for k in plain.update.gradients)
+    res = d.residual(list(case.update.gradients.values()), client_batch=1)
+    assert res.mean <= actual + 3 * res.var ** 0.5, (res.mean, actual)
 
 
 def test_pruning_is_not_modelled_and_stays_strict():
@@ -54,8 +72,8 @@ def _truth_and_random(defense: str, seed: int, **kw) -> tuple[float, float, floa
     return rel_truth, rel_rand, converged_below("idlg", noise_floor(case.update))
 
 
-@pytest.mark.parametrize("defense", ["gaussian:1e-4", "gaussian:1e-2", "laplace:1e-3", "int8", "fp16",
-                                     "dpsgd:clip=1000,noise=1e-7"])
+@pytest.mark.parametrize("defense", ["gaussian:1e-4", "gaussian:1e-2", "laplace:1e-3", "laplace:1e-2", "fp16",
+                                     "dpsgd:clip=1000,noise=1e-5"])
 def test_the_true_data_explain_their_own_defended_update(defense):
     """For 3 clients, the truth's distance to its defended update is within the verdict's line,
     which the attacker computed from the update alone; a random image is not (at these noise
@@ -63,6 +81,8 @@ def test_the_true_data_explain_their_own_defended_update(defense):
     for seed in range(3):
         rel_truth, rel_rand, line = _truth_and_random(defense, seed)
         assert rel_truth <= line, (defense, seed, rel_truth, line)
+        if defense not in ("fp16", "gaussian:1e-4"):  # the floor matters: the plain line alone fails the truth
+            assert rel_truth > CONVERGED_BELOW["idlg"], (defense, rel_truth)
         assert rel_rand > 10 * line, (defense, seed, rel_rand, line)
 
 

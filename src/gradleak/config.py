@@ -26,7 +26,7 @@ class AttackConfig(BaseModel):
     attack: str = Field("dlg", description="attack: dlg | idlg | gradinversion | ig | analytic | rgap | imprint | "
                         "auto (text: dlg | dlg-free | bow)")
     model: str = Field("lenet-dlg", description="victim model name, or package.module:callable")
-    width: int | None = Field(None, ge=1, le=4096, description="model width (convnet)")
+    width: int | None = Field(None, ge=1, le=4096, description="model width (convnet, mlp)")
     data: str = Field("cifar10-samples", description="data source name or an ImageFolder / IDX folder")
     data_root: str | None = Field(None, description="folder overriding a named source's location")
     split: Literal["train", "test"] = Field("train", description="data split (fashion-mnist)")

@@ -10,7 +10,9 @@ apply to the model and the threat, in the order of configs.CLOSED_FORM:
 and keeps the first whose answer explains the update (the convergence verdict, verdict.py, with
 the defenses' noise floor). When none applies or none converges, it runs its fallback, an
 optimisation attack (GradInversion for batches and aggregates, iDLG for one image), and keeps
-whichever answer explains the update best by the attacker's own objective. ``extra["auto"]``
+whichever answer explains the update best by the attacker's own objective (a converged fallback
+first; the imprint answer before an optimisation that did not converge, since the inputs it
+separated are read off the update). ``extra["auto"]``
 records every attack tried, why the others did not apply, and which was used.
 """
 
@@ -83,7 +85,9 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
         tried.append({"attack": name, "applies": True, "converged": conv.converged,
                       "relative_gradient_distance": conv.relative_gradient_distance,
                       "seconds": round(rec.wall_seconds, 3)})
-        if best is None or _score(rec) < _score(best[1]):
+        # the imprint answer first (the inputs it separated are read off the update), else the
+        # answer that explains the update best
+        if best is None or (best[0] != "imprint" and (name == "imprint" or _score(rec) < _score(best[1]))):
             best = (name, rec)
         if conv.converged:
             return _chosen(name, rec, tried, f"{name} applies and its answer explains the update", spent)
@@ -93,8 +97,14 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
     conv = verdict(fallback, rec.extra, floor)
     tried.append({"attack": fallback, "applies": True, "converged": conv.converged,
                   "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)})
-    if best is not None and _score(best[1]) < _score(rec):
-        return _chosen(best[0], best[1], tried, f"no attack converged; {best[0]} explains the update best", spent)
+    if conv.converged:
+        return _chosen(fallback, rec, tried, f"no closed-form attack explained the update; {fallback} did", spent)
+    if best is not None and (best[0] == "imprint" or _score(best[1]) < _score(rec)):
+        # the imprint block reads single inputs off the update: whatever it separated is the
+        # worst case, even when a collision keeps it from claiming every input
+        return _chosen(best[0], best[1], tried, f"no attack converged; {best[0]} is kept ("
+                       + ("it reads the separated inputs off the update" if best[0] == "imprint" else
+                          "it explains the update best") + ")", spent)
     why = ("no closed-form attack applies" if best is None else "no closed-form attack explained the update")
     return _chosen(fallback, rec, tried, f"{why}: fell back to optimisation ({fallback})", spent)
 

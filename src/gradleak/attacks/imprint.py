@@ -249,6 +249,11 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
         "plateau": False,
         "restarts_used": 0,
     }
+    if not extra["exact"]:  # why the attacker cannot claim every input (the verdict's reason)
+        extra["why_not_exact"] = (
+            "a defense was applied: the attacker cannot tell the bins' noise from samples" if defended else
+            f"{n_nonempty} non-empty bins for {k} samples: some shared a bin or fell below the lowest threshold"
+            if n_nonempty != k else f"{int(mixed.sum())} bins held samples of opposite gradient signs")
     if n_nonempty > k:
         extra["note"] = (f"{n_nonempty} non-empty bins for {k} samples: noise (a defense) or a "
                          "mismatched batch size; the strongest K were kept")

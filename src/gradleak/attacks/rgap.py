@@ -266,6 +266,11 @@ def _check_threat(update: SharedUpdate) -> ThreatModel:
     return threat
 
 
+# The largest layer input R-GAP solves for: its normal matrix is n x n float64 (12288: 1.1 GiB, a
+# 64 px RGB image); larger inputs are refused before anything is allocated.
+MAX_UNKNOWNS = 12288
+
+
 def _plan(update: SharedUpdate, model: ModelSpec, device: torch.device) -> tuple[ThreatModel, list[_Layer]]:
     """Every refusal, then the chain on the attacker's float64 copy with its shapes recorded."""
     threat = _check_threat(update)
@@ -294,6 +299,11 @@ def _plan(update: SharedUpdate, model: ModelSpec, device: torch.device) -> tuple
         if key not in update.gradients:
             raise ModelMismatchError(f"rgap: the update does not share {key}; R-GAP needs every layer's weight "
                                      "gradient")
+    for layer in chain:
+        n = math.prod(layer.in_shape)
+        if n > MAX_UNKNOWNS:
+            raise ConfigError(f"rgap: layer {layer.name or 'input'} has {n} unknowns, more than {MAX_UNKNOWNS} (its "
+                              f"dense normal matrix would need {n * n * 8 / 2**30:.1f} GiB); use smaller images")
     last = chain[-1]
     key = f"{last.name}.bias" if last.name else "bias"
     if key not in update.gradients:

@@ -22,7 +22,7 @@ wrong basin, which a 1e-4 line (the first version) called converged and so "not 
 priors too (and IG a cosine), so their answer never explains the update exactly: on convnet
 (width 16), batch 2 / 1, 300 steps, runs that rebuilt ~19 dB ended at 0.21-0.25 and 10-20-step
 runs at 0.64-0.71, hence 0.4; a coarse line, stated as such. Text DLG is exact when it succeeds,
-and so are the closed-form attacks (analytic, R-GAP: ~1e-13 when they rebuild the input; the
+and so are the closed-form attacks (analytic, R-GAP: 1e-13..1e-10 when they rebuild the input; the
 imprint attack is judged analytically: exact when every sample sat alone in its bin).
 A run that did not converge is "inconclusive": its low PSNR says nothing about the client.
 
@@ -108,7 +108,8 @@ def _verdict(attack_family: str, extra: dict[str, Any], threshold: float) -> Con
         exact = bool(extra.get("exact"))
         return Convergence(exact, None, threshold, False, 0,
                            "analytic: read off the update exactly" if exact else
-                           "analytic, but the update did not reveal it exactly (noise or pruning): inconclusive")
+                           f"analytic, but the update did not reveal it exactly "
+                           f"({extra.get('why_not_exact') or 'noise or pruning'}): inconclusive")
     rel = extra.get("relative_gradient_distance")
     plateau = bool(extra.get("plateau", False))
     restarts = int(extra.get("restarts_used", 0) or 0)

@@ -11,6 +11,7 @@ tensors, never from the data.
 Aggregates: each client is defended before the mean of N clients, so the error is a mean of N
 independent ones: E||e||^2 / N, and (Gaussian by the central limit) Var ||e||^2 = 2 (E||e||^2 / N)^2
 / entries. Quantisation grids cannot be read off a mean, so quantised aggregates are not modelled.
+DP-SGD's clipping is not modelled (the per-sample norms are private): listed as unmodelled.
 Pruning is not modelled: the attacker cannot bound from below what the zeroed entries held, and a
 zero floor errs on "inconclusive", never on "defended".
 """
@@ -70,6 +71,8 @@ def noise_floor(update: SharedUpdate) -> NoiseFloor:
             unmodelled.append(spec)
             continue
         modelled.append(spec)
+        if defense.name == "dpsgd":  # its noise is modelled, its per-sample clipping is not
+            unmodelled.append(f"{spec} (clipping)")
         mean, var = mean + res.mean, var + res.var
     if norm2 <= 0:
         return NoiseFloor(0.0, 0.0, modelled, unmodelled)

@@ -152,6 +152,11 @@ class ImprintBlock(nn.Module):
         self.relu = nn.ReLU()
         self.linear2 = nn.Linear(n, d)
         scale = IMPRINT_SHIFT / g  # the measurement's scale s: the forward shift stays IMPRINT_SHIFT-small
+        weights = (scale / d, scale * float(c.abs().max()), g)
+        if not all(math.isfinite(w) and w > 0 and torch.finfo(torch.float32).tiny < w < torch.finfo(torch.float32).max
+                   for w in weights):
+            raise ConfigError(f"imprint: gain {gain!r} makes the block's weights ({weights[0]:.3g}, {weights[2]:.3g}) "
+                              "leave float32's range; use a gain between 1e-6 and 1e6")
         with torch.no_grad():
             self.linear0.weight.fill_(scale / d)
             self.linear0.bias.copy_(-scale * c.to(self.linear0.bias.dtype))

@@ -4,7 +4,7 @@ server's modification of it.
     honest                                the global model as it is
     imprint[:bins=N,mean=M,std=S,gain=G]  Robbing the Fed's imprint block in front of it
                                           (models/imprint.py; default 64 bins, the public
-                                          brightness prior, gain 1e-3)
+                                          brightness prior, gain 100)
 
 The modified model is recorded in the update's ``model_kwargs["server"]`` as its canonical text,
 every value resolved, so the attacker (and a file's reader) rebuilds the same architecture.

@@ -173,7 +173,11 @@ class ImageCase(Case):
         return PSNRObserver(self.truth) if self.truth is not None else None
 
     def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
-        return update_file_values(cfg, self.update.meta) if cfg.update else {}
+        if cfg.update:
+            return update_file_values(cfg, self.update.meta)
+        # the server's modification as resolved (defaults filled), so a rerun builds the same model
+        server = self.model.kwargs.get("server")
+        return {"server": server} if server else {}
 
     def metrics(self, cfg: AttackConfig, recon: Reconstruction, device: torch.device) -> dict[str, Any]:
         meta = self.update.meta
