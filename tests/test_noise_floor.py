@@ -39,7 +39,7 @@ def test_each_defense_models_its_own_residual(spec):
 def test_int8_floor_is_a_lower_bound():
     """int8 counts entries shared as 0 as exact (they may have been 0: dead ReLU rows), so its floor
     is below the real residual, never above (the verdict errs on "inconclusive"); on a real mlp
-    update, where whole rows are 0, it is within a few percent."""
+    update, where whole rows are 0, it is 0.94 of the real residual (LeNet: 0.79)."""
     clean = _gradients()
     d = parse_defense("int8")
     shared = d.transform(clean, torch.Generator().manual_seed(0))
