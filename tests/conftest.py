@@ -54,3 +54,14 @@ def _one_ray_at_a_time(request):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (the suite runs 2 workers on 2 cores), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

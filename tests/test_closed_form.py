@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from gradleak.attacks import Engine, run_attack
 from gradleak.attacks.analytic import analytic
@@ -36,12 +35,7 @@ FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -39,12 +39,7 @@ BATCH4 = [0, 1, 2, 3]        # photos 1 and 3 share a bin
 FEDAVG4 = [0, 2, 3, 4]       # four photos in four different bins
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

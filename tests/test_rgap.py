@@ -41,12 +41,7 @@ _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
 rgap_module = importlib.import_module("gradleak.attacks.rgap")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

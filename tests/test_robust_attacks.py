@@ -55,12 +55,7 @@ def photos(tmp_path_factory):
     return bench, open_source(str(root))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def _run(attack: str, update, model, **given):  # noqa: ANN001
