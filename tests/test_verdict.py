@@ -70,9 +70,21 @@ def test_dashboard_never_counts_an_inconclusive_cell_as_protection(tmp_path):
                        "grid": {"iterations": [2]}})
     run_sweep(spec, tmp_path / "sw", executor="inline", progress=False)
     page = render_dashboard(tmp_path / "sw").read_text()
-    assert "inconclusive (the attack did not converge): they are left out of the leakage plots" in page
+    assert "inconclusive (the attack did not converge and stayed below 20 dB): they are left out of the leakage" in page
     assert ">inconclusive<" in page
     import csv
 
     rows = list(csv.DictReader(open(tmp_path / "sw" / "results.csv")))
     assert rows[0]["converged"] in ("False", "false", "0")
+
+
+def test_dashboard_never_hides_a_leak_behind_an_inconclusive_verdict():
+    """A cell that rebuilt the data (>= 20 dB) stays in the leakage plots even when its attack
+    did not converge (e.g. the imprint attack under noise, which cannot claim exactness)."""
+    from gradleak.sweep.dashboard import LEAKED_DB, _rebuilt
+    from gradleak.sweep.store import CellRecord
+
+    def cell(psnr, converged):
+        return CellRecord(cell_id="c", status="ok", grid={}, config={}, metrics={"psnr_mean": psnr, "converged": converged},
+                          error=None, wall_seconds=1.0, worker=None, finished_at="")
+    assert _rebuilt(cell(LEAKED_DB + 30, False)) and not _rebuilt(cell(LEAKED_DB - 1, False))

@@ -294,6 +294,16 @@ def _marginals(records: Sequence[CellRecord], grid_fields: Sequence[str]) -> str
     return "".join(parts)
 
 
+# A cell rebuilt the data when its mean PSNR reaches this (the experiments' success threshold,
+# experiments/common.py THRESHOLD_DB: MSE 0.01 on [0, 1] pixels).
+LEAKED_DB = 20.0
+
+
+def _rebuilt(r: CellRecord) -> bool:
+    p = (r.metrics or {}).get("psnr_mean") if r.status == "ok" else None
+    return isinstance(p, (int, float)) and p >= LEAKED_DB
+
+
 def _verdict(r: CellRecord) -> str:
     """"converged", "inconclusive" (the attack did not converge), or "" (failed cell / no verdict)."""
     c = (r.metrics or {}).get("converged") if r.status == "ok" else None
@@ -464,13 +474,16 @@ def _sweep_page(folder: Path, records: list[CellRecord], sweeps: int) -> str:
     vary = _varying(records, ("model", "threat", "data", "defense"))
     body = [_summary(records, sweeps, folder)]
     if records:
-        # Leakage plots and means use only cells whose attack converged (or that predate the
-        # verdict): a low PSNR from an attack that failed is inconclusive, never "defended".
-        judged = [r for r in records if _verdict(r) != "inconclusive"]
+        # Leakage plots and means use the cells whose attack converged (or that predate the
+        # verdict) and the cells that rebuilt the data anyway (PSNR >= LEAKED_DB: a leak, whatever
+        # the attacker's own verdict): a low PSNR from an attack that failed is inconclusive, never
+        # "defended", and a leak is never hidden.
+        judged = [r for r in records if _verdict(r) != "inconclusive" or _rebuilt(r)]
         left_out = sum(1 for r in records if r.status == "ok") - sum(1 for r in judged if r.status == "ok")
         if left_out:
-            body.append(_notice(f"{left_out} cell(s) are inconclusive (the attack did not converge): they are left "
-                                f"out of the leakage plots and means below, and listed as such in the cell table."))
+            body.append(_notice(f"{left_out} cell(s) are inconclusive (the attack did not converge and stayed below "
+                                f"{LEAKED_DB:g} dB): they are left out of the leakage plots and means below, and "
+                                "listed as such in the cell table."))
         body += [_vs_batch(judged, vary), _iip(judged, vary), _defenses(judged), _marginals(judged, grid_fields),
                  _cells(records, grid_fields)]
     else:
