@@ -165,6 +165,7 @@ def test_auto_uses_the_closed_form_attack_that_applies(model, used, tmp_path, ca
     tried = {t["attack"]: t for t in m["auto"]["tried"]}
     assert tried["imprint"]["applies"] is False and "imprint block" in tried["imprint"]["why"]
     assert f"auto: used {used}" in capsys.readouterr().out
+    assert f"<b>auto</b> used {used}" in (out / "report.html").read_text()
     assert json.loads((out / "config.json").read_text())["attack"] == "auto"
 
 

@@ -138,7 +138,15 @@ def verdict_notice(metrics: Mapping[str, Any]) -> str:
         return ""
     conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
     reason = escape(str(conv.get("reason", "")))
+    auto = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else None
+    chosen = ""
+    if auto is not None:  # --attack auto: which attack it used, and why
+        tried = ", ".join(escape(f"{t.get('attack')} ({'converged' if t.get('converged') else 'not converged'})"
+                                 if t.get("applies") else f"{t.get('attack')} (does not apply)")
+                          for t in auto.get("tried", []) if isinstance(t, Mapping))
+        chosen = (f'<p class="sub"><b>auto</b> used {escape(str(auto.get("used")))}: {escape(str(auto.get("why")))}. '
+                  f"Tried: {tried}.</p>")
     if metrics.get("converged") is True:
-        return f'<p class="sub"><b>Converged</b>: {reason}.</p>'
-    return (f'<p class="notice"><b>Inconclusive: the attack did not converge.</b> {reason}. Low scores here '
+        return f'{chosen}<p class="sub"><b>Converged</b>: {reason}.</p>'
+    return (f'{chosen}<p class="notice"><b>Inconclusive: the attack did not converge.</b> {reason}. Low scores here '
             f"are not evidence that the client is safe.</p>")
