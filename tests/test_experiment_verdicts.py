@@ -191,3 +191,13 @@ def test_default_samples_per_setting_are_at_least_three_outside_smoke(name, tmp_
     assert min(full.values()) >= 3, (name, sorted(full.values()))
     smoke = per_setting(_plan(name, tmp_path / "smoke", monkeypatch, smoke=True))
     assert min(smoke.values()) >= 1 and sum(smoke.values()) < sum(full.values())
+
+
+def test_training_stage_runs_the_attack_asked_for_or_refuses(tmp_path):
+    """--attacks is not ignored: dlg (the rebuttal's) or idlg; anything else is an error."""
+    from gradleak.errors import ConfigError
+
+    for attacks in (["gradinversion"], ["dlg", "idlg"]):
+        with pytest.raises(ConfigError, match="one attack of the DLG family"):
+            run_experiment("training-stage", make_options(out=str(tmp_path / "t"), smoke=True, progress=False,
+                                                          attacks=attacks, executor="inline"))
