@@ -201,3 +201,29 @@ def test_training_stage_runs_the_attack_asked_for_or_refuses(tmp_path):
         with pytest.raises(ConfigError, match="one attack of the DLG family"):
             run_experiment("training-stage", make_options(out=str(tmp_path / "t"), smoke=True, progress=False,
                                                           attacks=attacks, executor="inline"))
+
+
+def test_experiments_refuse_attacks_they_would_not_run(tmp_path):
+    from gradleak.errors import ConfigError
+
+    for name, attacks in (("local-iterations", ["dlg", "idlg"]), ("local-iterations", ["gradinversion"]),
+                          ("defenses", ["gradinversion"])):
+        with pytest.raises(ConfigError, match="--attacks"):
+            run_experiment(name, make_options(out=str(tmp_path / name), smoke=True, progress=False, attacks=attacks,
+                                              executor="inline"))
+
+
+def test_defenses_runs_each_attack_named(tmp_path, monkeypatch):
+    """--attacks imprint,dlg: the dlg cells run dlg (not the first attack named)."""
+    seen = []
+
+    def fake_run(self, cells, *, run_folders=()):
+        seen.extend(cfg["attack"] for cfg in cells.values())
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(Workspace, "run", fake_run)
+    monkeypatch.setattr(Workspace, "trained", _fake_trained)
+    with pytest.raises(RuntimeError, match="stop"):
+        run_experiment("defenses", make_options(out=str(tmp_path / "d"), smoke=True, progress=False,
+                                                attacks=["imprint", "dlg"], executor="inline"))
+    assert set(seen) == {"imprint", "dlg"}

@@ -21,9 +21,11 @@ Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused wi
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..report import save_line_plot
+from ..errors import ConfigError
 from ..models.server import DEFAULT_BINS
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
@@ -62,7 +64,9 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
 
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
     model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
-    attacks = list(opt.attacks or ATTACKS)
+    attacks = list(dict.fromkeys(opt.attacks or ATTACKS))
+    if not set(attacks) <= {"dlg", "idlg", "imprint"}:
+        raise ConfigError(f"defenses compares dlg, idlg and imprint; got --attacks {','.join(attacks)}")
     settings = SMOKE_SETTINGS if opt.smoke else SETTINGS
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else 10_000
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
@@ -202,7 +206,7 @@ def _cell(st: Any, attack: str, seed: int, **fields: Any) -> dict[str, Any]:
     if attack == "imprint":
         return dict(attack="imprint", server="imprint", model=st.model, width=st.width, data=st.data, seed=seed,
                     split="test", batch_size=1, **fields)
-    return lbfgs_cell(st, seed, log_points=10, split="test", batch_size=1, **fields)
+    return lbfgs_cell(replace(st, attack=attack), seed, log_points=10, split="test", batch_size=1, **fields)
 
 
 def _short(name: str, strength: float | None) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
@@ -45,6 +46,8 @@ ITERATIONS = (40, 300)
 @experiment("local-iterations", "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size")
 def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="cifar10-samples", attack="dlg", samples=(1, 4), iterations=ITERATIONS)
+    if len(opt.attacks or []) > 1 or st.attack not in ("dlg", "idlg"):
+        raise ConfigError("local-iterations runs one attack of the DLG family: --attacks dlg (default) or idlg")
     model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
     steps_list = SMOKE_STEPS if opt.smoke else STEPS
     batch = SMOKE_BATCH if opt.smoke else BATCH
