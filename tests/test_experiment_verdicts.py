@@ -207,10 +207,14 @@ def test_experiments_refuse_attacks_they_would_not_run(tmp_path):
     from gradleak.errors import ConfigError
 
     for name, attacks in (("local-iterations", ["dlg", "idlg"]), ("local-iterations", ["gradinversion"]),
-                          ("defenses", ["gradinversion"])):
+                          ("defenses", ["gradinversion"]), ("ablation", ["dlg"]), ("identifiability", ["ig"]),
+                          ("optimizers", ["idlg"])):
         with pytest.raises(ConfigError, match="--attacks"):
             run_experiment(name, make_options(out=str(tmp_path / name), smoke=True, progress=False, attacks=attacks,
                                               executor="inline"))
+    with pytest.raises(ConfigError, match="one batch size"):
+        run_experiment("ablation", make_options(out=str(tmp_path / "ab"), smoke=True, progress=False,
+                                                batch_sizes=[2, 4], executor="inline"))
 
 
 def test_defenses_runs_each_attack_named(tmp_path, monkeypatch):

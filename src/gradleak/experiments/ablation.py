@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..report import save_line_plot
+from ..errors import ConfigError
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (refuse_attacks, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 # Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
@@ -43,6 +44,9 @@ LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_di
 
 @experiment("ablation", "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered")
 def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    refuse_attacks(opt, "ablation", "GradInversion with each term added in turn")
+    if len(opt.batch_sizes or []) > 1:
+        raise ConfigError("ablation runs one batch size (--batch-sizes K)")
     model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]
     samples = opt.samples or (1 if opt.smoke else 3)

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..errors import ConfigError
 from .base import ExperimentOptions
 from .cells import CellResult
 
@@ -51,6 +52,13 @@ def setting(opt: ExperimentOptions, *, model: str, data: str, attack: str = "dlg
     return Setting(model=opt.model or model, width=opt.width or width, data=opt.data or data,
                    attack=(opt.attacks or [attack])[0], samples=opt.samples or samples[pick],
                    iterations=opt.iterations or iterations[pick], seed=opt.seed)
+
+
+def refuse_attacks(opt: ExperimentOptions, name: str, runs: str) -> None:
+    """ConfigError when --attacks is given to an experiment that runs fixed attacks (a flag is
+    never ignored)."""
+    if opt.attacks:
+        raise ConfigError(f"{name} runs {runs}: --attacks does not apply")
 
 
 def lbfgs_cell(s: Setting, seed: int, *, log_points: int, **fields: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean, summarize,
+from .common import (refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean, summarize,
                      summary_columns, trend_notes, verdict_fields, victim)
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
@@ -62,6 +62,7 @@ def spearman(x: list[float], y: list[float]) -> float | None:
 
 @experiment("identifiability", "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality")
 def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    refuse_attacks(opt, "identifiability", "GradInversion")
     model, width, data = victim(opt)
     batch_sizes = opt.batch_sizes or ([1, 4] if opt.smoke else [1, 2, 4, 8])
     samples = opt.samples or (1 if opt.smoke else 3)

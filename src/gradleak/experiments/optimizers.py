@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
+from .common import (refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
                      verdict_fields)
 
 THRESHOLD_DB = 30.0
@@ -18,6 +18,7 @@ SETTINGS = {"lbfgs": (1.0, 200, 120), "adam": (0.1, 3000, 600), "sgd": (0.1, 300
 
 @experiment("optimizers", "DLG with L-BFGS vs Adam vs SGD: time and iterations to a PSNR threshold")
 def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    refuse_attacks(opt, "optimizers", "DLG with each optimizer")
     model = opt.model or "lenet-dlg"
     data = opt.data or "cifar10-samples"
     samples = opt.samples or (1 if opt.smoke else 3)
