@@ -65,8 +65,6 @@ def build_photo_set(root: Path, names: tuple[str, ...] = PHOTOS, size: int = 32)
 def idlg_photo(source, index: int, *, seed: int = 0, iterations: int | None = None):  # noqa: ANN001, ANN201
     """iDLG at its defaults (as `gradleak attack --attack idlg` resolves them; ``iterations``
     overrides the 300 steps) on photo ``index``."""
-    from gradleak.attacks import Engine
-    from gradleak.attacks.configs import resolve_attack
     from gradleak.data import batch_of
     from gradleak.fl import fedsgd
     from gradleak.metrics import evaluate
@@ -75,22 +73,13 @@ def idlg_photo(source, index: int, *, seed: int = 0, iterations: int | None = No
     model = build_model("lenet-dlg", num_classes=10, channels=3, image_size=32, seed=0)
     batch = batch_of(source, [index], 32, 3)
     update = fedsgd(model, batch)
-    given = {"attack": "idlg", "seed": seed, "init": "randn"}
-    if iterations is not None:
-        given["iterations"] = iterations
-    cfg = resolve_attack(given, bn_statistics_shared=False)
-    t0 = time.perf_counter()
-    rec = Engine().run(cfg, update, model)
-    wall = time.perf_counter() - t0
-    ev = evaluate(rec, batch)
-    return rec, ev, wall
+    rec, wall = _attack("idlg", update, model, seed, iterations)
+    return rec, evaluate(rec, batch), wall
 
 
 def fedavg_pair(source, indices: list[int], *, attack: str = "dlg", seed: int = 0, private_seed: int = 17,
                 iterations: int | None = None):  # noqa: ANN001, ANN201
     """DLG / iDLG at their defaults on FedAvg: 2 local steps of batch 1 over the 2 photos."""
-    from gradleak.attacks import Engine
-    from gradleak.attacks.configs import resolve_attack
     from gradleak.data import batch_of
     from gradleak.fl.threats import ThreatModel, client_share
     from gradleak.metrics import evaluate
@@ -100,14 +89,22 @@ def fedavg_pair(source, indices: list[int], *, attack: str = "dlg", seed: int = 
     batch = batch_of(source, indices, 32, 3)
     threat = ThreatModel(name="fedavg", local_steps=2, local_batch_size=1, local_lr=0.01)
     update = client_share(model, batch, threat, private_seed=private_seed)
+    rec, wall = _attack(attack, update, model, seed, iterations)
+    return rec, evaluate(rec, batch), wall
+
+
+def _attack(attack: str, update, model, seed: int, iterations: int | None):  # noqa: ANN001, ANN202
+    """The attack at its defaults (randn first start), timed: (reconstruction, seconds)."""
+    from gradleak.attacks import Engine
+    from gradleak.attacks.configs import resolve_attack
+
     given = {"attack": attack, "seed": seed, "init": "randn"}
     if iterations is not None:
         given["iterations"] = iterations
     cfg = resolve_attack(given, bn_statistics_shared=False)
     t0 = time.perf_counter()
     rec = Engine().run(cfg, update, model)
-    wall = time.perf_counter() - t0
-    return rec, evaluate(rec, batch), wall
+    return rec, time.perf_counter() - t0
 
 
 def _row(rec, ev, wall, name: str) -> dict:  # noqa: ANN001
