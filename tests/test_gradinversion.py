@@ -265,6 +265,33 @@ def test_presets_and_overrides():
         resolve_settings(AttackSettings(seeds=0))
 
 
+def test_preset_alphas_per_layer():
+    """A preset's alpha_G and alpha_BN are for its reference model and scaled to the attacked
+    model's parameter tensors and BN layers (gradinversion.per_layer); explicit values stay."""
+    from gradleak.attacks.configs import resolve_attack
+    from gradleak.attacks.gradinversion import PRESET_MODELS, layer_counts
+
+    counts = {name: layer_counts(build_model(name, num_classes=10).module)
+              for name in ("convnet", "resnet18-cifar", "resnet50")}
+    assert counts["convnet"] == PRESET_MODELS["cpu"][1:] == (14, 4)
+    assert counts["resnet50"] == PRESET_MODELS["paper"][1:] == (161, 53)
+    assert layer_counts(build_model("convnet", num_classes=10, width=8).module) == (14, 4)  # any width
+
+    def resolved(model: str, preset: str = "cpu", **given: float):
+        return resolve_attack({"attack": "gradinversion", "seed": 0, "preset": preset, **given},
+                              bn_statistics_shared=True, layers=counts[model])
+
+    assert (resolved("convnet").alpha_g, resolved("convnet").alpha_bn) == (1.0, 1.0)  # its reference: as tuned
+    assert (resolved("resnet50", "paper").alpha_g, resolved("resnet50", "paper").alpha_bn) == (1e-3, 0.1)
+    r18 = resolved("resnet18-cifar")
+    assert r18.alpha_g == pytest.approx(14 / 62) and r18.alpha_bn == pytest.approx(4 / 20)
+    assert (r18.alpha_tv, r18.alpha_l2, r18.alpha_group, r18.alpha_n) == (3e-2, 1e-6, 1e-2, 0.2)  # image priors as is
+    given = resolved("resnet18-cifar", alpha_g=0.5, alpha_bn=2.0)
+    assert (given.alpha_g, given.alpha_bn) == (0.5, 2.0)
+    # without a model (the API's resolve_settings): the reference model's values
+    assert resolve_settings(AttackSettings()).alpha_g == 1.0
+
+
 def test_registry_runs_both_attacks(spec, batch, update):
     assert {"gradinversion", "ig", "dlg", "idlg"} <= set(ATTACKS)
     seen: list[tuple[int, tuple[int, ...]]] = []

@@ -12,6 +12,7 @@ from .base import AttackSettings, Observer
 from .auto import auto_fallback
 from .configs import CLOSED_FORM, IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
 from .engine import Engine
+from .gradinversion import layer_counts
 from .state import AttackState
 from .analytic import analytic
 from .dlg import dlg, idlg
@@ -53,7 +54,8 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
         values["attack"] = name
         values["restarts" if name == "ig" else "seeds"] = s.seeds
         fallback = auto_fallback(update) if name == "auto" else None
-        config = resolve_attack(values, bn_statistics_shared=shared, fallback=fallback)
+        config = resolve_attack(values, bn_statistics_shared=shared, fallback=fallback,
+                                layers=layer_counts(model.module))
     return Engine(device=s.device, observer=observer, log_every=s.log_every, progress=s.progress).run(
         config, update, model)
 

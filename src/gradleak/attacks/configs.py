@@ -197,12 +197,14 @@ def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) 
 
 
 def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
-                   fallback: str | None = None) -> ImageAttackConfig:
+                   fallback: str | None = None, layers: tuple[int, int] | None = None) -> ImageAttackConfig:
     """The typed, fully resolved config of the image attack ``values["attack"]`` from the flat
     config values (None: the attack's default). ``bn_statistics_shared``: whether the update
     carries the client's BN batch statistics (GradInversion's default BN prior follows it).
     ``fallback``: for attack "auto", the optimisation attack it falls back to (the case chooses
-    it: GradInversion for batches and aggregates, iDLG for one image); the flags given go to it."""
+    it: GradInversion for batches and aggregates, iDLG for one image); the flags given go to it.
+    ``layers``: the attacked model's (parameter tensors, BN layers), which GradInversion's preset
+    alphas are scaled to (gradinversion.per_layer); None: the preset's reference model."""
     attack = str(values.get("attack"))
     if attack not in IMAGE_ATTACK_CONFIGS:
         raise UnknownNameError(f"unknown attack {attack!r}; known: {', '.join(sorted(IMAGE_ATTACK_CONFIGS))}")
@@ -210,7 +212,8 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
         raise ConfigError(f"option --fallback applies to attack 'auto', not to {attack!r}")
     if attack == "auto":
         chosen = values.get("fallback") or fallback or "idlg"
-        inner = resolve_attack({**values, "attack": chosen, "fallback": None}, bn_statistics_shared=bn_statistics_shared)
+        inner = resolve_attack({**values, "attack": chosen, "fallback": None}, bn_statistics_shared=bn_statistics_shared,
+                               layers=layers)
         return AutoConfig(seed=int(values.get("seed", 0)), fallback=inner)  # type: ignore[arg-type]
     known = applicable(attack)
     check_flags(attack, values, known)
@@ -218,18 +221,19 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     given["seed"] = int(values.get("seed", 0))
     try:
         if attack == "gradinversion":
-            return _resolve_gradinversion(given, bn_statistics_shared)
+            return _resolve_gradinversion(given, bn_statistics_shared, layers)
         return IMAGE_ATTACK_CONFIGS[attack](**given)  # type: ignore[return-value]
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(f"{attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
-def _resolve_gradinversion(given: dict[str, Any], bn_statistics_shared: bool) -> GradInversionConfig:
+def _resolve_gradinversion(given: dict[str, Any], bn_statistics_shared: bool,
+                           layers: tuple[int, int] | None) -> GradInversionConfig:
     preset = given.get("preset", "cpu")
-    # The preset, then --iterations (which scales the registration schedule and caps the warm-up,
-    # resolve_settings), then every constant given explicitly.
-    base = resolve_settings(AttackSettings(preset=preset, iterations=given.get("iterations")))
+    # The preset per layer of the model, then --iterations (which scales the registration
+    # schedule and caps the warm-up, resolve_settings), then every constant given explicitly.
+    base = resolve_settings(AttackSettings(preset=preset, iterations=given.get("iterations")), layers=layers)
     values = {**base.to_dict(), **{k: v for k, v in given.items() if k not in ("preset",)}}
     values.pop("name")
     if "bn" not in given and values["bn"] == "exact" and not bn_statistics_shared:

@@ -166,6 +166,44 @@ PRESETS: dict[str, GradInversionSettings] = {
 }
 
 
+# A preset's alpha_G and alpha_BN are given for the model it was set on and applied per layer
+# (issue 20). Eq. 3 sums one L2 norm per parameter tensor and Eq. 10 one term per BN layer, so
+# with fixed alphas the gradient and BN terms of a deeper network outweigh the image priors
+# (TV, l2, group: Eq. 9, 11), which do not grow with depth: on ResNet-18 (62 tensors, 20 BN
+# layers) the cpu preset's TV weighed 4.4x less against L_grad than on the 14-tensor convnet it
+# was tuned on. Measured on ResNet-18 (CIFAR stem), 4 CIFAR-10 photos, 200 steps, one seed, no
+# group term, BN approx (benchmarks/tried.json "gi_per_layer"): the preset as is 9.6 dB, alpha_TV
+# x 3.3 11.8 dB, per layer 12.1 dB; breaching's seethroughgradients 11.8 dB on the same photos.
+# So a preset's alpha_G is scaled by L_ref / L and its alpha_BN by B_ref / B, where L and B are
+# the attacked model's parameter tensors and BN layers and L_ref, B_ref its reference model's:
+# the reference model itself gets the preset's values unchanged. (Adam is invariant to the
+# loss's overall scale, so this is the same as scaling the image priors up.) Constants given
+# explicitly (--alpha-g, --alpha-bn) are used as given.
+PRESET_MODELS: dict[str, tuple[str, int, int]] = {
+    "cpu": ("convnet", 14, 4),       # the network the cpu preset was tuned on (any width)
+    "paper": ("resnet50", 161, 53),  # the paper's ResNet-50
+}
+
+
+def layer_counts(module: torch.nn.Module) -> tuple[int, int]:
+    """(parameter tensors that get a gradient, BatchNorm layers) of a network: the number of
+    terms of Eq. 3 and of Eq. 10."""
+    tensors = sum(1 for p in module.parameters() if p.requires_grad)
+    bn = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    return tensors, bn
+
+
+def per_layer(preset: GradInversionSettings, layers: tuple[int, int] | None) -> GradInversionSettings:
+    """The preset's values for a model with ``layers`` = (parameter tensors, BN layers); None:
+    the preset's reference model (values unchanged). See PRESET_MODELS."""
+    if layers is None or preset.name not in PRESET_MODELS:
+        return preset
+    _, ref_tensors, ref_bn = PRESET_MODELS[preset.name]
+    tensors, bn = layers
+    return replace(preset, alpha_g=preset.alpha_g * (ref_tensors / max(1, tensors)),
+                   alpha_bn=preset.alpha_bn * (ref_bn / bn) if bn > 0 else preset.alpha_bn)
+
+
 @dataclass
 class SeedStreams(AttackState):
     """GradInversion's own resumable state: each seed's generator (its initial pixels, then its
@@ -197,11 +235,12 @@ class SeedStreams(AttackState):
         super().set_state(saved)
 
 
-def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None = None) -> GradInversionSettings:
+def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None = None,
+                     layers: tuple[int, int] | None = None) -> GradInversionSettings:
     """The GradInversion settings a run uses: ``gi`` (or the preset ``settings.preset``, default
-    "cpu"), then every generic AttackSettings field that is not None on top (iterations, lr,
-    seeds, group, bn, labels)."""
-    base = gi if gi is not None else GradInversionSettings.preset(settings.preset or "cpu")
+    "cpu", per layer of a model with ``layers``, see per_layer), then every generic
+    AttackSettings field that is not None on top (iterations, lr, seeds, group, bn, labels)."""
+    base = gi if gi is not None else per_layer(GradInversionSettings.preset(settings.preset or "cpu"), layers)
     changes: dict[str, object] = {}
     if settings.iterations is not None and settings.iterations != base.iterations:
         n = int(settings.iterations)
@@ -246,7 +285,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     statistics as the client shares them there (the mean over its local steps / over clients)."""
     engine = engine if engine is not None else Engine(device=settings.device, observer=observer, shard=shard)
     observer, shard = engine.observer, engine.shard
-    cfg = resolve_settings(settings, gi)
+    cfg = resolve_settings(settings, gi, layers=layer_counts(model.module))
     dtype, device = settings.torch_dtype(), settings.torch_device()
     k = int(update.meta.batch_size)
     labels = restore_labels(update, model, k, cfg.labels).to(device)
@@ -363,4 +402,5 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0})
 
 
-__all__ = ["GradInversionSettings", "PRESETS", "gradinversion", "resolve_settings"]
+__all__ = ["GradInversionSettings", "PRESETS", "PRESET_MODELS", "gradinversion", "layer_counts", "per_layer",
+           "resolve_settings"]

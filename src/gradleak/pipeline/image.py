@@ -12,6 +12,7 @@ import torch
 
 from ..attacks.auto import auto_fallback
 from ..attacks.configs import resolve_attack
+from ..attacks.gradinversion import layer_counts
 from ..attacks.reconstruction import Reconstruction
 from ..config import AttackConfig
 from ..data import SOURCE_NAMES, Batch, batch_of, open_source, sample_batch
@@ -167,7 +168,8 @@ class ImageCase(Case):
             # an aggregate of several clients: batch recovery (GradInversion) unless an attack is named
             values["attack"] = "gradinversion"
         fallback = auto_fallback(self.update) if values["attack"] == "auto" else None
-        return resolve_attack(values, bn_statistics_shared=shared, fallback=fallback)
+        return resolve_attack(values, bn_statistics_shared=shared, fallback=fallback,
+                              layers=layer_counts(self.model.module))
 
     def observer(self) -> PSNRObserver | None:
         return PSNRObserver(self.truth) if self.truth is not None else None
