@@ -1,13 +1,20 @@
-"""The `gradleak` command. User errors become one line on stderr and exit status 2."""
+"""The `gradleak` command. User errors become one line on stderr and exit status 2.
+
+Building the parser imports nothing heavy: each sub-command's flags are added only when that
+sub-command is parsed (``_LazySubParsers``), so ``gradleak --help`` and ``--version`` import
+neither torch nor the config models, and ``gradleak attack --help`` only the pydantic config.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from .console import notice_once
 from .errors import GradleakError
 
 EXIT_USAGE = 2
@@ -18,7 +25,150 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"gradleak: error: {message}\n")
 
 
+class _LazySubParsers(argparse._SubParsersAction):
+    """Sub-commands registered by name and one-line help; their flags are added (``fill``) only
+    when the sub-command is parsed. The flags of `attack` come from the pydantic AttackConfig
+    and those of `audit-flower` and `dashboard` from modules that import torch: building them
+    for `gradleak --help` took ~3 s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fill: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+    def add_lazy(self, name: str, help: str, fill: Callable[[argparse.ArgumentParser], None]) -> None:
+        self.add_parser(name, help=help, description=help)
+        self._fill[name] = fill
+
+    def fill(self, name: str) -> argparse.ArgumentParser:
+        """The sub-command's parser with its flags (added on first use)."""
+        parser = self._name_parser_map[name]
+        fill = self._fill.pop(name, None)
+        if fill is not None:
+            fill(parser)
+            _show_defaults(parser)
+        return parser
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values and values[0] in self._name_parser_map:
+            self.fill(values[0])
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Registered:
+    """Hands a module's ``add_*_parser(sub)`` the sub-parser already registered under that name
+    (its one-line help is cli.py's, see ``LAZY_HELP``); other settings it passes are applied."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        for key in ("description", "epilog", "formatter_class", "usage"):
+            if key in kwargs:
+                setattr(self.parser, key, kwargs[key])
+        return self.parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append "(default: X)" to each option whose help does not name its default yet. Flags
+    that default to argparse.SUPPRESS (so that a given flag can be told from an absent one) or
+    None say theirs in their help text themselves (``_default_help``)."""
+    for action in parser._actions:
+        default = action.default
+        if (not action.option_strings or action.help in (None, argparse.SUPPRESS)
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                                       argparse._StoreTrueAction, argparse._StoreFalseAction))
+                or default in (None, argparse.SUPPRESS) or default == [] or "default" in action.help.lower()):
+            continue
+        action.help = f"{action.help} (default: {_fmt_default(default)})"
+
+
 # ---------------------------------------------------------------- flags from the config model
+# What a run uses for an attack constant it is not given. These are resolved when the run starts
+# (attacks.configs.resolve_attack): per attack, from the GradInversion preset (--iterations then
+# rescales its registration schedule and caps its warm-up) or per text model (text.attacks.
+# DEFAULTS). Kept here as data so that `gradleak attack --help` imports none of those modules
+# (torch); tests/test_cli_quiet.py checks every value against the code that resolves it.
+# (attacks, their values, variants: (label, values that differ))
+ATTACK_DEFAULTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...] = (
+    ("dlg, idlg", {"iterations": 300, "lr": 1.0, "optimizer": "lbfgs", "dtype": "float64"}, ()),
+    ("ig", {"iterations": 4800, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "restarts": 1,
+            "alpha_tv": 0.1}, ()),
+    ("gradinversion", {"iterations": 600, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "warmup": 20,
+                       "alpha_g": 1.0, "alpha_tv": 0.03, "alpha_l2": 1e-6, "alpha_bn": 1.0, "alpha_group": 0.01,
+                       "alpha_n": 0.2, "seeds": 4, "group": "registered", "registration_start": 150,
+                       "registration_every": 5, "registration_steps": 40, "final": "consensus"},
+     (("with --preset paper", {"iterations": 20_000, "warmup": 50, "alpha_g": 1e-3, "alpha_tv": 1e-4,
+                               "alpha_bn": 0.1, "seeds": 8, "registration_start": 5000,
+                               "registration_every": 100}),)),
+    ("text", {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64", "search_evaluations": 4000},
+     (("on minilm", {"iterations": 50, "dtype": "float32", "search_evaluations": 500}),)),
+)
+# Defaults that depend on the case, or notes on how a resolved default is used.
+_DEFAULT_TEXT = {
+    "preset": "cpu",
+    "bn": "exact when the update carries the client's BN batch statistics, else approx",
+    "labels": "gradinversion; text: bias for one sentence, else soft",
+    "width": "the model's, see gradleak list",
+    "model": "lenet-dlg; text: tiny-transformer",
+    "data": "cifar10-samples; text: the --text sentences",
+    "batch_size": "1; text with --text: all the sentences",
+}
+_DEFAULT_NOTES = {
+    "iterations": "dlg and idlg: per start",
+    "warmup": "at most a tenth of --iterations",
+    "registration_start": "scaled with --iterations",
+    "registration_every": "scaled with --iterations",
+    # gradinversion.per_layer (PRESET_MODELS): the preset's values are for its reference model
+    "alpha_g": "the preset's value is for its model (cpu: convnet, 14 parameter tensors; paper: ResNet-50, 161) "
+               "and scaled by that count / the attacked model's",
+    "alpha_bn": "the preset's value is for its model (cpu: convnet, 4 BN layers; paper: ResNet-50, 53) "
+                "and scaled by that count / the attacked model's",
+}
+ATTACK_EPILOG = ("Defaults apply where neither --config nor an --update file gives the value (with --update the "
+                 "file decides what the client did). Those said per attack or per preset are resolved when the "
+                 "run starts; config.json records every value a run used.")
+
+
+def _fmt_default(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_fmt_default(v) for v in value)
+    return str(value)
+
+
+def _resolved_default(name: str) -> str | None:
+    """The help's default of attack constant ``name`` from ATTACK_DEFAULTS, or None."""
+    parts = []
+    for attacks, values, variants in ATTACK_DEFAULTS:
+        if name not in values:
+            continue
+        text = _fmt_default(values[name])
+        text += "".join(f", {label} {_fmt_default(v[name])}" for label, v in variants
+                        if name in v and v[name] != values[name])
+        parts.append((attacks, text))
+    if not parts:
+        return None
+    # A constant of one attack only (its description names it): just the values.
+    text = parts[0][1] if len(parts) == 1 else "per attack: " + "; ".join(f"{a} {t}" for a, t in parts)
+    return text + (f"; {_DEFAULT_NOTES[name]}" if name in _DEFAULT_NOTES else "")
+
+
+def _default_help(name: str, info: Any) -> str:
+    """" (default: ...)" for the help of config field ``name``, or "" (no default to show: a
+    switch, an empty list, an option that is off unless given, or a description that says it)."""
+    if "default" in (info.description or "").lower() or info.annotation is bool:
+        return ""
+    text = _DEFAULT_TEXT.get(name) or _resolved_default(name)
+    if text is None:
+        default = info.get_default(call_default_factory=True)
+        if default is None or default == []:
+            return ""
+        text = _fmt_default(default)
+    return f" (default: {text})"
+
+
 def _add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | None = None) -> None:
     from .config import AttackConfig
 
@@ -26,7 +176,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | N
         if fields is not None and name not in fields:
             continue
         flag = "--" + name.replace("_", "-")
-        help_ = info.description or ""
+        help_ = (info.description or "").replace("%", "%%")   # argparse formats help with %
         ann = info.annotation
         origin, args = typing.get_origin(ann), typing.get_args(ann)
         if ann is bool:
@@ -36,18 +186,23 @@ def _add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | N
             else:
                 parser.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_)
             continue
+        help_ += _default_help(name, info).replace("%", "%%")
         if origin is list:
             parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, help=help_)
             continue
         inner = [a for a in args if a is not type(None)] if args else [ann]
         base = inner[0] if len(inner) == 1 else str
         choices = None
+        metavar = name.upper()
         if typing.get_origin(base) is typing.Literal:
             choices = list(typing.get_args(base))
-            base = str
+            base, metavar = str, None
+        elif typing.get_origin(ann) is typing.Literal:
+            # Checked by the config model (one error line naming the field): the help shows them.
+            metavar = "{" + ",".join(str(a) for a in args) + "}"
         conv = {int: int, float: float, str: str}.get(base, str)
         parser.add_argument(flag, dest=name, type=conv, choices=choices, default=argparse.SUPPRESS,
-                            metavar=name.upper() if choices is None else None, help=help_)
+                            metavar=metavar, help=help_)
 
 
 def _config_from(args: argparse.Namespace, fields: Sequence[str] | None = None):  # noqa: ANN202
@@ -154,6 +309,9 @@ def cmd_share(args: argparse.Namespace) -> int:
     return 0
 
 
+EXPERIMENT_CHOOSES = "the experiment's own setting"
+
+
 def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
     from .experiments import ExperimentOptions
 
@@ -162,13 +320,17 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
         ann = info.annotation
         args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
         inner = args[0]
+        help_ = info.description or ""
+        if inner is not bool and not info.is_required() and "default" not in help_.lower():
+            # None: each experiment chooses (its module documents it; --smoke makes it smaller)
+            default = info.get_default()
+            help_ += f" (default: {EXPERIMENT_CHOOSES if default is None else _fmt_default(default)})"
         if inner is bool:
             if info.default is True:
                 parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_false",
-                                    default=argparse.SUPPRESS, help=f"do not: {info.description}")
+                                    default=argparse.SUPPRESS, help=f"do not: {help_}")
             else:
-                parser.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS,
-                                    help=info.description)
+                parser.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_)
         elif typing.get_origin(inner) is list:
             item = typing.get_args(inner)[0]
             if typing.get_origin(item) is typing.Annotated:  # e.g. list[Annotated[int, Field(ge=1)]]
@@ -183,11 +345,11 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
                 except ValueError:
                     raise argparse.ArgumentTypeError(
                         f"expected a comma-separated list of {item.__name__}, got {text!r}") from None
-            parser.add_argument(flag, dest=name, type=parse_list, default=argparse.SUPPRESS, help=info.description)
+            parser.add_argument(flag, dest=name, type=parse_list, default=argparse.SUPPRESS, help=help_)
         else:
             conv = {int: int, float: float}.get(inner, str)
             parser.add_argument(flag, dest=name, type=conv, default=argparse.SUPPRESS,
-                                required=info.is_required(), help=info.description)
+                                required=info.is_required(), help=help_)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -195,14 +357,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     values = {k: getattr(args, k) for k in ExperimentOptions.model_fields if hasattr(args, k)}
     result, out = run_experiment(args.name, make_options(**values))
-    from rich.console import Console
-    from rich.markdown import Markdown
-
-    from .experiments import markdown_table
-
-    Console().print(Markdown(f"**{result.title}**\n\n" + markdown_table(result.columns, result.rows)))
-    print(f"wrote {out}/results.csv, results.md" + "".join(f", {f}" for f in result.figures))
+    _print_experiment(result, out)
     return 0
+
+
+def _print_experiment(result: Any, out: Path) -> None:
+    from rich.console import Console
+
+    from .console import print_table
+
+    # Wide tables (most experiments have 10-20 columns) are printed as their Markdown table,
+    # whole, rather than cut to the terminal's width.
+    print_table(Console(), result.columns, result.rows, title=result.title)
+    print(f"wrote {out}/results.csv, results.md" + "".join(f", {f}" for f in result.figures))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -300,16 +467,46 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         summary = run_sweep(spec, Path(args.out), executor=args.executor, workers=args.workers,
                             address=args.address, retry_failed=args.retry_failed, save_runs=args.save_runs,
                             progress=args.progress)
-    except KeyboardInterrupt:
-        print(f"gradleak: sweep interrupted; finished cells are in {args.out}/results.sqlite, "
-              "rerun the same command to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (sweep.engine): finished cells are in the store
+        print(f"gradleak: sweep interrupted ({_signal_name(exc)}); finished cells are saved in "
+              f"{args.out}/results.sqlite; to continue, run: {sweep_command(args)}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
     failed = f", {len(summary.failed)} failed" if summary.failed else ""
     lost = f", {len(summary.lost)} lost (rerun to redo)" if summary.lost else ""
     print(f"sweep: {summary.done}/{summary.total} cells done ({summary.skipped} skipped, "
           f"{len(summary.computed)} run{failed}{lost}) in {summary.wall_seconds:.0f} s; "
           f"wrote {args.out}/results.sqlite, results.csv")
+    # LPIPS not computed: said once per sweep, not per cell, and not again for later sweeps
+    # into the same parent folder (console.notice_once); each cell's metrics record it.
+    if summary.lpips_notice and notice_once(Path(args.out).absolute().parent, "lpips", summary.lpips_notice):
+        print(summary.lpips_notice)
     return 0
+
+
+def _signal_name(exc: BaseException) -> str:
+    import signal
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def sweep_command(args: argparse.Namespace) -> str:
+    """The command that continues an interrupted sweep: the same spec, --out and options
+    (rerunning it skips every cell already in the store; --workers and the executor do not
+    change a cell)."""
+    words = ["gradleak", "sweep", args.spec, "--out", args.out]
+    if args.executor != "local":
+        words += ["--executor", args.executor]
+    if args.address:
+        words += ["--address", args.address]
+    if args.workers is not None:
+        words += ["--workers", str(args.workers)]
+    words += [flag for flag, on in (("--retry-failed", args.retry_failed), ("--save-runs", args.save_runs),
+                                    ("--no-progress", not args.progress)) if on]
+    return shlex.join(words)
 
 
 SUMMARY_KEYS = {
@@ -322,13 +519,12 @@ SUMMARY_KEYS = {
 
 def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from .console import print_table
 
     text = metrics.get("modality") == "text"
     where = "text" if text else metrics["data"]
-    table = Table(title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
-    for col in ("metric", "value"):
-        table.add_column(col)
+    rows: list[tuple[str, str]] = []
 
     def fmt(v: Any) -> str:
         if v is None:
@@ -339,20 +535,21 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
 
     for key in SUMMARY_KEYS["text" if text else "image"]:
         if key == "lpips_mean" and metrics.get(key) is None:
-            continue  # the notice below says why
+            continue  # metrics.json's lpips_notice says why (and the notice below, once)
         if key in metrics:
-            table.add_row(key, fmt(metrics[key]))
+            rows.append((key, fmt(metrics[key])))
     if metrics.get("defenses"):
-        table.add_row("defenses", ", ".join(metrics["defenses"]))
+        rows.append(("defenses", ", ".join(metrics["defenses"])))
     if isinstance(metrics.get("separated"), int):  # the closed-form attacks on a batch
-        table.add_row("inputs separated", f"{metrics['separated']} of {metrics['batch_size']}")
+        rows.append(("inputs separated", f"{metrics['separated']} of {metrics['batch_size']}"))
     conv = metrics.get("convergence") or {}
     if "converged" in metrics:
         rel = conv.get("relative_gradient_distance")
-        table.add_row("converged", ("yes" if metrics["converged"] else "NO: inconclusive")
-                      + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else ""))
+        rows.append(("converged", ("yes" if metrics["converged"] else "NO: inconclusive")
+                     + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else "")))
     console = Console()
-    console.print(table)
+    print_table(console, ["metric", "value"], rows,
+                title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
     auto = metrics.get("auto")
     if isinstance(auto, dict):  # --attack auto: what it tried and what it used
         tried = ", ".join(f"{t['attack']} ({'converged' if t.get('converged') else 'not converged'})" if t.get("applies")
@@ -362,92 +559,146 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     if metrics.get("converged") is False:
         console.print(f"verdict: inconclusive. {conv.get('reason', '')}", markup=False, highlight=False)
     if text:
-        rows = metrics.get("per_sentence") or []
-        for r in rows:
+        sentences = metrics.get("per_sentence") or []
+        for r in sentences:
             console.print(f"  original : {r['original']}", markup=False, highlight=False)
             console.print(f"  recovered: {r['recovered']}", markup=False, highlight=False)
-        if not rows:
+        if not sentences:
             for sentence in metrics.get("recovered_sentences", []):
                 console.print(f"  recovered: {sentence}", markup=False, highlight=False)
-    if metrics.get("lpips_notice"):
-        console.print(metrics["lpips_notice"], markup=False)
+    # LPIPS not computed: said once per folder of runs (runs/ by default), not on every run;
+    # metrics.json and report.html keep saying it for each run (lpips_notice).
+    notice = metrics.get("lpips_notice")
+    if notice and notice_once(run_dir.absolute().parent if run_dir is not None else None, "lpips", notice):
+        console.print(notice, markup=False, highlight=False)
     if run_dir is not None:
         files = "reconstruction.json" if text else "reconstruction.png"
-        console.print(f"run folder: {run_dir}  (report.html, {files}, metrics.json)")
+        console.print(f"run folder: {run_dir}  (report.html, {files}, metrics.json)", markup=False, highlight=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+# One-line help of the sub-commands whose flags a module that imports torch adds (they are added
+# only when the sub-command runs); tests/test_cli_quiet.py checks they equal the modules' own.
+LAZY_HELP = {
+    "audit-flower": "run an example Flower federation (Fashion-MNIST, FedAvg) and audit every client's update "
+                    "each round",
+    "dashboard": "one self-contained HTML risk report of a sweep, an experiment or a Flower audit (or a "
+                 "comparison of two)",
+}
+# `gradleak train`'s defaults (training.TrainConfig, which imports torch; checked by the tests).
+TRAIN_DEFAULTS = {"model": "lenet-dlg", "data": "fashion-mnist", "epochs": 1.0, "batch_size": 64, "lr": 0.05,
+                  "momentum": 0.9, "checkpoints": (0.0, 0.3, 0.7, 1.0), "test_subset": 2000, "seed": 0,
+                  "model_seed": 0}
 
-    p = _Parser(prog="gradleak", description="How much private data leaks from federated-learning updates.")
-    p.add_argument("--version", action="version", version=f"gradleak {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True)
 
-    a = sub.add_parser("attack", help="simulate a client (or read an update file) and attack it")
+def _fill_attack(a: argparse.ArgumentParser) -> None:
     a.add_argument("--config", help="rerun a run folder's config.json (flags given here override it)")
     a.add_argument("--resume", metavar="RUN", help="continue an interrupted run (its --out folder) from its saved "
                    "state, with its saved config (only --threads, --[no-]progress, --checkpoint-every, --device)")
     _add_config_flags(a)
+    a.epilog = ATTACK_EPILOG
     a.set_defaults(func=cmd_attack)
 
-    s = sub.add_parser("share", help="compute a client's shared update and write it as safetensors")
+
+def _fill_share(s: argparse.ArgumentParser) -> None:
     _add_config_flags(s, SHARE_FIELDS)
     s.add_argument("--out", required=True, help="update file to write (.safetensors)")
     s.add_argument("--truth", help="also write the true batch here (for evaluation only)")
     s.set_defaults(func=cmd_share)
 
-    t = sub.add_parser("train", help="train a model (optionally under a defense) and save checkpoints")
-    t.add_argument("--model", default=None, help="model name (default lenet-dlg)")
-    t.add_argument("--width", type=int, default=None, help="model width (convnet)")
-    t.add_argument("--data", default=None, help="data source (default fashion-mnist)")
+
+def _fill_train(t: argparse.ArgumentParser) -> None:
+    def d(name: str) -> str:
+        return f" (default: {_fmt_default(TRAIN_DEFAULTS[name])})"
+
+    t.add_argument("--model", default=None, help="model name" + d("model"))
+    t.add_argument("--width", type=int, default=None, help="model width (convnet, mlp; default: the model's)")
+    t.add_argument("--data", default=None, help="data source" + d("data"))
     t.add_argument("--data-root", dest="data_root", default=None, help="folder overriding the source's location")
-    t.add_argument("--image-size", dest="image_size", type=int, default=None, help="input size")
-    t.add_argument("--epochs", type=float, default=None, help="epochs (fractions allowed)")
-    t.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="mini-batch size")
-    t.add_argument("--lr", type=float, default=None, help="SGD learning rate")
-    t.add_argument("--momentum", type=float, default=None, help="SGD momentum")
+    t.add_argument("--image-size", dest="image_size", type=int, default=None, help="input size (default: the model's)")
+    t.add_argument("--epochs", type=float, default=None, help="epochs (fractions allowed)" + d("epochs"))
+    t.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="mini-batch size" + d("batch_size"))
+    t.add_argument("--lr", type=float, default=None, help="SGD learning rate" + d("lr"))
+    t.add_argument("--momentum", type=float, default=None, help="SGD momentum" + d("momentum"))
     t.add_argument("--defense", action="append", default=None, help="defense applied to every gradient step")
-    t.add_argument("--checkpoints", default=None, help="fractions of training to save, e.g. 0,0.3,0.7,1.0")
-    t.add_argument("--train-subset", dest="train_subset", type=int, default=None, help="use N training images")
-    t.add_argument("--test-subset", dest="test_subset", type=int, default=None, help="score on N test images")
-    t.add_argument("--seed", type=int, default=None, help="seed")
-    t.add_argument("--model-seed", dest="model_seed", type=int, default=None, help="weight-init seed")
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    t.add_argument("--checkpoints", default=None, help="fractions of training to save, e.g. 0,0.3,0.7,1.0"
+                   + d("checkpoints"))
+    t.add_argument("--train-subset", dest="train_subset", type=int, default=None,
+                   help="use N training images (default: all)")
+    t.add_argument("--test-subset", dest="test_subset", type=int, default=None, help="score on N test images"
+                   + d("test_subset"))
+    t.add_argument("--seed", type=int, default=None, help="seed" + d("seed"))
+    t.add_argument("--model-seed", dest="model_seed", type=int, default=None, help="weight-init seed" + d("model_seed"))
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t.add_argument("--out", required=True, help="output folder")
     t.set_defaults(func=cmd_train)
 
-    r = sub.add_parser("report", help="rebuild a run folder's report.html")
+
+def _fill_report(r: argparse.ArgumentParser) -> None:
     r.add_argument("run", help="run folder")
     r.set_defaults(func=cmd_report)
 
-    e = sub.add_parser("experiment", help="run one of the papers' experiments (see `gradleak list`)")
-    e.add_argument("name", help="experiment name")
+
+def _fill_experiment(e: argparse.ArgumentParser) -> None:
+    e.add_argument("name", help="experiment name (gradleak list shows them)")
     _add_experiment_flags(e)
     e.set_defaults(func=cmd_experiment)
 
-    m = sub.add_parser("list", help="list models, data sources, attacks and experiments")
+
+def _fill_list(m: argparse.ArgumentParser) -> None:
     m.set_defaults(func=cmd_models)
 
-    w = sub.add_parser("sweep", help="run a grid of attacks (SPEC.yaml: base + grid) on a process pool or Ray")
+
+def _fill_sweep(w: argparse.ArgumentParser) -> None:
     w.add_argument("spec", help="sweep spec (YAML/JSON): base: {fields}, grid: {field: [values]}")
     w.add_argument("--out", required=True, help="results folder (results.sqlite, results.csv); rerun to resume")
     w.add_argument("--executor", choices=("local", "ray", "inline"), default="local",
                    help="local: process pool (default); ray: Ray tasks; inline: this process")
     w.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
-    w.add_argument("--workers", type=int, default=None, help="parallel cells (default: the CPUs available)")
+    w.add_argument("--workers", type=int, default=None, help="parallel cells (default: the CPUs available; "
+                   "with --address, the cluster's)")
     w.add_argument("--retry-failed", dest="retry_failed", action="store_true", help="rerun cells that failed")
     w.add_argument("--save-runs", dest="save_runs", action="store_true", help="also write DIR/runs/<cell>/ run folders")
     w.add_argument("--no-progress", dest="progress", action="store_false", help="one line per cell, no bar")
     w.set_defaults(func=cmd_sweep)
 
-    from .audit.command import add_audit_flower_parser  # imports no flwr until it runs
 
-    add_audit_flower_parser(sub)
+def _fill_audit_flower(f: argparse.ArgumentParser) -> None:
+    from .audit.command import add_audit_flower_parser  # imports torch (not flwr) when it runs
+
+    add_audit_flower_parser(_Registered(f))
+
+
+def _fill_dashboard(d: argparse.ArgumentParser) -> None:
     from .sweep.dashboard import add_dashboard_parser
 
-    add_dashboard_parser(sub)
+    add_dashboard_parser(_Registered(d))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `gradleak` parser; a sub-command's flags are added when it is parsed (see
+    _LazySubParsers, and :func:`command_parser` for one sub-command's whole parser)."""
+    from . import __version__
+
+    p = _Parser(prog="gradleak", description="How much private data leaks from federated-learning updates.")
+    p.add_argument("--version", action="version", version=f"gradleak {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True, action=_LazySubParsers)
+    sub.add_lazy("attack", "simulate a client (or read an update file) and attack it", _fill_attack)
+    sub.add_lazy("share", "compute a client's shared update and write it as safetensors", _fill_share)
+    sub.add_lazy("train", "train a model (optionally under a defense) and save checkpoints", _fill_train)
+    sub.add_lazy("report", "rebuild a run folder's report.html", _fill_report)
+    sub.add_lazy("experiment", "run one of the papers' experiments (see `gradleak list`)", _fill_experiment)
+    sub.add_lazy("list", "list models, data sources, attacks and experiments", _fill_list)
+    sub.add_lazy("sweep", "run a grid of attacks (SPEC.yaml: base + grid) on a process pool or Ray", _fill_sweep)
+    sub.add_lazy("audit-flower", LAZY_HELP["audit-flower"], _fill_audit_flower)
+    sub.add_lazy("dashboard", LAZY_HELP["dashboard"], _fill_dashboard)
     return p
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of sub-command ``name`` with all its flags (its --help, for tools and tests)."""
+    subs = next(a for a in build_parser()._actions if isinstance(a, _LazySubParsers))
+    return subs.fill(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

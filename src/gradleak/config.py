@@ -61,7 +61,8 @@ class AttackConfig(BaseModel):
     seeds: int | None = Field(None, ge=1, le=256, description="GradInversion: G candidates per image")
     group: Literal["none", "lazy", "registered"] | None = Field(None, description="GradInversion group consistency")
     bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
-    labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | idlg")
+    labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | llg | idlg "
+                               "(idlg: batch 1 only); text: soft | bias")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
     fallback: Literal["dlg", "idlg", "ig", "gradinversion"] | None = Field(
         None, description="auto: the optimisation attack when no closed-form attack explains the update (default: "

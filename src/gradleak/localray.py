@@ -28,8 +28,11 @@ traces both users (the Ray sweep executor, the Flower audit) with strace: every 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .errors import ConfigError, GradleakError
 
@@ -59,9 +62,11 @@ ENVIRONMENT: dict[str, str] = {
 
 
 @contextmanager
-def local_ray(num_cpus: int, *, verbose: bool = False) -> Iterator[None]:
+def local_ray(num_cpus: int, *, verbose: bool = False, keep_signals: bool = False) -> Iterator[None]:
     """Start a local Ray instance of ``num_cpus`` CPUs that listens on loopback only and probes
     nothing (see the module docstring); shut it down on exit and restore the environment.
+    ``keep_signals``: the caller's SIGINT/SIGTERM handlers stay in charge (:func:`init_ray`),
+    for a caller whose handlers stop its work in order (a sweep); otherwise Ray's own.
 
     Raises ConfigError when Ray is already initialised in this process (its network settings
     are not gradleak's to vouch for), GradleakError when Ray did not take 127.0.0.1 as the node
@@ -79,8 +84,9 @@ def local_ray(num_cpus: int, *, verbose: bool = False) -> Iterator[None]:
         cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = False
         try:
-            ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, dashboard_host=LOOPBACK,
-                     include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
+            init_ray(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, dashboard_host=LOOPBACK,
+                     include_dashboard=False, log_to_driver=verbose, configure_logging=verbose,
+                     keep_signals=keep_signals)
             node = ray.util.get_node_ip_address()
             if node != LOOPBACK:
                 raise GradleakError(f"Ray took {node} as this machine's address instead of {LOOPBACK}; gradleak "
@@ -89,6 +95,26 @@ def local_ray(num_cpus: int, *, verbose: bool = False) -> Iterator[None]:
         finally:
             ray.shutdown()   # also after a failed ray.init: stops whatever it started
             ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+def init_ray(*, keep_signals: bool = True, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, then (``keep_signals``) the caller's SIGINT and SIGTERM handlers
+    put back.
+
+    ray.init makes SIGTERM call ``sys.exit`` and Ray's core worker adds a C-level failure
+    handler that prints a crash-style stack trace ("*** SIGTERM received ... PC: @ ...") and
+    aborts the process 3 s later if it has not exited by then, which an orderly shutdown of the
+    workers can take. For a sweep a SIGTERM is an ordinary request to stop: its own handler
+    (which turns it into an interrupt that keeps the finished cells and says how to resume)
+    stays in charge. Re-installing a Python handler replaces both of Ray's."""
+    import ray
+
+    main = keep_signals and threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    ray.init(**kwargs)
+    for sig, handler in saved.items():
+        if handler is not None:   # None: not installed from Python; nothing to put back
+            signal.signal(sig, handler)
 
 
 @contextmanager

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,18 @@ def add_audit_flower_parser(sub: Any) -> None:
                                                     "rgap | auto (closed form first)")
     f.add_argument("--out", required=True, help="output folder: audit.csv, audit.json, reconstructions/")
     f.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the attack's)")
-    f.add_argument("--attack-lr", dest="attack_lr", type=float, default=None, help="attack learning rate")
-    f.add_argument("--optimizer", choices=("lbfgs", "adam", "sgd"), default=None, help="attack optimizer")
-    f.add_argument("--dtype", choices=("float32", "float64"), default=None, help="attack precision")
-    f.add_argument("--preset", default=None, help="GradInversion preset: cpu | paper")
-    f.add_argument("--seeds", type=int, default=None, help="GradInversion: candidates per image")
-    f.add_argument("--restarts", type=int, default=None, help="Inverting Gradients: restarts")
-    f.add_argument("--labels", default=None, help="label restoration method")
+    f.add_argument("--attack-lr", dest="attack_lr", type=float, default=None,
+                   help="attack learning rate (default: the attack's)")
+    f.add_argument("--optimizer", choices=("lbfgs", "adam", "sgd"), default=None,
+                   help="attack optimizer (default: the attack's)")
+    f.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                   help="attack precision (default: the attack's)")
+    f.add_argument("--preset", default=None, help="GradInversion preset: cpu | paper (default: cpu)")
+    f.add_argument("--seeds", type=int, default=None,
+                   help="GradInversion: candidates per image (default: the preset's, cpu 4)")
+    f.add_argument("--restarts", type=int, default=None, help="Inverting Gradients: restarts (default: 1)")
+    f.add_argument("--labels", default=None, help="label restoration (ig, gradinversion): gradinversion | sum | "
+                                                 "counts | llg | idlg (default: gradinversion)")
     f.add_argument("--attack-seed", dest="attack_seed", type=int, default=0, help="the attack's random start")
     f.add_argument("--device", default="cpu", help="device of the attack (cpu | cuda | auto)")
     f.add_argument("--examples", type=int, default=1, help="images per client per round (default 1)")
@@ -34,9 +42,10 @@ def add_audit_flower_parser(sub: Any) -> None:
                    help="FedAvg local mini-batch size (default: all --examples)")
     f.add_argument("--lr", type=float, default=0.01, help="FedAvg local learning rate")
     f.add_argument("--model", default="lenet-dlg", help="model (a gradleak model name)")
-    f.add_argument("--width", type=int, default=None, help="model width (convnet)")
+    f.add_argument("--width", type=int, default=None, help="model width (convnet, mlp; default: the model's)")
     f.add_argument("--image-size", dest="image_size", type=int, default=28, help="input size (default 28)")
-    f.add_argument("--data-root", dest="data_root", default=None, help="Fashion-MNIST IDX folder")
+    f.add_argument("--data-root", dest="data_root", default=None,
+                   help="Fashion-MNIST IDX folder (default: $GRADLEAK_FASHION_MNIST, else the installed copy)")
     f.add_argument("--seed", type=int, default=0, help="federation seed: model init and client batches")
     f.add_argument("--defense", action="append", default=[], help="update-level defense every client applies")
     f.add_argument("--save-reconstructions", dest="save_reconstructions", action="store_true",
@@ -86,7 +95,8 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     try:
-        result = run_federation(settings, attack, out, save_reconstructions=args.save_reconstructions)
+        with contextlib.nullcontext() if args.verbose else _without_known_flower_warnings():
+            result = run_federation(settings, attack, out, save_reconstructions=args.save_reconstructions)
     except BaseException:
         if created and not any(out.iterdir()):
             out.rmdir()  # nothing was audited: leave no empty folder behind
@@ -95,24 +105,52 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
     return 0
 
 
+class KnownFlowerWarnings(logging.Filter):
+    """Drops the two WARNING records Flower 1.41 logs on every run of the example federation,
+    neither of which the user can act on:
+
+    * ``DEPRECATED FEATURE: The `run_simulation` function is deprecated ... use `flwr run` in the
+      CLI``: flwr 1.41 has no in-process replacement; ``flwr run`` runs a Flower app project
+      through a SuperLink in other processes, which the audit (its auditor and its clients'
+      ground truth in this process, Ray on loopback only) cannot use.
+    * ``fraction_evaluate is set to 0.0. Federated evaluation will be skipped.``: the example
+      skips Flower's federated evaluation on purpose (its clients only train).
+
+    Matched by level, logging module and message, so any other Flower warning still shows
+    (and all of them with --verbose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        message = record.getMessage()
+        deprecated = (record.module == "logger" and record.funcName == "warn_deprecated_feature"
+                      and "The `run_simulation` function is deprecated" in message)
+        no_evaluation = record.module == "fedavg" and message.startswith("fraction_evaluate is set to 0.0")
+        return not (deprecated or no_evaluation)
+
+
+@contextlib.contextmanager
+def _without_known_flower_warnings() -> Iterator[None]:
+    """:class:`KnownFlowerWarnings` on Flower's logger for the block."""
+    logger = logging.getLogger("flwr")   # flwr.supercore.logger.LOGGER_NAME; the filter applies to its records
+    known = KnownFlowerWarnings()
+    logger.addFilter(known)
+    try:
+        yield
+    finally:
+        logger.removeFilter(known)
+
+
+ROW_COLUMNS = ("round", "client", "status", "psnr_mean", "ssim_mean", "label_accuracy", "gradient_distance")
+
+
 def _print_rows(rows: list[dict[str, Any]], out: Path, wall: float | None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title="leakage per client and round")
-    for col in ("round", "client", "status", "psnr_mean", "ssim_mean", "label_accuracy", "gradient_distance"):
-        table.add_column(col)
+    from ..console import print_table
 
-    def fmt(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.3e}" if (abs(v) < 1e-2 and v != 0) else f"{v:.3f}"
-        return str(v)
-
-    for row in sorted(rows, key=lambda r: (int(r["round"]), str(r["client"]))):
-        table.add_row(*(fmt(row.get(c)) for c in ("round", "client", "status", "psnr_mean", "ssim_mean",
-                                                  "label_accuracy", "gradient_distance")))
     console = Console()
-    console.print(table)
-    console.print(f"wrote {out}/audit.csv, audit.json" + (f" ({wall:.0f} s)" if wall else ""), highlight=False)
+    print_table(console, list(ROW_COLUMNS), sorted(rows, key=lambda r: (int(r["round"]), str(r["client"]))),
+                title="leakage per client and round")
+    console.print(f"wrote {out}/audit.csv, audit.json" + (f" ({wall:.0f} s)" if wall else ""), highlight=False,
+                  markup=False)

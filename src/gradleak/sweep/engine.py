@@ -26,25 +26,53 @@ class SweepSummary:
     failed: list[str] = field(default_factory=list)     # of those, the failed ones
     lost: list[str] = field(default_factory=list)       # lost to the infrastructure (not recorded)
     wall_seconds: float = 0.0
+    # Why the cells run did not compute LPIPS (their metrics' lpips_notice), said once per sweep
+    # by the CLI rather than per cell; lpips_cells: how many cells recorded it.
+    lpips_notice: str | None = None
+    lpips_cells: int = 0
 
     @property
     def done(self) -> int:
         return self.skipped + len(self.computed)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM stopped the sweep (a KeyboardInterrupt, so that it unwinds like Ctrl-C does);
+    the CLI exits with 128 + the signal number, 143."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the sweep like Ctrl-C does (finished cells kept, running ones stopped)."""
+    """SIGTERM stops the sweep like Ctrl-C does (finished cells kept, running ones stopped),
+    raising :class:`Terminated`. (Ray's ray.init installs its own SIGTERM handlers: the Ray
+    executor puts this one back, see gradleak.localray.init_ray.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    received: list[int] = []
+
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        received.append(signum)
+        raise Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt as exc:
+        # Ray's blocking calls (ray.wait, ray.get) check for signals themselves and turn the
+        # handler's exception into a plain KeyboardInterrupt: say it was SIGTERM all the same.
+        if received and not isinstance(exc, Terminated):
+            raise Terminated(received[-1]) from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -54,6 +82,15 @@ def _eta(seconds: float | None) -> str:
         return "ETA --:--"
     s = int(round(seconds))
     return f"ETA {s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"ETA {s // 60:02d}:{s % 60:02d}"
+
+
+def _progress_columns() -> list[Any]:
+    """The sweep's progress line: the bar takes the width the text leaves (a fixed 40-column bar
+    pushed the note and the times past an 80-column terminal, where rich cut them with "...")."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    return [TextColumn("[bold]sweep[/]"), BarColumn(bar_width=None), MofNCompleteColumn(), TextColumn("cells"),
+            TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
 
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", workers: int | None = None,
@@ -75,7 +112,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     existing store (ConfigError / DataError naming what is wrong).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     if executor not in EXECUTORS:
         raise ConfigError(f"executor: unknown {executor!r}; known: {', '.join(EXECUTORS)}")
@@ -100,8 +137,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
         store.write_csv(ids)
         with_runs = save_runs if not isinstance(save_runs, bool) else (set(ids) if save_runs else set())
         run_dirs = {c.cell_id: str(out / "runs" / c.cell_id) for c in pending if c.cell_id in with_runs}
-        columns = [TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
-                   TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
+        columns = _progress_columns()
         with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
             task = bar.add_task("sweep", total=summary.total, completed=summary.skipped, eta=_eta(None),
                                 note=f"{summary.skipped} already done" if summary.skipped else "")
@@ -116,6 +152,10 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
                 store.add(cell.cell_id, cell.grid, cell.config, result)
                 store.write_csv(ids)
                 summary.computed.append(cell.cell_id)
+                notice = (result.get("metrics") or {}).get("lpips_notice")
+                if isinstance(notice, str) and notice:
+                    summary.lpips_notice = summary.lpips_notice or notice
+                    summary.lpips_cells += 1
                 if result.get("status") != "ok":
                     summary.failed.append(cell.cell_id)
                 n = len(summary.computed)
@@ -133,4 +173,4 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     return summary
 
 
-__all__ = ["EXECUTORS", "SweepSummary", "run_sweep"]
+__all__ = ["EXECUTORS", "SweepSummary", "Terminated", "run_sweep"]

@@ -104,7 +104,7 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
          run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
     from contextlib import ExitStack
 
-    from ..localray import ENVIRONMENT, environment, local_ray
+    from ..localray import ENVIRONMENT, environment, init_ray, local_ray
 
     with ExitStack() as stack:
         running = sys.modules.get("ray")   # not imported yet: certainly not initialised
@@ -118,12 +118,12 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
                 raise ConfigError("--executor ray needs Ray: pip install 'gradleak[fl]'") from None
             _check_reachable(address)
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                init_ray(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: {exc}") from None
             stack.callback(ray.shutdown)
         else:                              # a local Ray on loopback only, probing nothing
-            stack.enter_context(local_ray(workers or available_cpus()))
+            stack.enter_context(local_ray(workers or available_cpus(), keep_signals=True))
         yield from _ray_tasks(cells, workers, run_dirs)
 
 
