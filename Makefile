@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gradleak-stamp
-# Fashion-MNIST (and strace, for the loopback test) from Debian's registry, no root needed.
+# Fashion-MNIST (and strace, for the loopback test) from Debian's registry, no root needed; as
+# root also Debian's chromium, for the dashboard's browser test (skipped without it).
 DATA := $(VENV)/share/gradleak
 DATA_STAMP := $(DATA)/.provisioned
 

@@ -4,10 +4,16 @@
 #   - Fashion-MNIST: the IDX files of Debian's dataset-fashion-mnist, in DEST/fashion-mnist
 #     (skipped when /usr/share/datasets/fashion-mnist already holds all four files);
 #   - strace (the loopback test traces Ray's sockets): DEST/debs/usr/bin/strace unless one is on
-#     the PATH.
-# Needs no root: packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`.
-# When the machine's package lists are missing, private lists are fetched into a temporary
-# folder (the system's apt state is never changed). Checks the files, not dpkg's records.
+#     the PATH;
+#   - chromium (the dashboard test opens its pages in a real headless browser, driven by the
+#     Playwright wheel): Debian's /usr/bin/chromium, installed with apt-get when it is missing and
+#     this runs as root; otherwise one line says that test will be skipped.
+# The data and strace need no root: packages are fetched with `apt-get download` and unpacked with
+# `dpkg-deb -x`. When the machine's package lists are missing, private lists are fetched into a
+# temporary folder (the system's apt state is never changed). Checks the files, not dpkg's records.
+# chromium alone is installed system-wide (it needs its shared libraries): `apt-get update` first
+# when the system's lists do not know it, then `apt-get install --no-install-recommends chromium`.
+# Playwright's own browser download (`playwright install`) is never used.
 set -euo pipefail
 DEST=${1:?usage: provision.sh DEST}
 mkdir -p "$DEST"
@@ -56,4 +62,19 @@ if ! command -v strace >/dev/null 2>&1 && [ ! -x "$DEST/debs/usr/bin/strace" ]; 
   dpkg-deb -x "$deb" "$DEST/debs"
   "$DEST/debs/usr/bin/strace" -V >/dev/null || { echo "provision: the unpacked strace does not run" >&2; exit 1; }
   echo "provision: strace unpacked into $DEST/debs/usr/bin"
+fi
+
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    policy=$(apt-cache policy chromium 2>/dev/null || true)
+    if [[ "$policy" != *"Candidate: "[0-9]* ]]; then   # the system's lists do not know chromium yet
+      apt-get update -q >/dev/null || { echo "provision: apt-get update failed" >&2; exit 1; }
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null \
+      || { echo "provision: could not install the Debian package chromium" >&2; exit 1; }
+    /usr/bin/chromium --version >/dev/null 2>&1 || { echo "provision: the installed chromium does not run" >&2; exit 1; }
+    echo "provision: chromium installed at /usr/bin/chromium (for the dashboard's browser test)"
+  else
+    echo "provision: no /usr/bin/chromium and not root: the dashboard's browser test will be skipped (as root: apt-get install --no-install-recommends chromium)"
+  fi
 fi

@@ -36,10 +36,14 @@ from ..models import ModelSpec
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
-CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "num_examples", "local_steps", "local_batch_size",
-               "local_lr", "defenses", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance",
-               "converged", "relative_gradient_distance", "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
+CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "verdict", "num_examples", "local_steps",
+               "local_batch_size", "local_lr", "defenses", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy",
+               "gradient_distance", "converged", "relative_gradient_distance", "noise_floor", "unmodelled_defenses",
+               "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
                "error")
+# Saved pictures of batches up to this size put each image beside its reconstruction (one row
+# per image); larger batches get the client's batch above the reconstructions.
+PAIRS_UP_TO = 4
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
 ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "fallback", "seed", "device", "log_every")
 
@@ -165,28 +169,34 @@ class LeakageAuditor:
             t0 = time.perf_counter()
             result, _ = attack_case(self.cfg, case, device=self.device)
             recon = result.reconstruction
+            conv = result.metrics["convergence"]
             row.update(status="ok", attack=result.metrics.get("attack", self.cfg.attack),  # auto: the one it used
                        attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
                        gradient_distance=result.metrics.get("gradient_distance"),
                        converged=result.metrics.get("converged"),
-                       relative_gradient_distance=result.metrics["convergence"]["relative_gradient_distance"],
+                       relative_gradient_distance=conv["relative_gradient_distance"],
+                       noise_floor=conv.get("noise_floor", 0.0),
+                       unmodelled_defenses=";".join(str(d) for d in conv.get("unmodelled_defenses") or ()),
                        labels_restored=" ".join(str(int(y)) for y in recon.labels))
             truth = self.truth_fn(server_round, client) if self.truth_fn is not None else None
-            paired = recon.images
+            scores = None
             if truth is not None:   # scoring only, after the attack returned
                 m = replace(case, truth=truth).metrics(self.cfg, recon, self.device)
                 row.update(psnr_mean=m["psnr_mean"], ssim_mean=m["ssim_mean"], mse_mean=m["mse_mean"],
                            label_accuracy=m["label_accuracy"], labels_true=" ".join(str(int(y)) for y in truth.labels))
-                paired = evaluate(recon, truth).paired_images
+                scores = evaluate(recon, truth)
             if self.settings.save_reconstructions:
-                row["reconstruction"] = self._save(server_round, client, recon, paired, truth)
+                row["reconstruction"] = self._save(server_round, client, recon, scores, truth)
         except GradleakError as exc:
             row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - numerical trouble, a model that does not fit: logged
             row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return self._add(row)
 
-    def _save(self, server_round: int, client: str, recon: Any, paired: torch.Tensor, truth: Batch | None) -> str:
+    def _save(self, server_round: int, client: str, recon: Any, scores: Any, truth: Batch | None) -> str:
+        """DIR/reconstructions/round-RRR/client-C.png (the client's batch above the reconstruction
+        paired with it, each image's PSNR and labels; without truth the reconstruction alone)
+        and .safetensors (the reconstructed images and labels); returns the PNG's path in DIR."""
         from safetensors.torch import save_file
 
         from ..report import save_image_grid
@@ -196,10 +206,21 @@ class LeakageAuditor:
         stem = "client-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in str(client))
         save_file({"images": recon.images.contiguous(), "labels": recon.labels.contiguous()},
                   str(folder / f"{stem}.safetensors"))
-        if truth is not None:
-            save_image_grid(folder / f"{stem}.png", [truth.images, paired], ["client's batch", "reconstruction"])
+        if truth is not None and scores is not None and len(scores.per_image) <= PAIRS_UP_TO:
+            # each image beside its reconstruction, one row per image
+            rows = [torch.stack([truth.images[i], scores.paired_images[i]]) for i in range(len(scores.per_image))]
+            caps = [[f"original, label {s.label_true}", f"{s.psnr:.1f} dB, label {s.label_restored}"]
+                    for s in scores.per_image]
+            titles = [""] * len(rows)     # the captions say which is which
+            save_image_grid(folder / f"{stem}.png", rows, titles, caps)
+        elif truth is not None and scores is not None:
+            caps_t = [f"label {s.label_true}" for s in scores.per_image]
+            caps_r = [f"{s.psnr:.1f} dB / label {s.label_restored}" for s in scores.per_image]
+            save_image_grid(folder / f"{stem}.png", [truth.images, scores.paired_images],
+                            ["client's batch", "reconstruction"], [caps_t, caps_r])
         else:
-            save_image_grid(folder / f"{stem}.png", [recon.images], ["reconstruction"])
+            save_image_grid(folder / f"{stem}.png", [recon.images], ["reconstruction"],
+                            [[f"label {int(y)}" for y in recon.labels]])
         return str((folder / f"{stem}.png").relative_to(self.out))
 
     # ------------------------------------------------------------------ the log
@@ -209,6 +230,13 @@ class LeakageAuditor:
                           "status": "failed", "error": error})
 
     def _add(self, row: dict[str, Any]) -> dict[str, Any]:
+        from ..report.risk import judge
+
+        # the dashboard's verdict (gradleak.report.risk.judge): leaked / defended / inconclusive /
+        # failed / skipped, from the PSNR when there is ground truth, else from convergence
+        row["verdict"] = judge(row.get("status", "failed"), row.get("psnr_mean"), row.get("converged"),
+                               attack=row.get("attack"), noise_floor=row.get("noise_floor", 0.0),
+                               unmodelled=[d for d in str(row.get("unmodelled_defenses") or "").split(";") if d]).label
         with self._lock:
             self.rows.append(row)
             self.write_csv()

@@ -266,3 +266,145 @@ def save_line_plot(
     if series:
         ax.legend(loc="best", fontsize=8)
     return _atomic_savefig(fig, path)
+
+
+# --------------------------------------------------------------------------- dashboard charts
+# In-memory PNGs for the dashboards (gradleak.sweep.dashboard): values are plotted as given (the
+# caller drops what is not finite or beyond MAX_PLOTTED); series and category names are text.
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (0 for one value); values near the float limit give inf/nan, never
+    OverflowError (``x ** 2`` raises where ``x * x`` overflows to inf)."""
+    m = sum(values) / len(values)        # not math.fsum: it raises on intermediate overflow
+    var = sum((v - m) * (v - m) for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return m, math.sqrt(var) if var == var and var >= 0 else float("nan")
+
+
+def _short(text: str, n: int = 28) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _threshold_line(ax: Any, hline: tuple[float, str] | None) -> None:
+    if hline is not None:
+        ax.axhline(hline[0], color="#c62828", lw=1.0, ls="--", alpha=0.8, label=hline[1])
+
+
+def errorbar_png(groups: Mapping[str, Mapping[Any, Sequence[float]]], xlabel: str, ylabel: str, title: str, *,
+                 logx: bool = False, hline: tuple[float, str] | None = None) -> bytes:
+    """One line per series: mean +- std of its values at each x. ``groups``: series -> x -> values
+    (x numbers); ``hline``: (y, label) drawn dashed (a threshold)."""
+    fig = Figure(figsize=(6.4, 3.8), dpi=_DPI, facecolor="white", layout="constrained")
+    ax = fig.add_subplot()
+    for name, points in sorted(groups.items()):
+        xs = sorted(points)
+        stats = [mean_std(list(points[x])) for x in xs]
+        ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", ms=4, lw=1.4, capsize=3,
+                    label=_short(str(name), 40))
+    _threshold_line(ax, hline)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ticks = sorted({x for points in groups.values() for x in points})
+    if ticks and len(ticks) <= 16 and all(isinstance(x, int) for x in ticks):
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(x) for x in ticks])
+        ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8)
+    return _png_bytes(fig)
+
+
+def bars_png(groups: Mapping[str, Mapping[str, Sequence[float]]], ylabel: str, title: str, *,
+             order: Sequence[str] | None = None, hline: tuple[float, str] | None = None) -> bytes:
+    """Grouped bars: mean +- std of each series' values per category. ``groups``: series ->
+    category -> values; ``order``: the categories left to right (default: "none" first, then
+    sorted)."""
+    cats = list(order) if order is not None else sorted({c for points in groups.values() for c in points},
+                                                        key=lambda c: (c != "none", c))
+    names = sorted(groups)
+    fig = Figure(figsize=(6.4, 3.8), dpi=_DPI, facecolor="white", layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs, ys, es = [], [], []
+        for j, c in enumerate(cats):
+            if c in groups[name] and groups[name][c]:
+                m, s = mean_std(list(groups[name][c]))
+                xs.append(j + (i - (len(names) - 1) / 2) * width)
+                ys.append(m)
+                es.append(s)
+        ax.bar(xs, ys, width=width, yerr=es, capsize=3, label=_short(str(name), 40))
+    _threshold_line(ax, hline)
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels([_short(c, 18) for c in cats], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    if ax.get_legend_handles_labels()[0] and (len(names) > 1 or hline is not None):
+        ax.legend(loc="best", fontsize=8)
+    return _png_bytes(fig)
+
+
+def scatter_png(points: Mapping[str, Sequence[tuple[float, float]]], xlabel: str, ylabel: str, title: str, *,
+                diagonal: bool = False, threshold: float | None = None) -> bytes:
+    """One colour per series of (x, y) points; ``diagonal``: the y = x line (no change);
+    ``threshold``: dashed lines at that value on both axes."""
+    fig = Figure(figsize=(6.4, 3.8) if not diagonal else (5.2, 4.6), dpi=_DPI, facecolor="white",
+                 layout="constrained")
+    ax = fig.add_subplot()
+    for name, xy in sorted(points.items()):
+        ax.scatter([x for x, _ in xy], [y for _, y in xy], s=22, alpha=0.85, label=_short(str(name), 40))
+    every = [v for xy in points.values() for p in xy for v in p]
+    if diagonal and every:
+        lo, hi = min(every), max(every)
+        pad = 0.05 * (hi - lo) if hi > lo else 1.0
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#888", lw=1, ls=":", label="no change")
+    if threshold is not None:
+        ax.axhline(threshold, color="#c62828", lw=1.0, ls="--", alpha=0.8)
+        ax.axvline(threshold, color="#c62828", lw=1.0, ls="--", alpha=0.8, label=f"leak threshold {threshold:g} dB")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8)
+    return _png_bytes(fig)
+
+
+#: The verdict colours of the dashboards (gradleak.report.risk's badges).
+VERDICT_COLOURS = {"leaked": "#c62828", "defended": "#2e7d32", "inconclusive": "#b26a00", "failed": "#555555",
+                   "skipped": "#9e9e9e"}
+
+
+def verdict_bars_png(counts: Mapping[str, Mapping[str, int]], order: Sequence[str], ylabel: str, title: str, *,
+                     xlabel: str = "cells") -> bytes:
+    """Horizontal stacked bars: for each category (top to bottom in ``order``) how many updates
+    (``xlabel``) got each verdict (``counts``: category -> verdict -> n), coloured as the badges."""
+    n = max(1, len(order))
+    fig = Figure(figsize=(5.2, min(1.3 + 0.42 * n, 9.0)), dpi=_DPI, facecolor="white", layout="constrained")
+    ax = fig.add_subplot()
+    ys = list(range(n))[::-1]
+    left = [0.0] * n
+    for verdict, colour in VERDICT_COLOURS.items():
+        widths = [float(counts.get(c, {}).get(verdict, 0)) for c in order]
+        if any(widths):
+            ax.barh(ys, widths, left=left, color=colour, label=verdict, height=0.62)
+            for y, l0, w in zip(ys, left, widths):
+                if w:
+                    ax.text(l0 + w / 2, y, f"{int(w)}", ha="center", va="center", color="white", fontsize=8,
+                            fontweight="bold")
+            left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(ys)
+    ax.set_yticklabels([_short(str(c), 24) for c in order], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(True, axis="x", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
+    return _png_bytes(fig)

@@ -59,15 +59,17 @@ _PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "fft2d", "rpsnr", 
                       "label_true", "label_restored")
 _LABEL_COLUMNS = frozenset({"label_true", "label_restored"})
 
-#: The image report's stylesheet (the dashboard's too): the shared rules with these in between.
-_CSS = page_css("""tr.miss td { background: #fff4f4; }
+#: The image report's own rules (the dashboards add theirs after them, gradleak.report.risk).
+REPORT_RULES = """tr.miss td { background: #fff4f4; }
 .notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
 .flex { display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }
 .flex > aside { flex: 0 0 320px; }
 .flex > div { flex: 1 1 500px; min-width: 0; }
 figure { margin: 0 0 1.2em; }
 figure img { max-width: 100%; image-rendering: pixelated; border: 1px solid #eee; }
-""")
+"""
+#: The image report's stylesheet: the shared rules with REPORT_RULES in between.
+_CSS = page_css(REPORT_RULES)
 
 
 # --------------------------------------------------------------------------- names

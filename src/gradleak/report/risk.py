@@ -1,0 +1,403 @@
+"""The risk-report parts of the dashboards (:mod:`gradleak.sweep.dashboard`): one verdict per
+attacked update, said and drawn the same way on every page (a sweep's cells, an experiment's
+cells, a Flower audit's client updates, a comparison of two of them).
+
+Verdict of one attacked update (:func:`judge`), the experiments' rule (experiments/common.py,
+README "Experiments") with the dashboard's names:
+
+``leaked``        rebuilt: the mean PSNR over the batch is at least LEAK_THRESHOLD_DB (20 dB, MSE
+                  0.01 on [0, 1] pixels, the experiments' success threshold), whatever the
+                  attack's own verdict says (a leak is never hidden).
+``defended``      the attack converged (its answer explains the shared update: attacks/verdict.py,
+                  the run's ``converged``) and the data were not rebuilt: the experiments' "not
+                  rebuilt" (the defenses experiment's ``defended`` column). The only verdict
+                  that is evidence of protection.
+``inconclusive``  not rebuilt, and the attack did not converge or recorded no verdict: a failed
+                  attack, which says nothing about the client.
+``failed``        the attack raised (the error is listed); ``skipped``: a Flower audit did not
+                  attack the update (more examples than its max_batch_size).
+
+Without ground truth (no PSNR: a real federation's audit, an update file attacked without its
+truth) nothing can be called rebuilt or defended from the images. The verdict then comes from
+convergence alone: a converged attack is a presumed leak when the update's defenses leave the
+truth no further from the shared update than the attack's own convergence line (noise floor f
+<= CONVERGED_BELOW of the attack, no defense the floor does not model, such as pruning): its
+answer then explains the update as well as an answer on an undefended update, and on this
+project's measurements such answers rebuilt the data (DLG/iDLG: every multi-image answer below
+1e-5 rebuilt >= 20 dB; the GradInversion / IG line, 0.4, is coarse). Under a larger or
+unmodelled floor any answer may fit, so a converged attack cannot tell a leak from a defense:
+inconclusive. Not converged: inconclusive.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gradleak.attacks.verdict import CONVERGED_BELOW
+from gradleak.errors import GradleakError
+from gradleak.report.html import REPORT_RULES, _fmt
+from gradleak.report.page import data_uri, page_css, value_cell
+
+#: Mean PSNR (dB) from which an update's data count as rebuilt: the experiments' THRESHOLD_DB
+#: (experiments/common.py and defense_tradeoff.py; a test keeps them equal).
+LEAK_THRESHOLD_DB = 20.0
+
+LEAKED, DEFENDED, INCONCLUSIVE, FAILED, SKIPPED = "leaked", "defended", "inconclusive", "failed", "skipped"
+#: Worst first: a leak, then what says nothing about the client, then the evidence of protection.
+VERDICTS = (LEAKED, INCONCLUSIVE, FAILED, SKIPPED, DEFENDED)
+_RANK = {v: i for i, v in enumerate(VERDICTS)}
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``label``: one of VERDICTS; ``truth``: judged against ground truth (a PSNR), else from
+    convergence alone; ``reason``: one line saying why."""
+
+    label: str
+    truth: bool
+    reason: str
+
+
+def finite(v: Any) -> float | None:
+    """A finite float from a number or a numeric string, else None (bools are not numbers)."""
+    if v is None or isinstance(v, bool) or v == "":
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def psnr_of(v: Any) -> float | None:
+    """A PSNR that can be judged: any number but NaN (a PSNR of +inf is a perfect rebuild)."""
+    if v is None or isinstance(v, bool) or v == "":
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if f != f else f
+
+
+def converged_of(metrics: Mapping[str, Any]) -> bool | None:
+    """The run's own verdict (metrics "converged", else "convergence"["converged"]); None when
+    it recorded none (experiments/common.py converged_of)."""
+    value = metrics.get("converged")
+    conv = metrics.get("convergence")
+    if value is None and isinstance(conv, Mapping):
+        value = conv.get("converged")
+    return value if isinstance(value, bool) else None
+
+
+def judge(status: str, psnr: Any, converged: bool | None, *, attack: Any = None, noise_floor: Any = 0.0,
+          unmodelled: Sequence[str] = ()) -> Verdict:
+    """The verdict of one attacked update (see the module docstring).
+
+    status:      "ok" (attacked), "skipped" (not attacked), anything else failed.
+    psnr:        mean PSNR over the batch in dB, None without ground truth.
+    converged:   the attack's own verdict (None: not recorded).
+    attack, noise_floor, unmodelled: used only without ground truth: the attack's name (its
+                 convergence line, CONVERGED_BELOW), the defenses' noise floor (None: unknown)
+                 and the defenses the floor does not model.
+    """
+    if status == "skipped":
+        return Verdict(SKIPPED, False, "not attacked")
+    if status != "ok":
+        return Verdict(FAILED, False, "the attack failed")
+    p = psnr_of(psnr)
+    if p is not None:
+        if p >= LEAK_THRESHOLD_DB:
+            return Verdict(LEAKED, True, f"rebuilt: PSNR {p:.1f} dB >= {LEAK_THRESHOLD_DB:g} dB")
+        if converged is True:
+            return Verdict(DEFENDED, True, f"the attack converged and PSNR {p:.1f} dB < {LEAK_THRESHOLD_DB:g} dB")
+        why = "did not converge" if converged is False else "recorded no convergence verdict"
+        return Verdict(INCONCLUSIVE, True, f"the attack {why}; PSNR {p:.1f} dB < {LEAK_THRESHOLD_DB:g} dB")
+    if converged is not True:
+        why = "did not converge" if converged is False else "recorded no convergence verdict"
+        return Verdict(INCONCLUSIVE, False, f"no ground truth, and the attack {why}")
+    line = CONVERGED_BELOW.get(str(attack)) if attack is not None else None
+    floor = finite(noise_floor)
+    if unmodelled:
+        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but under {', '.join(map(str, unmodelled))}, "
+                                            "which the convergence line does not model")
+    if line is None:
+        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but attack {attack} has no declared "
+                                            "convergence line")
+    if floor is None:
+        return Verdict(INCONCLUSIVE, False, "no ground truth: converged on a defended update whose noise floor "
+                                            "was not recorded")
+    if floor > line:
+        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but the defenses' noise floor {floor:.2g} "
+                                            f"exceeds the attack's line {line:g}: any answer may fit")
+    return Verdict(LEAKED, False, f"no ground truth: presumed rebuilt (the attack converged; noise floor "
+                                  f"{floor:.2g} <= its line {line:g})")
+
+
+def rank(label: str) -> int:
+    return _RANK.get(label, len(VERDICTS))
+
+
+def worst_first(label: str, psnr: Any = None, rel: Any = None) -> tuple[float, float, float]:
+    """Sort key, worst first: by verdict (VERDICTS order), then highest PSNR, then the answer
+    that explains the update best (lowest relative gradient distance)."""
+    p, r = psnr_of(psnr), finite(rel)
+    return (rank(label), -p if p is not None else math.inf, r if r is not None else math.inf)
+
+
+def setting_verdict(labels: Iterable[str]) -> str:
+    """A setting's verdict from its updates' (the defenses experiment's rule): leaked if any
+    leaked, defended if every one is, failed / skipped if every one is, else inconclusive."""
+    labels = list(labels)
+    if not labels:
+        return INCONCLUSIVE
+    if LEAKED in labels:
+        return LEAKED
+    for v in (DEFENDED, FAILED, SKIPPED):
+        if all(x == v for x in labels):
+            return v
+    return INCONCLUSIVE
+
+
+# ------------------------------------------------------------------ HTML
+class Html(str):
+    """Text that is already HTML (escaped where it holds data): a table cell written as is."""
+
+
+#: The dashboards' stylesheet: the run report's rules plus badges, the headline, galleries.
+RISK_RULES = """
+.badge { display: inline-block; padding: .08em .6em; border-radius: 999px; font-size: .82em; font-weight: 600;
+         color: #fff; white-space: nowrap; letter-spacing: .01em; }
+.v-leaked { background: #c62828; } .v-defended { background: #2e7d32; } .v-inconclusive { background: #b26a00; }
+.v-failed { background: #555; } .v-skipped { background: #9e9e9e; }
+.badge.presumed { background: #fff; color: #c62828; box-shadow: inset 0 0 0 1.5px #c62828; }
+.headline { display: flex; gap: .8em; flex-wrap: wrap; margin: .8em 0 .4em; }
+.stat { border: 1px solid #ddd; border-top-width: 5px; border-radius: 6px; padding: .4em 1.1em .5em; min-width: 7.5em; }
+.stat .n { font-size: 2em; font-weight: 700; line-height: 1.1; font-variant-numeric: tabular-nums; }
+.stat .l { color: #444; font-size: .9em; }
+.s-leaked { border-top-color: #c62828; } .s-leaked .n { color: #c62828; }
+.s-defended { border-top-color: #2e7d32; } .s-defended .n { color: #2e7d32; }
+.s-inconclusive { border-top-color: #b26a00; } .s-inconclusive .n { color: #b26a00; }
+.s-failed { border-top-color: #555; } .s-skipped { border-top-color: #9e9e9e; }
+.answer { margin: .4em 0 .2em; padding-left: 1.2em; }
+.answer li { margin: .15em 0; }
+.worst { background: #fdecea; border: 1px solid #f5c2bd; border-radius: 6px; padding: .5em 1em; }
+.worst.calm { background: #edf7ee; border-color: #b9dfbc; }
+.rules { background: #f6f7f9; border-left: 4px solid #8a8f98; padding: .4em 1em; font-size: .9em; margin: 1em 0; }
+.rules ul { margin: .3em 0; padding-left: 1.2em; }
+.rules summary { cursor: pointer; font-weight: 600; }
+tr.r-leaked > td:first-child { box-shadow: inset 4px 0 #c62828; }
+tr.r-defended > td:first-child { box-shadow: inset 4px 0 #2e7d32; }
+tr.r-inconclusive > td:first-child { box-shadow: inset 4px 0 #b26a00; }
+tr.r-failed > td:first-child, tr.r-skipped > td:first-child { box-shadow: inset 4px 0 #9e9e9e; }
+table.matrix td { text-align: center; min-width: 4.5em; }
+table.matrix td .v { display: block; font-size: .8em; color: #333; margin-top: .15em;
+                      font-variant-numeric: tabular-nums; }
+.gallery { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: .5em .6em; background: #fff; max-width: 100%; }
+.card .t { font-size: .88em; margin-bottom: .35em; }
+.card img { display: block; max-width: 100%; height: auto; image-rendering: pixelated; border: 1px solid #eee; }
+.card .pair { display: flex; gap: .6em; flex-wrap: wrap; align-items: flex-start; }
+.card .pair > div { font-size: .8em; color: #555; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.setup { color: #444; font-size: .92em; margin: .2em 0 .8em; }
+.setup span { display: inline-block; margin: 0 1.3em .2em 0; }
+.setup b { color: #222; font-weight: 600; margin-right: .3em; }
+.charts { display: flex; flex-wrap: wrap; gap: 1em 1.5em; align-items: flex-start; }
+.charts > div { min-width: 0; max-width: 100%; }
+table.cells td:last-child { min-width: 14em; }
+td.num { white-space: nowrap; }
+h4 { font-size: .92em; margin: .8em 0 .2em; }
+details > summary { cursor: pointer; color: #444; }
+.delta-up { color: #c62828; font-weight: 600; } .delta-down { color: #2e7d32; font-weight: 600; }
+"""
+CSS = page_css(REPORT_RULES + RISK_RULES)
+
+
+def badge(verdict: Verdict | str, *, title: str | None = None) -> Html:
+    """A coloured verdict label; a verdict without ground truth is marked (hatched, "*")."""
+    v = verdict if isinstance(verdict, Verdict) else Verdict(str(verdict), True, "")
+    presumed = not v.truth and v.label == LEAKED
+    tip = title if title is not None else v.reason
+    tip_attr = f' title="{escape(tip)}"' if tip else ""
+    label = escape(v.label) + ("*" if presumed else "")
+    cls = f"badge v-{v.label}" + (" presumed" if presumed else "") if v.label in _RANK else "badge v-failed"
+    return Html(f'<span class="{cls}"{tip_attr}>{label}</span>')
+
+
+def cell_html(key: str, value: Any) -> str:
+    """One table cell: Html as is, anything else formatted with the report's units and escaped."""
+    if isinstance(value, Html):
+        return f"<td>{value}</td>"
+    return value_cell(value, _fmt(key, value))
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, keys: Sequence[str] | None = None,
+          row_verdicts: Sequence[str] | None = None, cls: str | None = None) -> str:
+    """A table: escaped headers, each value formatted by its column's key (units), Html cells as
+    is; ``row_verdicts`` marks each row's left edge with its verdict's colour."""
+    keys = list(keys or columns)
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = []
+    for i, row in enumerate(rows):
+        rv = row_verdicts[i] if row_verdicts is not None and i < len(row_verdicts) else None
+        tr = f' class="r-{escape(rv)}"' if rv in _RANK else ""
+        body.append(f"<tr{tr}>" + "".join(cell_html(str(k), v) for k, v in zip(keys, row)) + "</tr>")
+    c = f' class="{cls}"' if cls else ""
+    return f'<div class="scroll"><table{c}><tr>{head}</tr>{"".join(body)}</table></div>'
+
+
+def headline(counts: Mapping[str, int], noun: str, *, order: Sequence[str] = (LEAKED, DEFENDED, INCONCLUSIVE,
+                                                                               FAILED, SKIPPED)) -> str:
+    """The big numbers: how many ``noun`` (e.g. "cells") got each verdict (zeros shown for the
+    first three, failed / skipped only when present)."""
+    stats = []
+    for v in order:
+        n = int(counts.get(v, 0))
+        if n == 0 and v in (FAILED, SKIPPED):
+            continue
+        stats.append(f'<div class="stat s-{v}"><div class="n">{n}</div><div class="l">{escape(noun)} {v}</div></div>')
+    return f'<div class="headline">{"".join(stats)}</div>'
+
+
+def count(labels: Iterable[str]) -> Counter[str]:
+    return Counter(labels)
+
+
+def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
+    """The verdict rules and thresholds, as the page states them (collapsible, open)."""
+    lines = ", ".join(f"{k} {v:g}" for k, v in CONVERGED_BELOW.items())
+    items = [
+        f"<li>{badge(LEAKED, title='')} rebuilt: mean PSNR over the batch &ge; <b>{LEAK_THRESHOLD_DB:g} dB</b> "
+        "(MSE &le; 0.01 on [0, 1] pixels, the experiments' success threshold), whatever the attack's own verdict.</li>",
+        f"<li>{badge(DEFENDED, title='')} the attack <b>converged</b> (its answer explains the shared update: "
+        "relative gradient distance ||u(x')&minus;u||&sup2;/||u||&sup2; at or below its line, raised by the "
+        f"defenses' noise floor; lines: {escape(lines)}) and PSNR &lt; {LEAK_THRESHOLD_DB:g} dB. The experiments "
+        "call this <i>not rebuilt</i> (the defenses experiment's <code>defended</code>): the only evidence of "
+        "protection.</li>",
+        f"<li>{badge(INCONCLUSIVE, title='')} PSNR &lt; {LEAK_THRESHOLD_DB:g} dB and the attack did not converge "
+        "(or recorded no verdict): a failed attack says nothing about the client. Inconclusive "
+        f"{escape(unit)}s are left out of the leakage charts and means.</li>",
+        f"<li>{badge(FAILED, title='')} the attack raised an error (listed).</li>",
+    ]
+    if no_truth:
+        items.append(
+            "<li><b>Without ground truth</b> (no PSNR; a presumed leak is drawn "
+            f"{badge(Verdict(LEAKED, False, ''), title='')}): the verdict comes from convergence alone. A converged "
+            "attack is a <b>presumed leak</b> when the update's defenses leave no noise floor above the attack's own "
+            "line (and none the floor does not model, such as pruning): its answer explains the update as well as "
+            "on an undefended update, and on this project's "
+            "measurements such answers rebuilt the data (DLG/iDLG: every answer below 1e-5 reached &ge; 20 dB; the "
+            "GradInversion/IG line 0.4 is coarse). Otherwise, converged or not, it is inconclusive: without the "
+            "data a leak cannot be told from a defense.</li>")
+    setting = (f"<li>A <b>setting</b> (the {escape(unit)}s that differ only by seed) is leaked if any of its "
+               f"{escape(unit)}s leaked, defended if all were defended, else inconclusive.</li>")
+    if unit == "cell":
+        items.append(setting)
+    what = "with ground truth" if truth and not no_truth else ("without ground truth" if no_truth and not truth
+                                                               else "partly with ground truth")
+    return (f'<details class="rules" open><summary>How to read the verdicts ({what})</summary>'
+            f"<ul>{''.join(items)}</ul></details>")
+
+
+# ------------------------------------------------------------------ embedded images
+class ImageBudget:
+    """Saved reconstructions embedded as data: URIs, in the order asked (worst first), bounded:
+    at most ``max_images``, each at most ``max_bytes`` and ``max_total`` bytes in all. Files that
+    are missing, outside their folder, not regular files or not PNGs are never embedded (they
+    are counted, and :meth:`note` says so); nothing here raises for a bad image."""
+
+    def __init__(self, max_images: int = 48, max_bytes: int = 4 * 1024 * 1024, max_total: int = 48 * 1024 * 1024):
+        self.max_images, self.max_bytes, self.max_total = max_images, max_bytes, max_total
+        self.embedded = 0
+        self.total = 0
+        self.over_budget = 0
+        self.unusable = 0
+
+    def read(self, root: Path, rel: str | os.PathLike[str] | None) -> bytes | None:
+        """The PNG at ``root/rel`` if it may be embedded; None otherwise (counted)."""
+        path = inside(root, rel)
+        if path is None:
+            if rel not in (None, ""):
+                self.unusable += 1
+            return None
+        if self.embedded >= self.max_images:
+            self.over_budget += 1
+            return None
+        try:
+            from gradleak.paths import check_input_file
+
+            p = check_input_file(path, "reconstruction image", max_bytes=self.max_bytes)
+            if self.total + p.stat().st_size > self.max_total:
+                self.over_budget += 1
+                return None
+            data = p.read_bytes()
+        except (GradleakError, OSError):
+            self.unusable += 1
+            return None
+        if not data.startswith(_PNG_MAGIC):
+            self.unusable += 1
+            return None
+        self.embedded += 1
+        self.total += len(data)
+        return data
+
+    def note(self, where: str) -> str:
+        """What was left out, as a muted paragraph ('' when nothing was)."""
+        parts = []
+        if self.over_budget:
+            parts.append(f"{self.over_budget} saved reconstruction(s) not embedded: the page embeds the "
+                         f"{self.max_images} worst (at most {self.max_total // 2**20} MiB); see {where}")
+        if self.unusable:
+            parts.append(f"{self.unusable} reconstruction file(s) skipped: missing, outside the folder, too large "
+                         f"(> {self.max_bytes // 2**20} MiB) or not a PNG")
+        return "".join(f'<p class="muted">{escape(p)}.</p>' for p in parts)
+
+
+def inside(root: Path, rel: str | os.PathLike[str] | None) -> Path | None:
+    """``root/rel`` when ``rel`` is a relative path that stays inside ``root`` (links resolved)
+    and names an existing entry; None otherwise (absolute, ``..``, NUL, escaping links, absent)."""
+    if rel is None or rel == "":
+        return None
+    text = os.fspath(rel)
+    if "\x00" in text or os.path.isabs(text) or ".." in Path(text).parts:
+        return None
+    path = root / text
+    try:
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
+    if not real.startswith(real_root.rstrip(os.sep) + os.sep) or not os.path.exists(real):
+        return None
+    return path
+
+
+def image(png: bytes, alt: str) -> Html:
+    return Html(f'<img src="{data_uri(png)}" alt="{escape(alt)}">')
+
+
+def card(title_html: str, png: bytes | None, alt: str, caption: str = "") -> Html:
+    """A gallery card: a title line (HTML), the image (or a muted "no image"), a caption."""
+    img = image(png, alt) if png is not None else Html('<p class="muted">no image saved</p>')
+    cap = f'<div class="muted" style="font-size:.8em;margin-top:.3em">{escape(caption)}</div>' if caption else ""
+    return Html(f'<div class="card"><div class="t">{title_html}</div>{img}{cap}</div>')
+
+
+def notice(text: str) -> str:
+    return f'<p class="notice">{escape(text)}</p>'
+
+
+def chart(png: bytes, alt: str, caption: str, *, axis: str, metric: str) -> str:
+    """A chart figure, tagged with what it plots along what (``data-axis``, ``data-metric``)."""
+    return (f'<figure class="chart" data-axis="{escape(axis)}" data-metric="{escape(metric)}">'
+            f'<img src="{data_uri(png)}" alt="{escape(alt)}"><figcaption>{escape(caption)}</figcaption></figure>')

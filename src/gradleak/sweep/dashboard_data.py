@@ -1,0 +1,320 @@
+"""What a dashboard reads and how it judges it: a folder (a sweep, an experiment, a Flower audit)
+as a :class:`Source` of judged :class:`Item` s, one per attacked update (a cell, or a client's
+update in one round), each with its verdict (:func:`gradleak.report.risk.judge`).
+
+Everything read here comes from files a user may hand in: values are kept as read and judged by
+type (a string where a number belongs is not a number); nothing is trusted as HTML.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..report.figures import MAX_PLOTTED
+from ..report.risk import Verdict, converged_of, finite, judge, psnr_of
+from .store import STORE_NAME, CellRecord, ResultStore, one_line
+
+# audit.csv is read whole (one row per audited update, ~300 bytes each).
+MAX_AUDIT_BYTES = 32 * 1024 * 1024
+AUDIT_REQUIRED = ("round", "client")
+AUDIT_NUMERIC = ("num_examples", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance",
+                 "iterations", "attack_seconds", "update_norm", "local_steps", "local_batch_size", "local_lr",
+                 "relative_gradient_distance", "noise_floor")
+# An experiment's folder keeps its cells in this sweep folder (experiments/cells.py CELLS).
+EXPERIMENT_CELLS = "cells"
+# Where a sweep cell's run folder keeps its picture (gradleak sweep --save-runs; an experiment's
+# run_folders): originals above the paired reconstructions, with PSNR and labels.
+RUN_IMAGE = "reconstruction.png"
+
+# Config fields that say how a cell ran, not what it attacked: never an axis, ignored when two
+# runs are matched.
+RUN_ONLY_FIELDS = frozenset({"out", "progress", "threads", "log_every", "checkpoint_every", "paper_metrics", "device",
+                             "nproc", "divergence_retries"})
+# Fields whose values are repetitions of one setting (another batch drawn, another start): cells
+# that differ only there form one setting, and no chart is drawn along them.
+REPLICATE_FIELDS = ("seed", "indices")
+
+
+@dataclass
+class Item:
+    """One attacked update as the page shows it."""
+
+    key: Any                      # cell_id, or (round, client)
+    verdict: Verdict
+    psnr: float | None            # judged PSNR (None without ground truth)
+    rel: float | None             # relative gradient distance (the attack's own fit)
+    status: str
+    fields: dict[str, Any]        # what was attacked: the cell's config, or the audit row
+    metrics: dict[str, Any]       # what was measured: the cell's metrics, or the audit row
+    image: str | None = None      # the picture's path relative to the source's image root
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.verdict.label
+
+
+@dataclass
+class Source:
+    """A folder the dashboard reads: kind "sweep", "experiment" or "audit"."""
+
+    kind: str
+    folder: Path                  # the folder given on the command line
+    data: Path                    # the sweep folder (results.sqlite) or the audit folder
+    items: list[Item] = field(default_factory=list)
+    records: list[CellRecord] = field(default_factory=list)
+    sweeps: int = 0
+    experiment: str | None = None
+    audit_columns: list[str] = field(default_factory=list)
+
+    @property
+    def image_root(self) -> Path:
+        return self.data
+
+    @property
+    def noun(self) -> str:
+        return "updates" if self.kind == "audit" else "cells"
+
+
+# ------------------------------------------------------------------ values
+def num(v: Any) -> float | None:
+    """A plottable number: finite, not a bool, at most MAX_PLOTTED in magnitude; else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float range
+        return None
+    return f if math.isfinite(f) and abs(f) <= MAX_PLOTTED else None
+
+
+def field_text(name: str, value: Any, limit: int = 80) -> str:
+    """A config value as one short line of text (escaped later): a defense list as its specs
+    joined by ";" ("none" when empty), None as "default"."""
+    if name == "defense":
+        if isinstance(value, list):
+            text = ";".join(str(x) for x in value) if value else "none"
+        elif value in (None, ""):
+            text = "none"
+        else:
+            text = str(value)
+    elif value is None:
+        text = "default"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, (str, int, float)):
+        text = str(value)
+    else:
+        text = json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
+    return one_line(text, limit)
+
+
+def is_numeric(values: Iterable[Any]) -> bool:
+    vals = list(values)
+    return bool(vals) and all(num(v) is not None for v in vals)
+
+
+def varying_fields(records: Sequence[CellRecord], *, replicates: bool = False) -> list[str]:
+    """The config fields whose value differs between cells (grid fields first, in the grid's
+    order), leaving out how a cell ran (RUN_ONLY_FIELDS) and, unless ``replicates``, the
+    repetitions (REPLICATE_FIELDS)."""
+    order: list[str] = []
+    for r in records:
+        for k in list(r.grid) + list(r.config):
+            if isinstance(k, str) and k not in order:
+                order.append(k)
+    out = []
+    for k in order:
+        if k in RUN_ONLY_FIELDS or (k in REPLICATE_FIELDS) != replicates:
+            continue
+        if len({field_text(k, r.config.get(k)) for r in records}) > 1:
+            out.append(k)
+    return out
+
+
+def derived_fields(records: Sequence[CellRecord], fields: Sequence[str]) -> dict[str, str]:
+    """The fields of ``fields`` that follow another one (each of its values comes with one value
+    of the field ``f`` follows): ``{field: the field it follows}``. An experiment's cells give each
+    attack its own constants (dtype, init, iterations, ...): those vary with the attack and are
+    not axes of their own. A field follows another that has more values, or as many and comes
+    first; a full grid has no such field."""
+    texts = {f: [field_text(f, r.config.get(f)) for r in records] for f in fields}
+    distinct = {f: len(set(v)) for f, v in texts.items()}
+    out: dict[str, str] = {}
+    for i, f in enumerate(fields):
+        for j, g in enumerate(fields):
+            if g == f or g in out or not (distinct[g] > distinct[f] or (distinct[g] == distinct[f] and j < i)):
+                continue
+            seen: dict[str, str] = {}
+            if all(seen.setdefault(b, a) == a for a, b in zip(texts[f], texts[g])):
+                out[f] = g
+                break
+    return out
+
+
+def setting_label(values: Mapping[str, Any], fields: Sequence[str]) -> str:
+    return ", ".join(f"{f}={field_text(f, values.get(f), 40)}" for f in fields)
+
+
+# ------------------------------------------------------------------ sweeps and experiments
+def _unmodelled(conv: Mapping[str, Any]) -> list[str]:
+    u = conv.get("unmodelled_defenses")
+    return [str(x) for x in u] if isinstance(u, list) else ([u] if isinstance(u, str) and u else [])
+
+
+def cell_verdict(r: CellRecord) -> Verdict:
+    """The verdict of one stored cell (gradleak.report.risk.judge on its metrics)."""
+    m = r.metrics if isinstance(r.metrics, dict) else {}
+    conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
+    defense = r.config.get("defense")
+    floor = conv["noise_floor"] if "noise_floor" in conv else (0.0 if not defense else None)
+    attack = m.get("attack") if isinstance(m.get("attack"), str) else r.config.get("attack")
+    return judge(r.status, m.get("psnr_mean"), converged_of(m), attack=attack, noise_floor=floor,
+                 unmodelled=_unmodelled(conv))
+
+
+def cell_item(r: CellRecord, root: Path) -> Item:
+    m = r.metrics if isinstance(r.metrics, dict) else {}
+    conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
+    rel = conv.get("relative_gradient_distance", m.get("relative_gradient_distance"))
+    v = cell_verdict(r)
+    image = f"runs/{r.cell_id}/{RUN_IMAGE}" if r.status == "ok" and (root / "runs" / r.cell_id / RUN_IMAGE).is_file() \
+        else None
+    return Item(key=r.cell_id, verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None, rel=finite(rel),
+                status=r.status, fields=r.config, metrics=m, image=image,
+                error=r.error)
+
+
+def store_folder(folder: Path) -> tuple[str, Path] | None:
+    """("sweep", DIR) when DIR holds results.sqlite, ("experiment", DIR/cells) when DIR is an
+    experiment's folder, else None."""
+    if os.path.lexists(folder / STORE_NAME):
+        return "sweep", folder
+    cells = folder / EXPERIMENT_CELLS
+    if cells.is_dir() and not cells.is_symlink() and os.path.lexists(cells / STORE_NAME):
+        return "experiment", cells
+    return None
+
+
+def load_store(kind: str, folder: Path, data: Path) -> Source:
+    with ResultStore(data, create=False) as store:
+        store.quick_check()
+        records = list(store.records())
+        sweeps = store.sweep_count()
+        experiment = store.get_meta("experiment")
+    src = Source(kind=kind, folder=folder, data=data, records=records, sweeps=sweeps,
+                 experiment=one_line(experiment, 80) if experiment else None)
+    src.items = [cell_item(r, data) for r in records]
+    return src
+
+
+# ------------------------------------------------------------------ audit.csv (Flower audit)
+def read_audit(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of a Flower audit's audit.csv. Every row must have as many fields as the
+    header, the header must name round and client, round must be an integer and the numeric
+    columns numbers (or empty); otherwise one DataError naming the file and line."""
+    from ..paths import read_text_file
+
+    text = read_text_file(path, "audit file", max_bytes=MAX_AUDIT_BYTES)
+    if "\x00" in text:
+        raise DataError(f"audit file {path} holds NUL bytes: not a CSV file")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"audit file {path} is empty: no header line")
+        missing = [c for c in AUDIT_REQUIRED if c not in header]
+        if missing:
+            raise DataError(f"audit file {path} has no column {', '.join(missing)} "
+                            f"(header: {one_line(','.join(header), 120)})")
+        if len(set(header)) != len(header):
+            raise DataError(f"audit file {path}: a column name appears twice in the header")
+        rows: list[dict[str, str]] = []
+        for fields in reader:
+            line = reader.line_num
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                raise DataError(f"audit file {path} line {line}: {len(fields)} fields, the header has {len(header)}")
+            row = dict(zip(header, fields))
+            try:
+                rnd = int(row["round"])
+            except ValueError:
+                raise DataError(f"audit file {path} line {line}: round {one_line(repr(row['round']), 40)} "
+                                "is not an integer") from None
+            if not 0 <= rnd < 2**31:
+                raise DataError(f"audit file {path} line {line}: round {rnd} is out of range")
+            for c in AUDIT_NUMERIC:
+                v = row.get(c, "")
+                if v:
+                    try:
+                        float(v)
+                    except ValueError:
+                        raise DataError(f"audit file {path} line {line}: {c} {one_line(repr(v), 40)} "
+                                        "is not a number") from None
+            rows.append(row)
+    except csv.Error as exc:
+        raise DataError(f"audit file {path} is not a readable CSV file: {one_line(str(exc))}") from None
+    return header, rows
+
+
+def _bool(text: str | None) -> bool | None:
+    t = (text or "").strip().lower()
+    return True if t in ("true", "1", "yes") else False if t in ("false", "0", "no") else None
+
+
+def audit_verdict(row: Mapping[str, str]) -> Verdict:
+    """The verdict of one audit.csv row. Audits written before audit.csv had ``noise_floor``:
+    an update with no defenses has none; a defended one's is unknown."""
+    defenses = [d for d in (row.get("defenses") or "").split(";") if d]
+    floor: Any = row.get("noise_floor") if "noise_floor" in row else (0.0 if not defenses else None)
+    if floor == "":
+        floor = 0.0 if not defenses else None
+    unmodelled = [d for d in (row.get("unmodelled_defenses") or "").split(";") if d]
+    return judge(row.get("status", "ok") or "ok", row.get("psnr_mean") or None, _bool(row.get("converged")),
+                 attack=row.get("attack"), noise_floor=floor, unmodelled=unmodelled)
+
+
+def audit_item(row: dict[str, str]) -> Item:
+    v = audit_verdict(row)
+    return Item(key=(int(row["round"]), row["client"]), verdict=v,
+                psnr=psnr_of(row.get("psnr_mean") or None) if v.truth else None,
+                rel=finite(row.get("relative_gradient_distance") or None), status=row.get("status", "ok") or "ok",
+                fields=dict(row), metrics=dict(row), image=row.get("reconstruction") or None,
+                error=row.get("error") or None)
+
+
+def load_audit(folder: Path) -> Source:
+    header, rows = read_audit(folder / "audit.csv")
+    return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r) for r in rows], audit_columns=header)
+
+
+def load_source(folder: Path) -> Source:
+    """The folder as a dashboard reads it: a sweep (results.sqlite), an experiment (cells/), a
+    Flower audit (audit.csv); else one DataError."""
+    found = store_folder(folder)
+    if found is not None:
+        return load_store(found[0], folder, found[1])
+    if os.path.lexists(folder / "audit.csv"):
+        return load_audit(folder)
+    raise DataError(f"{folder} holds no sweep results ({STORE_NAME}), no experiment ({EXPERIMENT_CELLS}/"
+                    f"{STORE_NAME}) and no audit.csv")
+
+
+def client_order(clients: Iterable[str]) -> list[str]:
+    """Clients in natural order: numbers by value, then names."""
+    def key(c: str) -> tuple[int, float, str]:
+        try:
+            return (0, float(c), c) if math.isfinite(float(c)) else (1, 0.0, c)
+        except ValueError:
+            return (1, 0.0, c)
+    return sorted(set(clients), key=key)
