@@ -35,7 +35,8 @@ def cifar10():
 # than xdist's loadgroup scheduling: after a worker crash, loadgroup can wait forever.)
 _RAY_TESTS = ("test_sweep.py::test_ray_sweep", "test_flower_audit.py::test_flower_example_federation",
               "test_loopback.py::test_ray_sweep_stays_on_loopback",
-              "test_loopback.py::test_flower_audit_stays_on_loopback")
+              "test_loopback.py::test_flower_audit_stays_on_loopback",
+              "test_cli_quiet.py::test_ray_sweep_sigterm", "test_cli_quiet.py::test_flower_audit_prints_no")
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +55,21 @@ def _one_ray_at_a_time(request):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def stored_cells(db) -> int:  # noqa: ANN001
+    """How many cells a sweep's results.sqlite holds (0 while it does not exist or is locked):
+    read-only, so a test can watch a running sweep."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
 
 
 @pytest.fixture

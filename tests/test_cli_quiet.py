@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import stored_cells  # tests/ is on sys.path (no package)
 from gradleak.cli import ATTACK_DEFAULTS, LAZY_HELP, TRAIN_DEFAULTS, build_parser, command_parser
 from gradleak.console import notice_once, print_table
 
@@ -56,21 +56,6 @@ def _lpips_reason() -> str:
 def _help_of(parser: argparse.ArgumentParser, flag: str) -> str:
     action = next(a for a in parser._actions if flag in a.option_strings)
     return " ".join(str(action.help).split())
-
-
-@pytest.fixture
-def one_ray_at_a_time():
-    """Ray tests take the suite's Ray lock (tests/conftest.py): never two Ray instances at once."""
-    import fcntl
-    import tempfile
-
-    lock = Path(tempfile.gettempdir()) / f"gradleak-tests-ray-{os.getuid()}.lock"
-    with open(lock, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ------------------------------------------------------------------ quick: what --help imports
@@ -345,17 +330,6 @@ def test_attack_runs_are_quiet_and_say_the_lpips_notice_once(tmp_path):
 
 
 # ------------------------------------------------------------------ sweeps: quiet, interrupted, resumed
-def _cells_in(db: Path) -> int:
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
 def _interrupt_after_first_cell(cmd: list[str], cwd: Path, db: Path, sig: int, *, group: bool):
     """Run ``cmd``, send ``sig`` once a cell is in the store (to the process group: Ctrl-C in a
     terminal; to the process only: a plain kill); return (returncode, stderr)."""
@@ -363,7 +337,7 @@ def _interrupt_after_first_cell(cmd: list[str], cwd: Path, db: Path, sig: int, *
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 150
-        while _cells_in(db) < 1:
+        while stored_cells(db) < 1:
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "no cell finished in time"
             time.sleep(0.05)
@@ -427,7 +401,7 @@ def test_local_sweep_ctrl_c_says_how_to_resume(tmp_path):
     code, err = _interrupt_after_first_cell(cmd, tmp_path, out / "results.sqlite", signal.SIGINT, group=True)
     resume = _check_interrupted(code, err, signal.SIGINT)
     assert resume == ["gradleak", "sweep", "spec.yaml", "--out", "sweeps/s", "--workers", "1", "--no-progress"]
-    done = _cells_in(out / "results.sqlite")
+    done = stored_cells(out / "results.sqlite")
     assert 1 <= done < 3
     again = _resume(resume, tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -436,7 +410,7 @@ def test_local_sweep_ctrl_c_says_how_to_resume(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_ray_sweep_sigterm_ends_in_one_line_and_resumes_quietly(tmp_path, one_ray_at_a_time):
+def test_ray_sweep_sigterm_ends_in_one_line_and_resumes_quietly(tmp_path):
     """SIGTERM to a Ray sweep: no Ray crash trace ("*** SIGTERM received ... PC: @"), exit 143,
     the resume command last; rerunning it on Ray finishes the sweep with no third-party warning
     and one LPIPS notice for all its cells (the cells compute the paper metrics)."""
@@ -446,7 +420,7 @@ def test_ray_sweep_sigterm_ends_in_one_line_and_resumes_quietly(tmp_path, one_ra
     code, err = _interrupt_after_first_cell(cmd, tmp_path, out / "results.sqlite", signal.SIGTERM, group=False)
     resume = _check_interrupted(code, err, signal.SIGTERM)
     assert resume == ["gradleak", "sweep", "spec.yaml", "--out", "sweeps/r", "--executor", "ray", "--workers", "1"]
-    done = _cells_in(out / "results.sqlite")
+    done = stored_cells(out / "results.sqlite")
     again = _resume(resume, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"3/3 cells done ({done} skipped, {3 - done} run)" in again.stdout
@@ -457,7 +431,7 @@ def test_ray_sweep_sigterm_ends_in_one_line_and_resumes_quietly(tmp_path, one_ra
 
 # ------------------------------------------------------------------ the Flower audit
 @pytest.mark.timeout(300)
-def test_flower_audit_prints_no_flower_warnings(tmp_path, one_ray_at_a_time):
+def test_flower_audit_prints_no_flower_warnings(tmp_path):
     """An ordinary `gradleak audit-flower`: Flower's run_simulation deprecation and FedAvg's
     "fraction_evaluate is set to 0.0" are not shown (filtered by message, see
     audit.command.KnownFlowerWarnings), and no other warning either."""

@@ -4,7 +4,6 @@ sweep killed midway that resumes with only the missing cells."""
 import csv
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stored_cells  # tests/ is on sys.path (no package)
 from gradleak.cli import main
 from gradleak.errors import ConfigError
 from gradleak.sweep import ResultStore, cell_identity, load_spec, parse_spec, run_sweep
@@ -173,17 +173,6 @@ def test_ray_sweep_matches_local_executor(tmp_path):
 
 
 # ------------------------------------------------------------------ killed midway, resumed
-def _count(db: Path) -> int:
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
 @pytest.mark.timeout(240)
 def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
     spec_path = tmp_path / "spec.yaml"
@@ -198,7 +187,7 @@ def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while _count(out / "results.sqlite") < 1:
+        while stored_cells(out / "results.sqlite") < 1:
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "no cell finished in time"
             time.sleep(0.05)
@@ -209,7 +198,7 @@ def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         proc.stderr.close()
-    done_before = _count(out / "results.sqlite")
+    done_before = stored_cells(out / "results.sqlite")
     assert 1 <= done_before < 4
     # results.csv is rewritten right after each commit: a kill in between leaves it one cell behind
     # the store (never ahead, never torn); the next run rewrites it first.

@@ -67,17 +67,6 @@ class Verdict:
     reason: str
 
 
-def finite(v: Any) -> float | None:
-    """A finite float from a number or a numeric string, else None (bools are not numbers)."""
-    if v is None or isinstance(v, bool) or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def psnr_of(v: Any) -> float | None:
     """A PSNR that can be judged: any number but NaN (a PSNR of +inf is a perfect rebuild)."""
     if v is None or isinstance(v, bool) or v == "":
@@ -87,6 +76,12 @@ def psnr_of(v: Any) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return None if f != f else f
+
+
+def finite(v: Any) -> float | None:
+    """A finite float from a number or a numeric string, else None (bools are not numbers)."""
+    f = psnr_of(v)
+    return f if f is not None and math.isfinite(f) else None
 
 
 def converged_of(metrics: Mapping[str, Any]) -> bool | None:
