@@ -171,9 +171,11 @@ PRESETS: dict[str, GradInversionSettings] = {
 # with fixed alphas the gradient and BN terms of a deeper network outweigh the image priors
 # (TV, l2, group: Eq. 9, 11), which do not grow with depth: on ResNet-18 (62 tensors, 20 BN
 # layers) the cpu preset's TV weighed 4.4x less against L_grad than on the 14-tensor convnet it
-# was tuned on. Measured on ResNet-18 (CIFAR stem), 4 CIFAR-10 photos, 200 steps, one seed, no
-# group term, BN approx (benchmarks/tried.json "gi_per_layer"): the preset as is 9.6 dB, alpha_TV
-# x 3.3 11.8 dB, per layer 12.1 dB; breaching's seethroughgradients 11.8 dB on the same photos.
+# was tuned on. Measured on ResNet-18 (CIFAR stem), batches of 4, 200 steps, one seed, no group
+# term, BN approx (benchmarks/presets.py, presets.json): the preset as is 9.3-9.8 dB, per layer
+# 11.6-12.6 dB on three CIFAR-10 batches and four held-out scikit-image photos (one exploratory
+# run with alpha_TV x 3.3 instead: 11.8 dB; issue 20 measured breaching's seethroughgradients at
+# 11.8 dB on the first batch); with the full preset (4 seeds, group term, BN exact) +0.2 dB.
 # So a preset's alpha_G is scaled by L_ref / L and its alpha_BN by B_ref / B, where L and B are
 # the attacked model's parameter tensors and BN layers and L_ref, B_ref its reference model's:
 # the reference model itself gets the preset's values unchanged. (Adam is invariant to the
