@@ -100,7 +100,8 @@ def test_figure_images_come_from_the_run_folder(tmp_path):
 
     ws = Workspace("comparison", make_options(**opts), out.absolute(), tmp_path)
     cell = ws.run({"dlg": {"attack": "dlg", "model": "convnet", "width": 16, "data": "cifar10-samples",
-                           "batch_size": 2, "seed": 0, "iterations": 1, "log_every": 1}}, run_folders=["dlg"])["dlg"]
+                           "batch_size": 2, "seed": 0, "iterations": 1, "stall_restarts": 0, "log_every": 1}},
+                run_folders=["dlg"])["dlg"]
     assert cell.ok and ws.report.computed == 0   # the same cell as the experiment's
     truth = cell.truth()
     paired = cell.paired_images(truth)
