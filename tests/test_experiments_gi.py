@@ -18,7 +18,7 @@ Observed at smoke scale (1 torch thread; convnet width 16, 4 CIFAR-10 photos, 10
     14.9-15.4 / 16.3-16.4 / 16.6-16.7 dB, RPSNR + group lazy 16.8, registered 16.9-17.0;
     comparison 7.3 / 12.1-12.2 / 15.2-15.3 / 16.6-16.7 dB. Every margin below is several times
     the spread between these runs.
-  * comparison (PSNR): DLG 7.3, Inverting Gradients 12.1, GradInversion BN approx 15.3,
+  * comparison (PSNR): DLG 7.3 (7.8 as one trial, without its restarts, since 2026-11-25), Inverting Gradients 12.1, GradInversion BN approx 15.3,
     BN exact 16.5 dB.
   * identifiability: IIP 1.0 at K = 1 and 4 (pool of 20 photos: chance ~0.05).
 """
