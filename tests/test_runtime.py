@@ -194,3 +194,57 @@ def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -
                     observer=observer("text"))
     assert entered == [torch.device("cpu")] * 5 and depth[0] == 0
     assert set(seen) == {*names, "text"} and all(all(v) for v in seen.values()), seen
+
+
+# ---------------------------------------------------------------- threads on a busy machine
+def test_threads_for_takes_the_idle_cores_at_least_one() -> None:
+    from gradleak.runtime import threads_for
+
+    assert threads_for(None, 2, 2) == 2          # unknown load: torch's choice
+    assert threads_for(0.1, 2, 2) == 2           # idle machine
+    assert threads_for(1.0, 2, 2) == 1           # one core busy elsewhere
+    assert threads_for(2.0, 2, 2) == 1           # all busy: still one
+    assert threads_for(3.4, 16, 16) == 13        # rounded idle cores
+    assert threads_for(0.0, 16, 4) == 4          # never more than torch's default
+
+
+def test_busy_cores_sees_another_process_spinning() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from gradleak.runtime import busy_cores
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = busy_cores(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy is not None and 0.7 <= busy <= (os.cpu_count() or 1) + 1e-9
+
+
+def test_attack_records_the_threads_it_chose_for_a_busy_machine(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    import torch
+
+    import gradleak.runtime as runtime
+    from gradleak.cli import main
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "threads_on_busy_machine", lambda: (1, "2.0 of 2 cores busy with other work: 1 "
+                                                                     "torch thread instead of 2"))
+    try:
+        assert main(["attack", "--iterations", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+        assert "gradleak: note: 2.0 of 2 cores busy" in capsys.readouterr().err
+        assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1
+        # given --threads: never measured, never changed
+        monkeypatch.setattr(runtime, "threads_on_busy_machine", lambda: pytest.fail("measured although given"))
+        assert main(["attack", "--iterations", "2", "--no-progress", "--threads", "1",
+                     "--out", str(tmp_path / "g")]) == 0
+        assert "note" not in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)

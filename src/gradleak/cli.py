@@ -264,9 +264,30 @@ def cmd_resume(args: argparse.Namespace) -> int:
                           f"allowed: --threads, --no-progress, --checkpoint-every, --device, and --model to "
                           f"confirm a saved module:callable model)")
     values.update({n: getattr(args, n) for n in RESUME_OVERRIDES if hasattr(args, n)})
-    result = run(make_config(**values), resume=state_dir)
+    cfg = make_config(**values)
+    threads = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
+    if threads != cfg.threads:
+        cfg.threads = threads
+    result = run(cfg, resume=state_dir)
     _print_summary(result.metrics, result.run_dir)
     return _attack_status(result.metrics, result.run_dir)
+
+
+def _threads_for_busy_cpu(threads: int | None, device: str, nproc: int = 1) -> int | None:
+    """``threads`` as given; else, on the CPU in one process, fewer torch threads than cores when
+    other work keeps cores busy (runtime.threads_on_busy_machine; said in one line on stderr).
+    None: torch's own choice."""
+    if threads is not None or nproc > 1 or device not in ("cpu", "auto"):
+        return threads
+    from .runtime import resolve_device, threads_on_busy_machine
+
+    if resolve_device(device).type != "cpu":
+        return None
+    busy = threads_on_busy_machine()
+    if busy is None:
+        return None
+    print(f"gradleak: note: {busy[1]}", file=sys.stderr)
+    return busy[0]
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -274,7 +295,11 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
     if getattr(args, "resume", None):
         return cmd_resume(args)
-    result = run(_config_from(args))  # image or text: the same pipeline
+    cfg = _config_from(args)
+    threads = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
+    if threads != cfg.threads:
+        cfg.threads = threads  # recorded in config.json: a rerun from it uses the same threads
+    result = run(cfg)  # image or text: the same pipeline
     if result.rank:  # torchrun: a process other than rank 0 (which prints the summary)
         return 0
     _print_summary(result.metrics, result.run_dir)
@@ -382,8 +407,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads is not None and not 1 <= args.threads <= 512:
         raise ConfigError(f"--threads must be in 1..512, got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = _threads_for_busy_cpu(args.threads, getattr(args, "device", None) or "cpu")
+    if threads:
+        torch.set_num_threads(threads)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
     if "defense" in values:
@@ -628,7 +654,8 @@ def _fill_train(t: argparse.ArgumentParser) -> None:
                    + d("test_subset"))
     t.add_argument("--seed", type=int, default=None, help="seed" + d("seed"))
     t.add_argument("--model-seed", dest="model_seed", type=int, default=None, help="weight-init seed" + d("model_seed"))
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice, fewer when other work "
+                   "keeps cores busy)")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t.add_argument("--out", required=True, help="output folder")
     t.set_defaults(func=cmd_train)

@@ -98,7 +98,8 @@ class AttackConfig(BaseModel):
     truth: str | None = Field(None, description="truth file of that update, for evaluation")
     out: str | None = Field(None, description="run folder (default runs/<time>-<attack>)")
     device: str = Field("cpu", description="cpu | cuda | cuda:N | auto")
-    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (default: torch's choice)")
+    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (default: torch's choice; "
+                         "fewer when other work keeps cores busy)")
     log_every: int = Field(10, ge=1, description="observe PSNR every N iterations")
     checkpoint_every: int = Field(100, ge=0, le=10_000_000,
                                   description="save resumable state every N iterations (0: only on SIGINT/SIGTERM)")

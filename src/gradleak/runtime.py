@@ -50,6 +50,7 @@ import ctypes.util
 import functools
 import os
 import platform
+import time
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
@@ -162,4 +163,68 @@ def attack_precision(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["ENV", "allocator", "attack_precision", "ieee_float32", "resolve_device", "tune_allocator"]
+# ---------------------------------------------------------------- threads on a busy machine
+# Why: torch starts one intra-op thread per core, and its OpenMP threads wait for each other at
+# every parallel region. When other processes already keep cores busy, the thread that shares a
+# core stalls the others at each barrier: `gradleak attack --iterations 20` (DLG) took 236 s once
+# on this 2-core machine under load, 1.2-1.6 s normally; controlled, with two busy processes on
+# the 2 cores: 9.2 s with torch's 2 threads, 2.5 s with one (and, measured again 2026-11-25 with
+# two single-thread experiments running: attack loop 3.98 s with 2 threads, 1.93 s with 1, same
+# numbers). The CLI therefore asks how busy the cores are before a run that was given no
+# --threads, and starts only as many threads as there are idle cores (at least one).
+BUSY_SAMPLE_SECONDS = 0.25
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs from /proc/stat, or None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return idle, sum(values[:8])  # user..steal (guest time is already inside user)
+
+
+def busy_cores(seconds: float = BUSY_SAMPLE_SECONDS) -> float | None:
+    """How many cores other processes keep busy, measured over ``seconds`` while this process
+    sleeps (so it does not count itself); None where /proc/stat cannot be read."""
+    before = _cpu_jiffies()
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = _cpu_jiffies()
+    if after is None or after[1] <= before[1]:
+        return None
+    busy = 1.0 - (after[0] - before[0]) / (after[1] - before[1])
+    return max(0.0, busy) * (os.cpu_count() or 1)
+
+
+def threads_for(busy: float | None, cpus: int, default: int) -> int:
+    """torch threads for a run given ``busy`` cores of ``cpus``: the idle ones, rounded, at least
+    one and at most torch's ``default``; ``default`` itself when the load is unknown."""
+    if busy is None:
+        return default
+    return max(1, min(default, round(cpus - busy)))
+
+
+def threads_on_busy_machine() -> tuple[int, str] | None:
+    """(threads, reason) when other processes keep cores busy and fewer threads than torch's
+    default would run faster; None on an idle machine (torch's choice stands)."""
+    default = torch.get_num_threads()
+    if default <= 1:
+        return None  # nothing to take away: no need to measure
+    cpus = os.cpu_count() or 1
+    busy = busy_cores()
+    threads = threads_for(busy, cpus, default)
+    if threads >= default or busy is None:
+        return None
+    return threads, (f"{busy:.1f} of {cpus} cores busy with other work: {threads} torch thread"
+                     f"{'s' if threads != 1 else ''} instead of {default} (--threads N to choose)")
+
+
+__all__ = ["BUSY_SAMPLE_SECONDS", "ENV", "allocator", "attack_precision", "busy_cores", "ieee_float32", "resolve_device",
+           "threads_for", "threads_on_busy_machine", "tune_allocator"]
