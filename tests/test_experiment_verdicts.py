@@ -231,3 +231,24 @@ def test_defenses_runs_each_attack_named(tmp_path, monkeypatch):
         run_experiment("defenses", make_options(out=str(tmp_path / "d"), smoke=True, progress=False,
                                                 attacks=["imprint", "dlg"], executor="inline"))
     assert set(seen) == {"imprint", "dlg"}
+
+
+def test_optimizers_verdict_uses_the_common_leak_line_not_its_time_target(tmp_path, monkeypatch):
+    """A converged DLG answer at 22 dB has rebuilt the photo: 'leaked' (the experiments' 20 dB
+    line), although it did not reach the optimizers experiment's 30 dB time-to-quality target (it
+    read 'not rebuilt' before: a client called protected by the wrong threshold)."""
+    psnr = {"lbfgs": 22.0, "adam": 12.0, "sgd": 45.0}
+
+    def fake_run(self, cells, *, run_folders=()):
+        return {key: CellResult(key=key, cell_id=str(key), config=dict(cfg), status="ok",
+                                metrics=_metrics(psnr[key[0]], key[0] != "adam" or key[1] == 0))
+                for key, cfg in cells.items()}
+
+    monkeypatch.setattr(Workspace, "run", fake_run)
+    monkeypatch.setattr(CellResult, "history", lambda self: [])
+    out = tmp_path / "opt"
+    run_experiment("optimizers", make_options(out=str(out), smoke=True, progress=False, samples=2, executor="inline"))
+    rows = {(r["optimizer"], r["sample"]): r for r in _csv(out / "results.csv")}
+    assert rows[("lbfgs", "0")]["verdict"] == LEAKED and rows[("lbfgs", "0")]["reached"] == "False"
+    assert rows[("adam", "0")]["verdict"] == NOT_REBUILT and rows[("adam", "1")]["verdict"] == INCONCLUSIVE
+    assert rows[("sgd", "1")]["verdict"] == LEAKED

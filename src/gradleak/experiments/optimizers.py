@@ -7,9 +7,14 @@ from __future__ import annotations
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
+from .common import THRESHOLD_DB as LEAK_DB
 from .common import (refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
                      verdict_fields)
 
+# The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
+# verdict (leaked / not rebuilt / inconclusive) uses the experiments' common 20 dB line (LEAK_DB),
+# as every other experiment does: a converged answer at 22 dB has rebuilt the photo, although it
+# has not reached this experiment's 30 dB target (it read "not rebuilt" here before 2026-11-25).
 THRESHOLD_DB = 30.0
 # Per optimizer: learning rate and iterations (full, smoke). One L-BFGS iteration runs up to 20
 # function evaluations, so it gets fewer iterations; compare on wall time.
@@ -40,7 +45,7 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                      "wall_seconds": round(float(m["wall_seconds"]), 2), "psnr": m["psnr_mean"],
                      "mse": m["mse_mean"], "ssim": m["ssim_mean"], "reached": it is not None,
                      "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2),
-                     **verdict_fields(cell, m["psnr_mean"] >= THRESHOLD_DB)})
+                     **verdict_fields(cell, m["psnr_mean"] >= LEAK_DB)})
         if s == 0:
             curves[name] = psnr_curve(cell)
     fig = "psnr_vs_time.png"
@@ -53,11 +58,13 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                  "iterations_to_threshold", "seconds_to_threshold", *VERDICT_COLUMNS],
         rows=rows, figures=[fig], summary=summarize(rows, ["optimizer"], values=("psnr", "wall_seconds")),
         summary_columns=summary_columns(["optimizer"], ("psnr", "wall_seconds")),
-        notes=["Every sample attacked is a row; reached = the observed PSNR reached the threshold at some point, "
-               "verdict = the final answer's (leaked: final PSNR >= the threshold)."] + convergence_notes(cells.values()),
+        notes=[f"Every sample attacked is a row; reached = the observed PSNR reached {THRESHOLD_DB:g} dB at some "
+               f"point, verdict = the final answer's (leaked: final PSNR >= {LEAK_DB:g} dB, the experiments' common "
+               "line; not rebuilt: converged and below it)."] + convergence_notes(cells.values()),
         setup={"data": data, "model": model, "attack": "dlg (float64, batch 1)", "samples": samples,
                "seeds": f"{opt.seed}..{opt.seed + samples - 1} (one photo per seed)",
-               "success threshold": f"PSNR >= {THRESHOLD_DB} dB", "settings": {k: list(v) for k, v in SETTINGS.items()},
+               "success threshold": f"reached = PSNR >= {THRESHOLD_DB} dB; leaked = final PSNR >= {LEAK_DB} dB",
+               "settings": {k: list(v) for k, v in SETTINGS.items()},
                "smoke": opt.smoke})
 
 
