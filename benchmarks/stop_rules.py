@@ -1,0 +1,135 @@
+"""Issue 20, lever "stop when converged": when could the default DLG run stop, judged only by the
+attacker's own objective, and what would a user lose?
+
+The default job (`gradleak attack`: DLG, LeNet-dlg, float64 L-BFGS, 300 steps, one CIFAR-10
+sample photo) is run once per photo (seeds 0..N-1), with the PSNR against the truth observed at
+every L-BFGS step (the observer only reads; the attack never sees it). From each run's per-step
+relative gradient distance rel_t = ||u(x_t) - u||^2 / ||u||^2 (the objective the attacker holds)
+these stop rules are evaluated offline, on the same trajectories:
+
+* ``verdict line``: stop at the first step with rel_t <= the DLG verdict line (attacks/verdict.py,
+  CONVERGED_BELOW["dlg"]);
+* ``restart line``: the first step with rel_t <= dlg.RESTART_BELOW (1e-4);
+* ``plateau P/W``: the first step t >= W whose best rel improved by less than a fraction P over
+  the last W steps (the objective stopped falling), for a few (P, W);
+* ``budget``: the 300 steps the default runs today.
+
+For each rule: the step, its share of the budget, the PSNR and MSE at that step, and whether the
+MSE meets the issue's two marks (<= 1e-4, and <= the DLG paper's 3.3e-6). Also the first step at
+which rel_t falls below 1e-4 .. 1e-9 with the PSNR there: how far the verdict line sits from a
+rebuilt photo on real trajectories. Writes benchmarks/stop_rules.json; about 2-4 minutes on one
+thread.
+
+    .venv/bin/python benchmarks/stop_rules.py [--photos 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from gradleak.attacks import Engine
+from gradleak.attacks.configs import resolve_attack
+from gradleak.attacks.dlg import RESTART_BELOW
+from gradleak.attacks.verdict import CONVERGED_BELOW
+from gradleak.config import make_config
+from gradleak.metrics.image import mse as mse_of
+from gradleak.pipeline.image import simulate_client
+
+PLATEAUS = ((0.01, 10), (0.05, 10), (0.01, 20))
+MARKS = (1e-4, 3.3e-6)
+LEVELS = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9)
+
+
+def trajectory(seed: int) -> dict:
+    """One default DLG run on the photo drawn by ``seed``: per step the relative distance and the
+    MSE / PSNR of the current iterate against the truth."""
+    case = simulate_client(make_config(seed=seed, progress=False))
+    truth = case.truth.images.double()
+    points: dict[int, float] = {}
+
+    def observe(iteration: int, pixels: torch.Tensor) -> None:
+        points[iteration] = float(mse_of(pixels.double(), truth).mean())
+
+    cfg = resolve_attack({"attack": "dlg", "seed": seed}, bn_statistics_shared=True)
+    start = time.perf_counter()
+    rec = Engine(observer=observe, log_every=1).run(cfg, case.update, case.model)
+    wall = time.perf_counter() - start
+    norm2 = sum(float(t.double().pow(2).sum()) for t in case.update.gradients.values())
+    steps = [{"step": int(h["iteration"]), "trial": h.get("trial", 0), "rel": float(h["loss"]) / norm2,
+              "mse": points.get(int(h["iteration"]))} for h in rec.history]
+    return {"seed": seed, "photo": list(case.truth.names), "wall_seconds": round(wall, 2), "trials": rec.extra["trials"],
+            "final_relative_distance": rec.extra["relative_gradient_distance"], "steps": steps}
+
+
+def _psnr(mse: float | None) -> float | None:
+    import math
+
+    return None if mse is None or mse <= 0 else round(-10 * math.log10(mse), 2)
+
+
+def _at(run: dict, step: int) -> dict:
+    s = run["steps"][step - 1]
+    return {"step": step, "share_of_budget": round(step / len(run["steps"]), 3), "mse": s["mse"],
+            "psnr": _psnr(s["mse"]), **{f"mse<={m:g}": s["mse"] is not None and s["mse"] <= m for m in MARKS}}
+
+
+def rules(run: dict) -> dict:
+    rel = [s["rel"] for s in run["steps"]]
+    n = len(rel)
+    best = [min(rel[: i + 1]) for i in range(n)]
+    out: dict[str, dict] = {}
+    for name, line in (("verdict line", CONVERGED_BELOW["dlg"]), ("restart line", RESTART_BELOW)):
+        hit = next((i + 1 for i, r in enumerate(best) if r <= line), n)
+        out[f"{name} {line:g}"] = _at(run, hit)
+    for p, w in PLATEAUS:
+        hit = next((t for t in range(w + 1, n + 1) if best[t - 1 - w] - best[t - 1] <= p * best[t - 1 - w]), n)
+        out[f"plateau {p:g}/{w}"] = _at(run, hit)
+    out["budget"] = _at(run, n)
+    return out
+
+
+def crossings(run: dict) -> list[dict]:
+    rows = []
+    for level in LEVELS:
+        i = next((i for i, s in enumerate(run["steps"]) if s["rel"] <= level), None)
+        rows.append({"rel<=": level, "step": None if i is None else i + 1,
+                     "psnr": None if i is None else _psnr(run["steps"][i]["mse"])})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--photos", type=int, default=6)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    runs = []
+    for seed in range(args.photos):
+        run = trajectory(seed)
+        run["rules"], run["crossings"] = rules(run), crossings(run)
+        print(json.dumps({"seed": seed, "photo": run["photo"], "trials": run["trials"],
+                          "rules": {k: (v["step"], v["psnr"]) for k, v in run["rules"].items()}}), flush=True)
+        runs.append(run)
+    summary = {}
+    for name in runs[0]["rules"]:
+        at = [r["rules"][name] for r in runs]
+        summary[name] = {"mean_share_of_budget": round(sum(a["share_of_budget"] for a in at) / len(at), 3),
+                         "psnr": [a["psnr"] for a in at],
+                         **{f"photos_mse<={m:g}": sum(a[f"mse<={m:g}"] for a in at) for m in MARKS}}
+    out = Path(__file__).with_name("stop_rules.json")
+    for r in runs:  # keep the file small: the per-step trajectory every 5 steps
+        r["steps"] = r["steps"][::5]
+    out.write_text(json.dumps({"job": "gradleak attack (DLG, lenet-dlg, float64 L-BFGS, 300 steps), seeds 0.."
+                               f"{args.photos - 1}", "threads": 1, "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "summary": summary, "runs": runs}, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
