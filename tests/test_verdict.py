@@ -29,6 +29,23 @@ def test_relative_distance_and_verdict_rules():
     assert not verdict("text", {"analytic": True, "exact": False}).converged
 
 
+def test_gradinversion_without_priors_is_held_to_the_gradient_matching_line():
+    """GradInversion Table 2's L_grad row (no TV, l2, BN prior, no group term) is gradient matching
+    alone: an answer at 0.2 (8 dB in the ablation) has not converged; with the priors on, the
+    prior-regularised line (0.4) applies."""
+    bare = {"alpha_tv": 0.0, "alpha_l2": 0.0, "alpha_bn": 0.0, "bn": "exact", "group": "none", "alpha_group": 0.01}
+    v = verdict("gradinversion", {"relative_gradient_distance": 0.2, "settings": bare})
+    assert not v.converged and v.threshold == CONVERGED_BELOW["dlg"] and "inconclusive" in v.reason
+    assert verdict("gradinversion", {"relative_gradient_distance": 1e-6, "settings": bare}).converged
+    # BN prior off by its mode, group off by its weight: still no prior
+    assert not verdict("gradinversion", {"relative_gradient_distance": 0.2,
+                                         "settings": {**bare, "alpha_bn": 0.1, "bn": "none", "group": "lazy",
+                                                      "alpha_group": 0.0}}).converged
+    for on in ({"alpha_tv": 1e-4}, {"alpha_l2": 1e-6}, {"alpha_bn": 0.1}, {"group": "registered"}):
+        v = verdict("gradinversion", {"relative_gradient_distance": 0.2, "settings": {**bare, **on}})
+        assert v.converged and v.threshold == CONVERGED_BELOW["gradinversion"], on
+
+
 @pytest.mark.parametrize("attack", [["--attack", "gradinversion", "--model", "convnet", "--width", "8", "--seeds", "1"],
                                     ["--attack", "ig", "--model", "convnet", "--width", "8"]])
 def test_a_two_iteration_run_reports_not_converged(attack, tmp_path, capsys):
