@@ -239,12 +239,18 @@ def test_attack_records_the_threads_it_chose_for_a_busy_machine(tmp_path, monkey
                                                                      "torch thread instead of 2"))
     try:
         assert main(["attack", "--iterations", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
-        assert "gradleak: note: 2.0 of 2 cores busy" in capsys.readouterr().err
+        out = capsys.readouterr()
+        assert "note: 2.0 of 2 cores busy" in out.out.splitlines()[-1] and "note" not in out.err  # after the results
         assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1
         # given --threads: never measured, never changed
         monkeypatch.setattr(runtime, "threads_on_busy_machine", lambda: pytest.fail("measured although given"))
         assert main(["attack", "--iterations", "2", "--no-progress", "--threads", "1",
                      "--out", str(tmp_path / "g")]) == 0
-        assert "note" not in capsys.readouterr().err
+        assert "note" not in capsys.readouterr().out
+        # a bad input is still one error line: nothing said before it
+        monkeypatch.setattr(runtime, "threads_on_busy_machine", lambda: (1, "busy"))
+        assert main(["attack", "--model", "nope", "--no-progress", "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr()
+        assert len(err.err.strip().splitlines()) == 1 and err.err.startswith("gradleak: error:") and not err.out
     finally:
         torch.set_num_threads(before)

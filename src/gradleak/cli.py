@@ -265,29 +265,33 @@ def cmd_resume(args: argparse.Namespace) -> int:
                           f"confirm a saved module:callable model)")
     values.update({n: getattr(args, n) for n in RESUME_OVERRIDES if hasattr(args, n)})
     cfg = make_config(**values)
-    threads = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
+    threads, note = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
     if threads != cfg.threads:
         cfg.threads = threads
     result = run(cfg, resume=state_dir)
     _print_summary(result.metrics, result.run_dir)
+    _say(note)
     return _attack_status(result.metrics, result.run_dir)
 
 
-def _threads_for_busy_cpu(threads: int | None, device: str, nproc: int = 1) -> int | None:
-    """``threads`` as given; else, on the CPU in one process, fewer torch threads than cores when
-    other work keeps cores busy (runtime.threads_on_busy_machine; said in one line on stderr).
-    None: torch's own choice."""
+def _threads_for_busy_cpu(threads: int | None, device: str, nproc: int = 1) -> tuple[int | None, str | None]:
+    """(threads, note): ``threads`` as given; else, on the CPU in one process, fewer torch threads
+    than cores when other work keeps cores busy (runtime.threads_on_busy_machine), with the note
+    the command prints after its results (never before: a bad input still ends in one error
+    line). None: torch's own choice."""
     if threads is not None or nproc > 1 or device not in ("cpu", "auto"):
-        return threads
+        return threads, None
     from .runtime import resolve_device, threads_on_busy_machine
 
     if resolve_device(device).type != "cpu":
-        return None
+        return None, None
     busy = threads_on_busy_machine()
-    if busy is None:
-        return None
-    print(f"gradleak: note: {busy[1]}", file=sys.stderr)
-    return busy[0]
+    return (None, None) if busy is None else busy
+
+
+def _say(note: str | None) -> None:
+    if note:
+        print(f"note: {note}")
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -296,13 +300,14 @@ def cmd_attack(args: argparse.Namespace) -> int:
     if getattr(args, "resume", None):
         return cmd_resume(args)
     cfg = _config_from(args)
-    threads = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
+    threads, note = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
     if threads != cfg.threads:
         cfg.threads = threads  # recorded in config.json: a rerun from it uses the same threads
     result = run(cfg)  # image or text: the same pipeline
     if result.rank:  # torchrun: a process other than rank 0 (which prints the summary)
         return 0
     _print_summary(result.metrics, result.run_dir)
+    _say(note)
     return _attack_status(result.metrics, result.run_dir)
 
 
@@ -407,7 +412,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads is not None and not 1 <= args.threads <= 512:
         raise ConfigError(f"--threads must be in 1..512, got {args.threads}")
-    threads = _threads_for_busy_cpu(args.threads, getattr(args, "device", None) or "cpu")
+    threads, note = _threads_for_busy_cpu(args.threads, getattr(args, "device", None) or "cpu")
     if threads:
         torch.set_num_threads(threads)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -433,6 +438,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.epsilon is not None:
         print(f"DP-SGD epsilon {result.epsilon:.3f}")
     print(f"wrote {out}/training.json, training.png ({result.wall_seconds:.0f} s)")
+    _say(note)
     return 0
 
 
