@@ -196,6 +196,19 @@ def test_per_sample_gradient_norms(cifar) -> None:
     assert torch.equal(per_sample_gradient_norms(spec, images[:5], labels[:5]), norms)
 
 
+def test_per_sample_gradient_norms_in_blocks_bound_memory(cifar, monkeypatch) -> None:
+    """A whole data source is reduced to norms block by block (70 000 Fashion-MNIST images at once
+    held ~20 GB of per-sample gradients): blocks of 2 give the same norms as one block."""
+    import gradleak.metrics.identifiability as ident
+
+    images, labels = cifar
+    spec = build_model("convnet", num_classes=10)
+    whole = per_sample_gradient_norms(spec, images[:5], labels[:5])
+    monkeypatch.setattr(ident, "NORM_BLOCK", 2)
+    blocks = per_sample_gradient_norms(spec, images[:5], labels[:5])
+    assert blocks.shape == (5,) and torch.allclose(blocks, whole, rtol=1e-6, atol=0)
+
+
 def test_per_sample_gradient_norms_sampled_batch() -> None:
     src = _source("cifar10-samples")
     batch = sample_batch(src, 4, seed=1, image_size=32, channels=3)
