@@ -359,3 +359,26 @@ def test_inverting_gradients_answers_with_the_lowest_objective_iterate(spec, upd
     assert rec.extra["cosine_objective"] == pytest.approx(history[best], abs=1e-6)
     assert torch.equal(rec.images, seen[best - 1])                   # the iterate after step 19
     assert not torch.equal(rec.images, seen[-1])
+
+
+def test_bn_approx_on_initial_running_statistics_says_so(tmp_path, capsys):
+    """--bn approx on an untrained model pulls toward BatchNorm's initial 0/1, not real data: the
+    run records and prints a note; BN exact (the client's statistics) does not."""
+    import json
+
+    import torch
+
+    from gradleak.attacks.priors import INITIAL_STATISTICS_NOTE, initial_running_statistics
+    from gradleak.cli import main
+
+    base = ["attack", "--attack", "gradinversion", "--model", "convnet", "--width", "8", "--seeds", "1",
+            "--iterations", "2", "--no-progress", "--threads", "1", "--no-paper-metrics"]
+    assert main([*base, "--bn", "approx", "--out", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["bn_prior_note"] == INITIAL_STATISTICS_NOTE
+    assert "note: the BN prior (--bn approx)" in capsys.readouterr().out
+    assert main([*base, "--share-bn-statistics", "--out", str(tmp_path / "e")]) == 0
+    assert "bn_prior_note" not in json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert "note: the BN prior" not in capsys.readouterr().out
+    trained = [(torch.zeros(4), torch.ones(4)), (torch.full((4,), 0.1), torch.ones(4))]
+    assert initial_running_statistics([(torch.zeros(4), torch.ones(4))]) and not initial_running_statistics(trained)
+    assert not initial_running_statistics(None) and not initial_running_statistics([])

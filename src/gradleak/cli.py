@@ -590,6 +590,8 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
                       highlight=False)
     if metrics.get("converged") is False:
         console.print(f"verdict: inconclusive. {conv.get('reason', '')}", markup=False, highlight=False)
+    if metrics.get("bn_prior_note"):
+        console.print(f"note: {metrics['bn_prior_note']}", markup=False, highlight=False)
     if text:
         sentences = metrics.get("per_sentence") or []
         for r in sentences:

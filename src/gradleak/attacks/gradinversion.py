@@ -54,7 +54,8 @@ from .group import GROUP_MODES, GroupConsistency, group_penalty
 from .labels import LABEL_METHODS, restore_labels
 from .engine import Engine
 from .loop import LoopSettings
-from .priors import BN_MODES, bn_prior, bn_targets, l2_norm, total_variation
+from .priors import (BN_MODES, INITIAL_STATISTICS_NOTE, bn_prior, bn_targets, initial_running_statistics, l2_norm,
+                     total_variation)
 from .reconstruction import Reconstruction
 from .shard import SeedShard
 from .simulate import UpdateSimulator
@@ -293,6 +294,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     labels = restore_labels(update, model, k, cfg.labels).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     targets = bn_targets(update, victim.bn_names, cfg.bn, dtype=dtype, device=device) if cfg.alpha_bn > 0 else None
+    notes = {"bn_prior_note": INITIAL_STATISTICS_NOTE} if cfg.bn == "approx" and initial_running_statistics(targets) else {}
     shard = shard if shard is not None else SeedShard(cfg.seeds)
     if shard.total != cfg.seeds:
         raise ConfigError(f"seed shard is for {shard.total} seeds, the run has {cfg.seeds}")
@@ -401,7 +403,7 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "registrations": group.registration.fits if group.registration is not None else 0,
                "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
-               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0})
+               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0, **notes})
 
 
 __all__ = ["GradInversionSettings", "PRESETS", "PRESET_MODELS", "gradinversion", "layer_counts", "per_layer",
