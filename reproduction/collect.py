@@ -1,6 +1,7 @@
 """Copy a finished experiment folder into reproduction/NAME, beside the paper.
 
     python reproduction/collect.py NAME OUT_DIR
+    python reproduction/collect.py FOLDER OUT_DIR -- --data fashion-mnist     # the same experiment, other flags
     python reproduction/collect.py NAME RUN_DIR --run "gradleak attack ..."   # one attack run
 
 The second form is for a table that is one long `gradleak attack` run (gradinversion-imagenet):
@@ -26,10 +27,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def collect(name: str, out_dir: Path) -> Path:
+def collect(name: str, out_dir: Path, extra: list[str] | None = None) -> Path:
+    """``name``: the folder under reproduction/ (the experiment's own name, or another folder for
+    the same experiment with ``extra`` flags, e.g. identifiability-fashion-mnist with --data)."""
     dest = HERE / name
     dest.mkdir(exist_ok=True)
     doc = json.loads((out_dir / "experiment.json").read_text())
+    experiment = doc.get("name") or name
+    flags = "".join(f" {f}" for f in extra or [])
     for f in sorted({p.name for p in out_dir.glob("*.csv")} | {"experiment.json", *doc.get("figures", [])}):
         if (out_dir / f).is_file():
             shutil.copy2(out_dir / f, dest / f)
@@ -38,8 +43,9 @@ def collect(name: str, out_dir: Path) -> Path:
     if reading.is_file():
         md = md.rstrip() + "\n\n" + reading.read_text().strip() + "\n"
     (dest / "results.md").write_text(md)
-    command = (f"gradleak experiment {name} --out reproduction/{name}/run --workers 1 --threads 1\n"
-               "# then: python reproduction/collect.py " + name + " reproduction/" + name + "/run\n")
+    command = (f"gradleak experiment {experiment}{flags} --out reproduction/{name}/run --workers 1 --threads 1\n"
+               f"# then: python reproduction/collect.py {name} reproduction/{name}/run"
+               + (f" --{flags}" if flags else "") + "\n")
     (dest / "command.txt").write_text(command)
     return dest
 
@@ -116,7 +122,7 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[3] == "--run":
         print(collect_run(sys.argv[1], Path(sys.argv[2]), sys.argv[4]))
-    elif len(sys.argv) == 3:
-        print(collect(sys.argv[1], Path(sys.argv[2])))
+    elif len(sys.argv) == 3 or (len(sys.argv) > 4 and sys.argv[3] == "--"):
+        print(collect(sys.argv[1], Path(sys.argv[2]), sys.argv[4:]))
     else:
         sys.exit(__doc__)
