@@ -85,6 +85,8 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
         w.writeheader()
         w.writerows(rows)
     for f in RUN_FILES:
+        if f == "candidates.png" and seeds == 1:
+            continue  # one seed: the candidates are the reconstruction
         if (run_dir / f).is_file():
             shutil.copy2(run_dir / f, dest / f)
     per_it = float(m["wall_seconds"]) / max(1, iterations)
