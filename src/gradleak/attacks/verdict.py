@@ -99,7 +99,8 @@ def line_family(attack_family: str, extra: dict[str, Any]) -> str:
     if attack_family != "gradinversion" or not settings:
         return attack_family
     no_bn = settings.get("alpha_bn") == 0 or settings.get("bn") == "none"
-    no_group = settings.get("group") == "none" or settings.get("alpha_group") == 0
+    # one seed has no group to agree with: its consensus is itself
+    no_group = settings.get("group") == "none" or settings.get("alpha_group") == 0 or settings.get("seeds") == 1
     if no_bn and no_group and settings.get("alpha_tv") == 0 and settings.get("alpha_l2") == 0:
         return "dlg"
     return attack_family
