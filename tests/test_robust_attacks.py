@@ -14,8 +14,9 @@ scikit-image and scikit-learn ship (benchmarks/robustness.py ``build_photo_set``
 * On a trained checkpoint the defaults (the portfolio of starts) rebuild the image whenever a
   single start does (randn, zeros, rand alone), and from a start that fails they restart and find
   the leak. (Which start fails depends on the machine's floating point: "within 3 dB of the best
-  single start" held on an AVX-512 machine, not on this one, where randn alone already leaks at
-  44.5 dB and the portfolio stops there; see the test.)
+  single start" held on the machine the test was written on, not on an Intel Xeon measured on
+  2026-11-25, where randn alone already leaks at 44.5 dB and the portfolio stops there; see the
+  test.)
 * iDLG on a 2-step FedAvg update with hard labels searches both label-to-step assignments.
 """
 
@@ -131,9 +132,9 @@ def trained_lenet(tmp_path_factory):
 def test_defaults_on_a_trained_checkpoint_find_the_leak_a_single_start_finds(trained_lenet):
     """The portfolio of starts rescues a start that fails on a trained checkpoint. Which single
     start fails depends on the machine's floating point (the checkpoint is trained here, in this
-    process): measured on an AVX-512 machine (100 steps, two test images) randn alone 4.2 / 4.4 dB,
-    zeros 3.5 / 4.7, rand 80.9 / 46.1, the defaults 82.0 / 51.6; on this CI machine (60 steps,
-    image 0) randn 44.5 dB (relative distance 2.4e-5), zeros 3.2, rand 79.2, and the defaults stop
+    process): measured where the test was written (100 steps, two test images) randn alone 4.2 /
+    4.4 dB, zeros 3.5 / 4.7, rand 80.9 / 46.1, the defaults 82.0 / 51.6; on an Intel Xeon on
+    2026-11-25 (60 steps, image 0) randn 44.5 dB (relative distance 2.4e-5), zeros 3.2, rand 79.2, and the defaults stop
     after randn, whose answer explains the update within the portfolio's restart line
     (dlg.RESTART_BELOW, a cost choice). What holds on both: zeros fails, the defaults restart from
     a failed start, and they rebuild the image whenever any single start does."""
