@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.priors import bn_prior, bn_targets, l2_norm, total_variation
 from gradleak.attacks.simulate import UpdateSimulator
+from gradleak.cli import refuse_model_code
 from gradleak.config import load_config, make_config
 from gradleak.pipeline.image import simulate_client
 
@@ -30,7 +31,10 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     run = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "run"
     torch.set_num_threads(1)
-    cfg = make_config(**{k: v for k, v in load_config(run / "config.json").items() if k not in ("out",)})
+    values = {k: v for k, v in load_config(run / "config.json").items() if k not in ("out",)}
+    # a file never makes gradleak import code: a module:callable model named in it is refused
+    refuse_model_code(values.get("model"), None, f"{run / 'config.json'}")
+    cfg = make_config(**values)
     s = json.loads((run / "metrics.json").read_text())["settings"]
     case = simulate_client(cfg)
     model, update = case.model, case.update
