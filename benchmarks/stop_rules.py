@@ -12,7 +12,14 @@ these stop rules are evaluated offline, on the same trajectories:
 * ``restart line``: the first step with rel_t <= dlg.RESTART_BELOW (1e-4);
 * ``plateau P/W``: the first step t >= W whose best rel improved by less than a fraction P over
   the last W steps (the objective stopped falling), for a few (P, W);
-* ``budget``: the 300 steps the default runs today.
+* ``settled``: the rule the default run uses since this measurement (dlg.SETTLE_*): the first
+  step at which the trial's best rel_t is at or below the verdict line AND improved by less than
+  1 % over the last 10 steps;
+* ``budget``: all 300 steps (``--stop budget``, the default before the settled rule).
+
+The trajectories are recorded with ``stop="budget"``; the settled rule is then also run live (the
+default job as `gradleak attack` runs it) on the same photos, its wall time and PSNR beside the
+whole budget's.
 
 For each rule: the step, its share of the budget, the PSNR and MSE at that step, and whether the
 MSE meets the issue's two marks (<= 1e-4, and <= the DLG paper's 3.3e-6).
@@ -39,7 +46,7 @@ import torch
 
 from gradleak.attacks import Engine
 from gradleak.attacks.configs import resolve_attack
-from gradleak.attacks.dlg import RESTART_BELOW
+from gradleak.attacks.dlg import RESTART_BELOW, SETTLE_PATIENCE, SETTLE_PROGRESS
 from gradleak.attacks.verdict import CONVERGED_BELOW
 from gradleak.config import make_config
 from gradleak.metrics.image import mse as mse_of
@@ -60,7 +67,7 @@ def trajectory(seed: int) -> dict:
     def observe(iteration: int, pixels: torch.Tensor) -> None:
         points[iteration] = float(mse_of(pixels.double(), truth).mean())
 
-    cfg = resolve_attack({"attack": "dlg", "seed": seed}, bn_statistics_shared=True)
+    cfg = resolve_attack({"attack": "dlg", "seed": seed, "stop": "budget"}, bn_statistics_shared=True)
     start = time.perf_counter()
     rec = Engine(observer=observe, log_every=1).run(cfg, case.update, case.model)
     wall = time.perf_counter() - start
@@ -90,7 +97,7 @@ def answer_trajectory(seed: int) -> dict:
             rel = relative_distance(victim(answer, label, create_graph=False), victim.target)
         points.append({"step": iteration, "rel_answer": rel, "psnr": _psnr(float(mse_of(pixels.double(), truth).mean()))})
 
-    cfg = resolve_attack({"attack": "idlg", "seed": seed}, bn_statistics_shared=True)
+    cfg = resolve_attack({"attack": "idlg", "seed": seed, "stop": "budget"}, bn_statistics_shared=True)
     rec = Engine(observer=observe, log_every=1).run(cfg, case.update, case.model)
     lines = []
     for level in LEVELS:
@@ -126,8 +133,32 @@ def rules(run: dict) -> dict:
     for p, w in PLATEAUS:
         hit = next((t for t in range(w + 1, n + 1) if best[t - 1 - w] - best[t - 1] <= p * best[t - 1 - w]), n)
         out[f"plateau {p:g}/{w}"] = _at(run, hit)
+    trial = [s["trial"] for s in run["steps"]]
+    hit = n
+    for t in range(n):
+        start = trial.index(trial[t])   # the trial's first step
+        seen = [r for r in rel[start:t + 1]]
+        if len(seen) <= SETTLE_PATIENCE:
+            continue
+        before, now = min(seen[:-SETTLE_PATIENCE]), min(seen)
+        if now <= CONVERGED_BELOW["dlg"] and before - now <= SETTLE_PROGRESS * before:
+            hit = t + 1
+            break
+    out["settled"] = _at(run, hit)
     out["budget"] = _at(run, n)
     return out
+
+
+def live_default(seed: int) -> dict:
+    """The default job as `gradleak attack` runs it (the settled rule on), timed without observer."""
+    case = simulate_client(make_config(seed=seed, progress=False))
+    cfg = resolve_attack({"attack": "dlg", "seed": seed}, bn_statistics_shared=True)
+    start = time.perf_counter()
+    rec = Engine().run(cfg, case.update, case.model)
+    wall = time.perf_counter() - start
+    m = float(mse_of(rec.images.double(), case.truth.images.double()).mean())
+    return {"seed": seed, "steps": rec.iterations, "trials": rec.extra["trials"], "wall_seconds": round(wall, 2),
+            "mse": m, "psnr": _psnr(m), **{f"mse<={k:g}": m <= k for k in MARKS}}
 
 
 def crossings(run: dict) -> list[dict]:
@@ -157,6 +188,16 @@ def main() -> int:
         summary[name] = {"mean_share_of_budget": round(sum(a["share_of_budget"] for a in at) / len(at), 3),
                          "psnr": [a["psnr"] for a in at],
                          **{f"photos_mse<={m:g}": sum(a[f"mse<={m:g}"] for a in at) for m in MARKS}}
+    live = []
+    for seed, run in enumerate(runs):
+        row = live_default(seed)
+        end = run["steps"][-1]
+        row["budget"] = {"steps": len(run["steps"]), "wall_seconds_with_observer": run["wall_seconds"],
+                         "psnr": _psnr(end["mse"])}
+        row["offline_settled_step"] = run["rules"]["settled"]["step"]
+        print(json.dumps({"seed": seed, "live settled": (row["steps"], row["wall_seconds"], row["psnr"]),
+                          "budget": (row["budget"]["steps"], row["budget"]["psnr"])}), flush=True)
+        live.append(row)
     answers = []
     for seed in range(args.photos):
         a = answer_trajectory(seed)
@@ -169,9 +210,10 @@ def main() -> int:
     out = Path(__file__).with_name("stop_rules.json")
     for r in runs:  # keep the file small: the per-step trajectory every 5 steps
         r["steps"] = r["steps"][::5]
-    out.write_text(json.dumps({"job": "gradleak attack (DLG, lenet-dlg, float64 L-BFGS, 300 steps), seeds 0.."
+    out.write_text(json.dumps({"job": "gradleak attack (DLG, lenet-dlg, float64 L-BFGS, 300 steps; trajectories with --stop budget), seeds 0.."
                                f"{args.photos - 1}", "threads": 1, "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "summary": summary, "verdict_lines_idlg": line_summary, "runs": runs,
+                               "summary": summary, "live_settled": live,
+                               "verdict_lines_idlg": line_summary, "runs": runs,
                                "idlg_answers": answers}, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     print(json.dumps(line_summary, indent=1))

@@ -91,7 +91,8 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 # (torch); tests/test_cli_quiet.py checks every value against the code that resolves it.
 # (attacks, their values, variants: (label, values that differ))
 ATTACK_DEFAULTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...] = (
-    ("dlg, idlg", {"iterations": 300, "lr": 1.0, "optimizer": "lbfgs", "dtype": "float64"}, ()),
+    ("dlg, idlg", {"iterations": 300, "lr": 1.0, "optimizer": "lbfgs", "dtype": "float64",
+                   "stop": "settled"}, ()),
     ("ig", {"iterations": 4800, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "restarts": 1,
             "alpha_tv": 0.1}, ()),
     ("gradinversion", {"iterations": 600, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "warmup": 20,

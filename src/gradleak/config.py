@@ -69,6 +69,9 @@ class AttackConfig(BaseModel):
                           "gradinversion for a batch or an aggregate, idlg for one image)")
     stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: further starts (other inits) "
                                        "while the answer does not explain the update (default 3)")
+    stop: Literal["settled", "budget"] | None = Field(
+        None, description="DLG/iDLG: end a start once its objective has settled below the verdict's line "
+                          "(settled), or run every --iterations step (budget)")
     # every constant of the attacks is a flag too (default: the attack's / its preset's value)
     alpha_g: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 3: alpha_G")
     alpha_tv: float | None = Field(None, ge=0, allow_inf_nan=False,

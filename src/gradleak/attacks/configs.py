@@ -61,7 +61,9 @@ class DLGConfig(_AttackConfig):
     (dlg.INIT_PORTFOLIO: the other initialisations in turn) while the best answer so far does not
     explain the update (relative gradient distance above dlg.RESTART_BELOW) after a trial
     that stalled or used its whole budget; the answer is the trial with the smallest gradient
-    distance. A run costs up to (stall_restarts + 1) x ``iterations`` L-BFGS steps."""
+    distance. A run costs up to (stall_restarts + 1) x ``iterations`` L-BFGS steps. ``stop``:
+    "settled" ends a start once its objective has settled below the verdict's line (dlg.SETTLE_*),
+    "budget" runs every step (DLG's code)."""
 
     attack: Literal["dlg"] = "dlg"
     iterations: int = Field(DLG_DEFAULTS["iterations"], ge=0)
@@ -69,6 +71,7 @@ class DLGConfig(_AttackConfig):
     optimizer: Optimizer = DLG_DEFAULTS["optimizer"]
     dtype: DType = DLG_DEFAULTS["dtype"]
     stall_restarts: int = Field(DLG_RESTARTS, ge=0)
+    stop: Literal["settled", "budget"] = "settled"
 
 
 class IDLGConfig(DLGConfig):
@@ -175,7 +178,7 @@ CLOSED_FORM = ("imprint", "analytic", "rgap")  # the order attack "auto" tries t
 
 # The flat (CLI) names of every attack constant, and the attack field each stands for.
 FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels",
-               "restarts", "stall_restarts", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
+               "restarts", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
                "registration_start", "registration_every", "registration_steps", "final", "search_evaluations")
 
 
@@ -253,12 +256,14 @@ def _run_settings(engine: Engine) -> dict[str, Any]:
 
 @register_attack(DLGConfig)
 def _dlg(cfg: DLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
-    return dlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine)
+    return dlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine,
+               stop=cfg.stop)
 
 
 @register_attack(IDLGConfig)
 def _idlg(cfg: IDLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
-    return idlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine)
+    return idlg(update, model, cfg.settings(**_run_settings(engine)), restarts=cfg.stall_restarts, engine=engine,
+               stop=cfg.stop)
 
 
 @register_attack(IGConfig)
