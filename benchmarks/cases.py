@@ -65,8 +65,10 @@ CASES: dict[str, CaseSpec] = {
         notes=(
             "Both: cosine gradient distance + total variation, Adam on the sign of the gradient, lr 0.1, "
             "step decay at 3/8, 5/8, 7/8, box constraint, label restored from the gradient.",
-            "TV: gradleak alpha_TV 0.1 on mean|dx| + mean|dy|; breaching scale 0.2 on mean(|dx| + |dy|) "
-            "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 2x gradleak's weight, plus zero-padded border differences). "
+            "TV: gradleak's default alpha_TV on mean|dx| + mean|dy| is the authors' 0.1 scaled per layer, "
+            "0.1 x 62/14 = 0.44 on ResNet-18 (ig.ig_alpha_tv, benchmarks/ig_tv.json; 0.1 before 2026-11-25); "
+            "breaching scale 0.2 on mean(|dx| + |dy|) "
+            "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 0.2 in gradleak's units, plus zero-padded border differences). "
             "The `gradleak alpha_TV 0.2` row runs gradleak with breaching's effective weight (like for like).",
             "Both return the iterate with the lowest objective seen (gradleak since the benchmark run of 16:24 on 2026-11-23; before, its last iterate).",
         ),

@@ -91,6 +91,17 @@ def test_typed_configs_resolve_every_constant_and_refuse_what_an_attack_ignores(
     assert gi.gi().alpha_tv == 0.5
     ig = resolve_attack(make_config(attack="ig", alpha_tv=0.2).model_dump(), bn_statistics_shared=False)
     assert isinstance(ig, IGConfig) and ig.alpha_tv == 0.2 and ig.iterations == 4800
+    # IG's default alpha_TV per layer (ig.ig_alpha_tv): the authors' 0.1 up to the convnet's 14
+    # parameter tensors, scaled by tensors / 14 above; a value given is kept
+    for layers, expected in (((8, 0), 0.1), ((14, 4), 0.1), ((62, 20), 0.1 * 62 / 14), (None, 0.1)):
+        resolved = resolve_attack({"attack": "ig", "seed": 0}, bn_statistics_shared=False, layers=layers)
+        assert resolved.alpha_tv == pytest.approx(expected), layers
+    assert resolve_attack({"attack": "ig", "seed": 0, "alpha_tv": 0.05}, bn_statistics_shared=False,
+                          layers=(62, 20)).alpha_tv == 0.05
+    from gradleak.pipeline import build_case
+
+    case = build_case(make_config(attack="ig", model="resnet18-cifar", iterations=0, progress=False))
+    assert case.attack_config(make_config(attack="ig", model="resnet18-cifar")).alpha_tv == pytest.approx(0.1 * 62 / 14)
     for attack, flag in (("dlg", "alpha_tv"), ("idlg", "seeds"), ("ig", "alpha_bn"), ("dlg", "search_evaluations")):
         with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} does not apply"):
             resolve_attack(make_config(attack=attack, **{flag: 1}).model_dump(), bn_statistics_shared=False)

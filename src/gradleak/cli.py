@@ -125,6 +125,9 @@ _DEFAULT_NOTES = {
                "and scaled by that count / the attacked model's",
     "alpha_bn": "the preset's value is for its model (cpu: convnet, 4 BN layers; paper: ResNet-50, 53) "
                 "and scaled by that count / the attacked model's",
+    # ig.ig_alpha_tv
+    "alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's count / 14 "
+                "above (ResNet-18: 0.44)",
 }
 ATTACK_EPILOG = ("Defaults apply where neither --config nor an --update file gives the value (with --update the "
                  "file decides what the client did). Those said per attack or per preset are resolved when the "

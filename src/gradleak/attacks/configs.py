@@ -27,7 +27,7 @@ from .base import AttackSettings
 from .dlg import DLG_DEFAULTS, DLG_RESTARTS, dlg, idlg
 from .engine import Engine, register_attack
 from .gradinversion import GradInversionSettings, gradinversion, resolve_settings
-from .ig import IG_ALPHA_TV, IG_DEFAULTS, inverting_gradients
+from .ig import IG_ALPHA_TV, IG_DEFAULTS, ig_alpha_tv, inverting_gradients
 from .reconstruction import Reconstruction
 from .labels import LABEL_METHODS
 
@@ -207,7 +207,8 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     ``fallback``: for attack "auto", the optimisation attack it falls back to (the case chooses
     it: GradInversion for batches and aggregates, iDLG for one image); the flags given go to it.
     ``layers``: the attacked model's (parameter tensors, BN layers), which GradInversion's preset
-    alphas are scaled to (gradinversion.per_layer); None: the preset's reference model."""
+    alphas (gradinversion.per_layer) and IG's default alpha_TV (ig.ig_alpha_tv) are scaled to;
+    None: the reference model."""
     attack = str(values.get("attack"))
     if attack not in IMAGE_ATTACK_CONFIGS:
         raise UnknownNameError(f"unknown attack {attack!r}; known: {', '.join(sorted(IMAGE_ATTACK_CONFIGS))}")
@@ -222,6 +223,8 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     check_flags(attack, values, known)
     given = {k: values[k] for k in known if values.get(k) is not None}
     given["seed"] = int(values.get("seed", 0))
+    if attack == "ig" and "alpha_tv" not in given:
+        given["alpha_tv"] = ig_alpha_tv(layers)  # the authors' value, per layer of the model (ig.py)
     try:
         if attack == "gradinversion":
             return _resolve_gradinversion(given, bn_statistics_shared, layers)

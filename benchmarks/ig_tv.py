@@ -1,0 +1,105 @@
+"""Issue 20: Inverting Gradients' TV weight on the models people use, and how few iterations it needs.
+
+breaching's invertinggradients preset ends ~1 dB above gradleak's IG on ResNet-18 (CIFAR stem) at
+equal iterations (RESULTS.md); its TV term is scale 0.2 on mean(|dx| + |dy|), twice gradleak's
+alpha_TV 0.1 on mean|dx| + mean|dy| (the IG authors' code default). Is the weight model-dependent,
+and what does the run length buy? This runs gradleak's IG (labels restored, one restart, the
+authors' step schedule compressed to the run length) for every
+
+* model: resnet18-cifar and convnet (random init, seed 0; the models of benchmarks/run.py),
+* alpha_TV: 0.05, 0.1, 0.2, 0.4,
+* iterations: 100 and 300,
+
+on five photos one at a time (batch 1): three CIFAR-10 sample photos (seeds 0-2) and two
+scikit-image photos no preset was tuned on (astronaut, coffee, 32 px). One thread, whole runs
+through the pipeline (the path of `gradleak attack`). Every run is in ig_tv.json; ~40 min here.
+
+    .venv/bin/python benchmarks/ig_tv.py [--models resnet18-cifar] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+HELD_OUT = ("astronaut", "coffee")
+ALPHAS = (0.05, 0.1, 0.2, 0.4)
+ITERATIONS = (100, 300)
+
+
+def _photo_folder(tmp: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("gradleak_bench_robustness_igtv", HERE / "robustness.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    return bench.build_photo_set(tmp / "held-out", names=HELD_OUT)
+
+
+def _run(model: str, alpha_tv: float, iterations: int, **data) -> dict:  # noqa: ANN003
+    from gradleak.config import make_config
+    from gradleak.pipeline import run
+
+    cfg = make_config(attack="ig", model=model, batch_size=1, threads=1, progress=False,
+                      alpha_tv=alpha_tv, iterations=iterations, **data)
+    m = run(cfg, write=False).metrics
+    return {"psnr": round(m["psnr_mean"], 2), "ssim": round(m["ssim_mean"], 3),
+            "label_accuracy": m["label_accuracy"], "converged": m.get("converged"),
+            "wall_seconds": round(m["wall_seconds"], 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="resnet18-cifar,convnet")
+    p.add_argument("--quick", action="store_true", help="one photo, 20 iterations: check the harness")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.time()
+    alphas, budgets = (ALPHAS[:2], (20,)) if args.quick else (ALPHAS, ITERATIONS)
+    out: dict = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": 1},
+                 "what": "gradleak IG, batch 1, labels restored, one restart, random-init models (seed 0)",
+                 "rows": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        held_out = str(_photo_folder(Path(tmp)))
+        photos = [(f"cifar10-samples seed {s}", dict(data="cifar10-samples", seed=s)) for s in range(3)]
+        photos += [(f"held-out {name}", dict(data=held_out, indices=[i])) for i, name in enumerate(HELD_OUT)]
+        if args.quick:
+            photos = photos[:1]
+        for model in args.models.split(","):
+            for name, data in photos:
+                for iterations in budgets:
+                    for alpha in alphas:
+                        r = _run(model, alpha, iterations, **data)
+                        out["rows"].append({"model": model, "photo": name, "iterations": iterations,
+                                            "alpha_tv": alpha, **r})
+                        print(f"{model} | {name} | {iterations} it | alpha_TV {alpha}: {r['psnr']} dB "
+                              f"({r['wall_seconds']} s)", flush=True)
+    summary = {}
+    for model in args.models.split(","):
+        for iterations in budgets:
+            for alpha in alphas:
+                vals = [r["psnr"] for r in out["rows"] if r["model"] == model and r["iterations"] == iterations
+                        and r["alpha_tv"] == alpha]
+                summary[f"{model} {iterations} it alpha_TV {alpha}"] = {
+                    "psnr_mean": round(sum(vals) / len(vals), 2), "psnr_min": min(vals), "psnr_max": max(vals),
+                    "photos": len(vals)}
+    out["summary"] = summary
+    out["wall_minutes"] = round((time.time() - started) / 60, 1)
+    target = Path(tempfile.gettempdir()) / "ig_tv.quick.json" if args.quick else HERE / "ig_tv.json"
+    target.write_text(json.dumps(out, indent=1) + "\n")
+    for k, v in summary.items():
+        print(f"{k}: {v['psnr_mean']} dB (min {v['psnr_min']}, max {v['psnr_max']}, n {v['photos']})")
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
