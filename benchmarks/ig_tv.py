@@ -15,6 +15,12 @@ scikit-image photos no preset was tuned on (astronaut, coffee, 32 px). One threa
 through the pipeline (the path of `gradleak attack`). Every run is in ig_tv.json; ~40 min here.
 
     .venv/bin/python benchmarks/ig_tv.py [--models resnet18-cifar] [--quick]
+
+Other grids, written to another file (e.g. the model-size question of reproduction/model-size:
+does the convnet's best alpha_TV move with its width?):
+
+    .venv/bin/python benchmarks/ig_tv.py --models convnet:16,convnet:64 --alphas 0.05,0.1,0.2 \
+        --iterations 1000 --photos 3 --out benchmarks/ig_tv_width.json
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ def _run(model: str, alpha_tv: float, iterations: int, **data) -> dict:  # noqa:
     from gradleak.config import make_config
     from gradleak.pipeline import run
 
-    cfg = make_config(attack="ig", model=model, batch_size=1, threads=1, progress=False,
-                      alpha_tv=alpha_tv, iterations=iterations, **data)
+    name, _, width = model.partition(":")   # "convnet:64": that width
+    cfg = make_config(attack="ig", model=name, width=int(width) if width else None, batch_size=1, threads=1,
+                      progress=False, alpha_tv=alpha_tv, iterations=iterations, **data)
     m = run(cfg, write=False).metrics
     return {"psnr": round(m["psnr_mean"], 2), "ssim": round(m["ssim_mean"], 3),
             "label_accuracy": m["label_accuracy"], "converged": m.get("converged"),
@@ -59,11 +66,18 @@ def _run(model: str, alpha_tv: float, iterations: int, **data) -> dict:  # noqa:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="resnet18-cifar,convnet")
+    p.add_argument("--alphas", default=",".join(map(str, ALPHAS)))
+    p.add_argument("--iterations", default=",".join(map(str, ITERATIONS)))
+    p.add_argument("--photos", type=int, default=5, help="the first N of the five photos")
+    p.add_argument("--out", type=Path, default=HERE / "ig_tv.json")
     p.add_argument("--quick", action="store_true", help="one photo, 20 iterations: check the harness")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     started = time.time()
-    alphas, budgets = (ALPHAS[:2], (20,)) if args.quick else (ALPHAS, ITERATIONS)
+    alphas = tuple(float(a) for a in args.alphas.split(","))
+    budgets = tuple(int(n) for n in args.iterations.split(","))
+    if args.quick:
+        alphas, budgets = alphas[:2], (20,)
     out: dict = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": 1},
                  "what": "gradleak IG, batch 1, labels restored, one restart, random-init models (seed 0)",
                  "rows": []}
@@ -71,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         held_out = str(_photo_folder(Path(tmp)))
         photos = [(f"cifar10-samples seed {s}", dict(data="cifar10-samples", seed=s)) for s in range(3)]
         photos += [(f"held-out {name}", dict(data=held_out, indices=[i])) for i, name in enumerate(HELD_OUT)]
-        if args.quick:
-            photos = photos[:1]
+        photos = photos[:1] if args.quick else photos[:args.photos]
         for model in args.models.split(","):
             for name, data in photos:
                 for iterations in budgets:
@@ -93,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     "photos": len(vals)}
     out["summary"] = summary
     out["wall_minutes"] = round((time.time() - started) / 60, 1)
-    target = Path(tempfile.gettempdir()) / "ig_tv.quick.json" if args.quick else HERE / "ig_tv.json"
+    target = Path(tempfile.gettempdir()) / "ig_tv.quick.json" if args.quick else args.out
     target.write_text(json.dumps(out, indent=1) + "\n")
     for k, v in summary.items():
         print(f"{k}: {v['psnr_mean']} dB (min {v['psnr_min']}, max {v['psnr_max']}, n {v['photos']})")
