@@ -203,8 +203,10 @@ def main() -> None:
         f"data.std={list(spec['std'])}",
         f"data.classes={int(spec['num_classes'])}",
     ])
+    # iterations null: breaching's own preset length (its whole default run, benchmarks/whole_runs.py)
+    own_length = spec["iterations"] is None
     cfg_attack = breaching.get_attack_config(spec["breaching_attack"], overrides=[
-        f"optim.max_iterations={int(spec['iterations'])}",
+        *([] if own_length else [f"optim.max_iterations={int(spec['iterations'])}"]),
         *spec.get("breaching_overrides", []),
     ])
 
@@ -229,7 +231,7 @@ def main() -> None:
     gradient_rel_diff = (num / max(den, 1e-300)) ** 0.5 if len(ref) == len(shared["gradients"]) else None
 
     attacker = breaching.attacks.prepare_attack(server.model, server.loss, cfg_attack, setup)
-    rec = Recorder(dm, ds, int(spec["log_every"]), int(spec["iterations"]))
+    rec = Recorder(dm, ds, int(spec["log_every"]), int(cfg_attack.optim.max_iterations))
     original_init = attacker._init_optimizer  # noqa: SLF001
 
     def init_optimizer(candidates):  # noqa: ANN001, ANN202

@@ -1,12 +1,11 @@
-"""Why the 600-iteration GradInversion run on EfficientNet-Lite0 did not converge: each term of
-the objective (Eq. 3, 9, 10, with the run's resolved alphas) for the client's true batch, the
+"""Why the GradInversion run on EfficientNet-Lite0 did not converge: each term of the objective (Eq. 3, 9, 10, with the run's resolved alphas) for the client's true batch, the
 run's answer and a fresh N(0, I) start, on the same shared update.
 
 If the truth scored a lower objective than the answer, more iterations could get there (the
 optimisation is the limit); if the truth scored higher, the objective itself prefers other
-images (the weighting is the limit). Writes terms.json beside this file; ~1-2 minutes on CPU.
+images (the weighting is the limit). Writes terms.json beside this file (or OUT); ~1-2 minutes on CPU.
 
-    .venv/bin/python reproduction/gradinversion-imagenet/terms.py [RUN_DIR]
+    .venv/bin/python reproduction/gradinversion-imagenet/terms.py [RUN_DIR [OUT]]
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ def main() -> int:
     # a file never makes gradleak import code: a module:callable model named in it is refused
     refuse_model_code(values.get("model"), None, f"{run / 'config.json'}")
     cfg = make_config(**values)
-    s = json.loads((run / "metrics.json").read_text())["settings"]
+    metrics = json.loads((run / "metrics.json").read_text())
+    s = metrics["settings"]
     case = simulate_client(cfg)
     model, update = case.model, case.update
     victim = UpdateSimulator(model, update)
@@ -44,7 +44,7 @@ def main() -> int:
     answer = load_file(str(run / "reconstruction.safetensors"))["images"]
     gen = torch.Generator().manual_seed(12345)
     batches = {"truth (the client's photos)": model.normalize(case.truth.images),
-               "answer after 600 iterations (clamped to [0, 1])": model.normalize(answer),
+               f"answer after {metrics['iterations']} iterations (clamped to [0, 1])": model.normalize(answer),
                "N(0, I) start": torch.randn(case.truth.images.shape, generator=gen)}
     rows = []
     for name, x in batches.items():
@@ -60,7 +60,8 @@ def main() -> int:
         rows.append({"batch": name, "L_grad (Eq. 3 without alpha_G)": distance, "R_BN": bn, "R_TV": tv, "R_l2": l2,
                      **terms, "objective": sum(terms.values())})
         print(json.dumps(rows[-1]), flush=True)
-    (HERE / "terms.json").write_text(json.dumps({"run": str(run.relative_to(HERE.parent.parent)) if run.is_relative_to(
+    out = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "terms.json"
+    out.write_text(json.dumps({"run": str(run.relative_to(HERE.parent.parent)) if run.is_relative_to(
         HERE.parent.parent) else str(run), "alphas": {k: s[k] for k in ("alpha_g", "alpha_bn", "alpha_tv", "alpha_l2")},
         "rows": rows}, indent=1) + "\n")
     return 0
