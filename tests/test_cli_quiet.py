@@ -422,17 +422,21 @@ def test_local_sweep_ctrl_c_says_how_to_resume(tmp_path):
     """Ctrl-C (SIGINT to the process group) on a process-pool sweep: exit 130 and, last, one line
     with the command that continues it (no process left behind); that command reuses the
     finished cells and runs the rest with no third-party warning."""
-    _spec(tmp_path / "spec.yaml", 3, paper_metrics="false")
+    # 6 cells of 40 steps (a few seconds each), so that the interrupt lands before the last cell
+    # even when the machine is loaded and the watcher's read of the store waits on a write lock
+    # (3 cells of 15 steps all finished first twice in full-suite runs on 2 loaded cores)
+    n = 6
+    _spec(tmp_path / "spec.yaml", n, paper_metrics="false", iterations=40, stop="budget")
     out = tmp_path / "sweeps" / "s"
     cmd = [*GRADLEAK, "sweep", "spec.yaml", "--out", "sweeps/s", "--workers", "1", "--no-progress"]
     code, err = _interrupt_after_first_cell(cmd, tmp_path, out / "results.sqlite", signal.SIGINT, group=True)
     resume = _check_interrupted(code, err, signal.SIGINT)
     assert resume == ["gradleak", "sweep", "spec.yaml", "--out", "sweeps/s", "--workers", "1", "--no-progress"]
     done = stored_cells(out / "results.sqlite")
-    assert 1 <= done < 3
+    assert 1 <= done < n
     again = _resume(resume, tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"3/3 cells done ({done} skipped, {3 - done} run)" in again.stdout
+    assert f"{n}/{n} cells done ({done} skipped, {n - done} run)" in again.stdout
     assert not _warning_lines(again.stderr) and not _warning_lines(again.stdout), again.stderr[-2000:]
 
 
