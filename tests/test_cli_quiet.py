@@ -333,8 +333,12 @@ def test_attack_runs_are_quiet_and_say_the_lpips_notice_once(tmp_path):
 def _interrupt_after_first_cell(cmd: list[str], cwd: Path, db: Path, sig: int, *, group: bool):
     """Run ``cmd``, send ``sig`` once a cell is in the store (to the process group: Ctrl-C in a
     terminal; to the process only: a plain kill); return (returncode, stderr)."""
+    # SIGINT as a terminal's foreground job has it: a disposition of "ignore" is inherited across
+    # exec, and in the full suite (pytest-xdist) the test worker was seen to pass one on, so that
+    # the sweep ran to its end instead of stopping (2 of 2 full runs on 2026-11-25; alone it passed)
     proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 150
         while stored_cells(db) < 1:
