@@ -11,7 +11,7 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
                      summary_columns, trend_notes)
 
 BATCH_SIZES = (1, 2, 4, 8)
@@ -26,8 +26,8 @@ MODELS: dict[str, tuple[str, int | None]] = {"dlg": ("lenet-dlg", None), "idlg":
 # Attack-specific options. DLG/iDLG: float64 L-BFGS from mid-grey pixels (DLG's N(0, 1) start
 # saturates the sigmoid LeNet on many photos). GradInversion: its "cpu" preset matches the client's
 # BN batch statistics (bn "exact"), so the client shares them in this threat model.
-OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", init="zeros"),
-                                      "idlg": dict(dtype="float64", init="zeros"),
+OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", init="zeros", stop=DLG_STOP),
+                                      "idlg": dict(dtype="float64", init="zeros", stop=DLG_STOP),
                                       "gradinversion": dict(share_bn_statistics=True)}
 # Iterations (smoke, full); None = the attack's own default (GradInversion's cpu preset: 600 Adam
 # steps; Inverting Gradients: 4800).

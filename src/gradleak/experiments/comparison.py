@@ -17,7 +17,7 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 METHODS = ("dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact")
@@ -37,7 +37,7 @@ def method_cell(method: str, iterations: int, seeds: int, **fields: Any) -> dict
     log_every = max(1, iterations // 20)
     if method == "dlg":
         # one trial: the restart portfolio would run up to 4 (the budget is per method)
-        return dict(attack="dlg", iterations=dlg_steps(iterations, seeds), stall_restarts=0, log_every=log_every,
+        return dict(attack="dlg", iterations=dlg_steps(iterations, seeds), stall_restarts=0, stop=DLG_STOP, log_every=log_every,
                     **fields)
     if method == "ig":
         return dict(attack="ig", iterations=iterations, restarts=seeds, log_every=log_every, **fields)

@@ -18,7 +18,7 @@ from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
                      summary_columns, trend_notes)
 
 WIDTHS = (4, 8, 16, 32, 64)
@@ -26,7 +26,7 @@ SMOKE_WIDTHS = (4, 16)
 # Iterations (smoke, full); None = the attack's default (Inverting Gradients: 4800 signed-Adam steps,
 # with its step decay at 3/8 and 5/8 of whatever number is run).
 ITERATIONS: dict[str, tuple[int, int | None]] = {"ig": (300, None)}
-OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64"), "idlg": dict(dtype="float64")}
+OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", stop=DLG_STOP), "idlg": dict(dtype="float64", stop=DLG_STOP)}
 
 
 @experiment("model-size", "leakage vs model width (convnet) with Inverting Gradients on real photos")

@@ -8,7 +8,7 @@ from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import THRESHOLD_DB as LEAK_DB
-from .common import (refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
+from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
                      verdict_fields)
 
 # The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
@@ -32,7 +32,7 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         n_iter = opt.iterations or (smoke_iters if opt.smoke else iters)
         for s in range(samples):
             plan[(name, s)] = dict(attack="dlg", model=model, width=opt.width, data=data, seed=opt.seed + s,
-                                   optimizer=name, lr=lr, iterations=n_iter, dtype="float64",
+                                   optimizer=name, lr=lr, iterations=n_iter, dtype="float64", stop=DLG_STOP,
                                    log_every=max(1, n_iter // 60))
     rows, curves = [], {}
     cells = ws.run(plan, run_folders=list(plan))
