@@ -66,6 +66,19 @@ ENV = "GRADLEAK_ALLOCATOR"
 _state: dict[str, str] = {}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor()): the float rounding
+    of torch's CPU kernels depends on it, so a run records it beside the versions."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def allocator() -> str:
     """What the process runs with: "glibc tuned", "system" (left alone), or "untouched" (no attack yet)."""
     return _state.get("allocator", "untouched")

@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,20 @@ def _csv_text(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def machine() -> dict[str, Any]:
+    """Where the experiment ran: CPU model and count, torch, Python, platform. Cells of attacks
+    that do not converge end elsewhere on another CPU model (its kernels round differently), so
+    experiment.json records it."""
+    import platform
+
+    import torch
+
+    from ..runtime import cpu_model
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
 def write_result(result: ExperimentResult, out: Path) -> None:
     """Write results.csv (one row per sample), summary.csv (per setting, if the experiment has a
     summary), results.md and experiment.json into ``out`` (figures already there)."""
@@ -155,7 +170,8 @@ def write_result(result: ExperimentResult, out: Path) -> None:
                                                       "setup": result.setup, "rows": result.rows,
                                                       "summary": result.summary,
                                                       "notes": result.notes, "figures": result.figures,
-                                                      "wall_seconds": result.wall_seconds, "cells": result.cells},
+                                                      "wall_seconds": result.wall_seconds, "cells": result.cells,
+                                                      "machine": machine()},
                                                      indent=2, default=str))
 
 

@@ -23,7 +23,7 @@ import torch
 from .. import __version__
 from ..attacks.state import state_dir_for
 from ..paths import StagedDir
-from ..runtime import allocator
+from ..runtime import allocator, cpu_model
 
 if TYPE_CHECKING:
     from ..config import AttackConfig
@@ -44,7 +44,7 @@ def versions(device: torch.device) -> dict[str, str]:
 
     info = {"gradleak": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
-            "allocator": allocator()}
+            "cpu": cpu_model(), "allocator": allocator()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
