@@ -42,7 +42,6 @@ import logging
 import socket
 import sys
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np

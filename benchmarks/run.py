@@ -46,6 +46,8 @@ from cases import CASES, CaseSpec  # noqa: E402
 from extras import measure_dlg_default, measure_seeds  # noqa: E402
 from intrinsic import lbfgs_evaluations, lbfgs_instances, measure_all  # noqa: E402
 from report import render_markdown  # noqa: E402
+from whole_runs import OUT_JSON as WHOLE_JSON  # noqa: E402
+from whole_runs import whole_case, write_markdown as write_whole_runs  # noqa: E402
 
 import gradleak  # noqa: E402
 from gradleak.attacks import Engine, Reconstruction, attack_names  # noqa: E402
@@ -344,6 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-intrinsic", action="store_true", help="skip the intrinsic-cost measurement")
     p.add_argument("--skip-extras", action="store_true",
                    help="skip the G=8-seeds and default-DLG-job measurements (extras.py)")
+    p.add_argument("--skip-whole-runs", action="store_true",
+                   help="skip the whole default runs of both tools (issue 20; whole_runs.py; ~2 h with ig) and "
+                        "the DLG floor (dlg_floor.py); --quick skips them too")
     p.add_argument("--iterations", action="append", default=[], metavar="CASE=N",
                    help="override a case's iterations (both tools), e.g. ig=500; repeatable")
     p.add_argument("--note", action="append", default=[], help="a line for RESULTS.md (e.g. about the machine); repeatable")
@@ -403,6 +408,46 @@ def fit_iterations(spec: CaseSpec, planned: int, deadline: _dt.datetime | None, 
     return n, (f"iterations cut from {planned} to {n} so that both tools finish by the deadline "
                f"{deadline.strftime('%H:%M')} (gradleak's step measured {step:.2f} s just before; "
                f"{left / 60:.1f} min left)")
+
+
+def run_whole(keys: list[str], deadline: _dt.datetime | None, threads: int, breaching_python: Path | None,
+              work: Path, results_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Issue 20: each case's whole default run of both tools (whole_runs.py), then, with the DLG
+    case, the floor of DLG's method (dlg_floor.py, which divides by breaching's whole DLG run).
+    With a deadline, a case whose last whole run (whole_runs.json) would not fit is skipped (said
+    in the results). Rows are merged into whole_runs.json / WHOLE_RUNS.md when the results go to
+    benchmarks/ itself."""
+    runs: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    if breaching_python is None:
+        return runs, {k: "--skip-breaching" for k in keys}
+    known = json.loads(WHOLE_JSON.read_text()) if WHOLE_JSON.exists() else {"cases": {}}
+    bench = sys.modules[__name__]
+    for key in keys:
+        last = known["cases"].get(key, {}).get("wall_minutes")
+        if deadline is not None and last is not None:
+            left = (deadline - _dt.datetime.now()).total_seconds() / 60
+            if last > left:
+                skipped[key] = (f"its last whole run took {last:.0f} min, {left:.0f} min were left before the deadline "
+                                f"{deadline.strftime('%H:%M')}")
+                log(f"whole run {key}: skipped: {skipped[key]}")
+                continue
+        started = time.time()
+        row = whole_case(bench, key, threads, breaching_python, work)
+        row["date"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        row["wall_minutes"] = round((time.time() - started) / 60, 1)
+        row["note"] = "measured by make bench (benchmarks/run.py)"
+        runs[key] = row
+        if results_dir == HERE:
+            known["cases"][key] = row
+            known["machine"] = machine_info(threads)
+            WHOLE_JSON.write_text(json.dumps(known, indent=1, default=str) + "\n")
+            write_whole_runs(known, tuple(CASES))
+    if "dlg" in runs:
+        import dlg_floor
+        log("DLG floor: evaluations x cost of one evaluation (dlg_floor.py)")
+        dlg_floor.main(["--threads", str(threads)])
+    return runs, skipped
 
 
 def strip_private(obj: Any) -> Any:
@@ -495,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         results["cases"].append(run_case(spec, quick=args.quick, threads=args.threads,
                                          breaching_python=breaching_python, out=work, iterations=n, reduced=reason))
     results["cases"].sort(key=lambda c: list(CASES).index(c["key"]))
+    if not (args.quick or args.skip_whole_runs):
+        results["whole_runs"], results["whole_runs_skipped"] = run_whole(keys, deadline, args.threads,
+                                                                         breaching_python, work, results_dir)
     results["loadavg_end"] = loadavg()
     results["wall_seconds"] = time.time() - started
 
@@ -502,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     (results_dir / "results.json").write_text(json.dumps(clean, indent=2) + "\n")
     gpu_file = results_dir / "gpu.json"  # benchmarks/gpu.py's GPU section, when it has been run
     gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else None
-    (results_dir / "RESULTS.md").write_text(render_markdown(clean, gpu))
+    floor_file = HERE / "dlg_floor.json"
+    floor = json.loads(floor_file.read_text()) if floor_file.exists() and clean.get("whole_runs") else None
+    (results_dir / "RESULTS.md").write_text(render_markdown(clean, gpu, floor))
     log(f"wrote {results_dir / 'results.json'} and {results_dir / 'RESULTS.md'} ({results['wall_seconds']:.0f} s)")
     return 0
 
