@@ -357,7 +357,7 @@ def render_markdown(res: dict[str, Any], gpu: dict[str, Any] | None = None, floo
                   "`max_iterations`), same photos, weights and shared gradient as above; whole-run time includes "
                   f"set-up. Target: >= {WHOLE_TARGET:g}x faster at equal or better final PSNR (`benchmarks/whole_runs.py`).",
                   "", *whole_runs_section(res.get("whole_runs") or {}, floor,
-                                          tuple(k for k in ("dlg", "ig", "gi") if k not in (res.get("whole_runs_skipped") or {}))),
+                                          tuple(c["key"] for c in res["cases"] if c["key"] not in (res.get("whole_runs_skipped") or {}))),
                   *[f"- {k}: whole run skipped: {why}" for k, why in (res.get("whole_runs_skipped") or {}).items()], ""]
     if res.get("seeds"):
         lines += _seeds(res["seeds"])
