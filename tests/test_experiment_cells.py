@@ -87,6 +87,7 @@ def test_figure_images_come_from_the_run_folder(tmp_path):
     """comparison's image grid reads the cell's reconstruction.safetensors and reloads the truth;
     a run folder that went missing is computed again (with the same numbers)."""
     from gradleak.experiments.cells import Workspace
+    from gradleak.experiments.common import DLG_STOP
     from gradleak.metrics import psnr
 
     out = tmp_path / "cmp"
@@ -100,7 +101,8 @@ def test_figure_images_come_from_the_run_folder(tmp_path):
 
     ws = Workspace("comparison", make_options(**opts), out.absolute(), tmp_path)
     cell = ws.run({"dlg": {"attack": "dlg", "model": "convnet", "width": 16, "data": "cifar10-samples",
-                           "batch_size": 2, "seed": 0, "iterations": 1, "stall_restarts": 0, "log_every": 1}},
+                           "batch_size": 2, "seed": 0, "iterations": 1, "stall_restarts": 0, "stop": DLG_STOP,
+                           "log_every": 1}},
                 run_folders=["dlg"])["dlg"]
     assert cell.ok and ws.report.computed == 0   # the same cell as the experiment's
     truth = cell.truth()
