@@ -244,6 +244,12 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
         d = c["psnr_difference_db"]
         return (f"{reach}. breaching's seethroughgradients runs {b['iterations']} iterations (its preset) and ends "
                 f"{abs(d):.1f} dB {'below' if d >= 0 else 'above'} gradleak's cpu preset ({g['iterations']} iterations).")
+    if key == "ig":
+        return (f"{reach}. Both run Inverting Gradients' signed Adam (lr 0.1, step decay) at their presets' lengths: "
+                f"gradleak the authors' {g['iterations']} iterations with alpha_TV per layer (0.44 on ResNet-18, "
+                f"`benchmarks/ig_tv.json`), breaching {b['iterations']}; the time per iteration is about the same "
+                f"({1000 * g['total_seconds'] / max(1, g['iterations']):.0f} vs "
+                f"{1000 * b['total_seconds'] / max(1, b['iterations']):.0f} ms), so the speed-up is the length.")
     return (f"{reach}. Each tool at its preset's length: gradleak {g['iterations']}, breaching {b['iterations']} "
             "iterations.")
 
@@ -273,7 +279,7 @@ def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = Non
     missing = [k for k in known if k not in cases]
     if missing:
         notes.append(f"- Not measured yet: {', '.join(missing)} (`benchmarks/whole_runs.py --cases {','.join(missing)}`; "
-                     "breaching's IG run is 24 000 ResNet-18 iterations, ~1.5 h on one thread here).")
+                     "breaching's IG run is 24 000 ResNet-18 iterations, ~1.9 h on one thread here).")
     return out + [""] + notes
 
 

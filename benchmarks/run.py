@@ -347,7 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-extras", action="store_true",
                    help="skip the G=8-seeds and default-DLG-job measurements (extras.py)")
     p.add_argument("--skip-whole-runs", action="store_true",
-                   help="skip the whole default runs of both tools (issue 20; whole_runs.py; ~2 h with ig) and "
+                   help="skip the whole default runs of both tools (issue 20; whole_runs.py; ~3 h with ig) and "
                         "the DLG floor (dlg_floor.py); --quick skips them too")
     p.add_argument("--iterations", action="append", default=[], metavar="CASE=N",
                    help="override a case's iterations (both tools), e.g. ig=500; repeatable")

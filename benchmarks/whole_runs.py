@@ -13,7 +13,7 @@ This runs, per case of cases.py (same photos, labels, model weights and shared g
 For each: wall time of the whole run (set-up included, observer time out), final PSNR, and the
 time gradleak took to reach breaching's FINAL PSNR (from its logged trajectory). The target of
 issue 20: gradleak's whole run >= 3x faster at equal or better final PSNR. breaching's IG run
-is long (24 000 ResNet-18 iterations, ~1.5 h on one thread here): choose cases with --cases.
+is long (24 000 ResNet-18 iterations, ~1.9 h on one thread here): choose cases with --cases.
 
     .venv/bin/python benchmarks/whole_runs.py --cases dlg,gi [--threads 1]
 
