@@ -85,12 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--photos", type=int, default=4, help="CIFAR-10 sample photos (seeds 0..N-1)")
     p.add_argument("--histories", default="100,300", help="L-BFGS history sizes to run")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=OUT, help="the JSON written (default benchmarks/dlg_floor.json)")
+    p.add_argument("--whole-runs", type=Path, default=HERE / "whole_runs.json",
+                   help="whole_runs.json whose DLG case gives breaching's whole run (the reference)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     bench = _bench()
     from gradleak.attacks import loop as loop_module
     spec = bench.CASES["dlg"]
-    whole = json.loads((HERE / "whole_runs.json").read_text())["cases"].get("dlg") if (HERE / "whole_runs.json").exists() else None
+    whole = json.loads(args.whole_runs.read_text())["cases"].get("dlg") if args.whole_runs.exists() else None
     reference_db = whole["breaching"]["psnr"] if whole else 45.0
     breaching_s = whole["breaching"]["total_seconds"] if whole else None
 
@@ -142,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
            "machine": bench.machine_info(args.threads), "loadavg_end": bench.loadavg(),
            "reference_psnr_db": reference_db, "reference": "breaching's whole-run final PSNR (whole_runs.json, photo 0)",
            "breaching_whole_run_seconds": breaching_s, "evaluation_ms": costs, "summary": summary, "runs": runs}
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({"evaluation_ms": costs, "summary": summary}, indent=1))
-    print(f"wrote {OUT}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -416,7 +416,7 @@ def run_whole(keys: list[str], deadline: _dt.datetime | None, threads: int, brea
     case, the floor of DLG's method (dlg_floor.py, which divides by breaching's whole DLG run).
     With a deadline, a case whose last whole run (whole_runs.json) would not fit is skipped (said
     in the results). Rows are merged into whole_runs.json / WHOLE_RUNS.md when the results go to
-    benchmarks/ itself."""
+    benchmarks/ itself; another results folder gets its own whole_runs.json and dlg_floor.json."""
     runs: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     if breaching_python is None:
@@ -438,15 +438,17 @@ def run_whole(keys: list[str], deadline: _dt.datetime | None, threads: int, brea
         row["wall_minutes"] = round((time.time() - started) / 60, 1)
         row["note"] = "measured by make bench (benchmarks/run.py)"
         runs[key] = row
+        own = known if results_dir == HERE else {"cases": runs}
+        own["cases"][key] = row
+        own["machine"] = machine_info(threads)
+        (results_dir / WHOLE_JSON.name).write_text(json.dumps(own, indent=1, default=str) + "\n")
         if results_dir == HERE:
-            known["cases"][key] = row
-            known["machine"] = machine_info(threads)
-            WHOLE_JSON.write_text(json.dumps(known, indent=1, default=str) + "\n")
             write_whole_runs(known, tuple(CASES))
     if "dlg" in runs:
         import dlg_floor
         log("DLG floor: evaluations x cost of one evaluation (dlg_floor.py)")
-        dlg_floor.main(["--threads", str(threads)])
+        dlg_floor.main(["--threads", str(threads), "--out", str(results_dir / "dlg_floor.json"),
+                        "--whole-runs", str(results_dir / WHOLE_JSON.name)])
     return runs, skipped
 
 
@@ -550,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     (results_dir / "results.json").write_text(json.dumps(clean, indent=2) + "\n")
     gpu_file = results_dir / "gpu.json"  # benchmarks/gpu.py's GPU section, when it has been run
     gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else None
-    floor_file = HERE / "dlg_floor.json"
+    floor_file = results_dir / "dlg_floor.json"
     floor = json.loads(floor_file.read_text()) if floor_file.exists() and clean.get("whole_runs") else None
     (results_dir / "RESULTS.md").write_text(render_markdown(clean, gpu, floor))
     log(f"wrote {results_dir / 'results.json'} and {results_dir / 'RESULTS.md'} ({results['wall_seconds']:.0f} s)")
