@@ -1,5 +1,5 @@
 # gradleak: two commands on a fresh machine.
-#   make demo   set up .venv (pinned) and run the main job: DLG on one real CIFAR-10 photo
+#   make demo   set up .venv (pinned) and run the main job: `gradleak attack` (attack auto) on one real CIFAR-10 photo
 #   make test   set up .venv, lint (ruff, import contracts) and run the test suite
 PYTHON ?= python3
 VENV := .venv

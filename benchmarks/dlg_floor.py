@@ -1,6 +1,7 @@
 """Issue 20, DLG case: how fast can a whole DLG run be on this CPU, whatever its optimiser costs?
 
-whole_runs.py measures gradleak's default DLG run at 1.39x breaching's whole run. This asks
+whole_runs.py measures gradleak's DLG run (`--attack dlg`, the default attack until 2026-11-26,
+now `auto`, which picks R-GAP's closed form on this case) at 1.4x breaching's whole run. This asks
 whether any implementation of DLG's own method (L-BFGS on the gradient distance, image and soft
 label jointly, float64) could reach the issue's 3x, by splitting the run's time into
 
@@ -8,7 +9,7 @@ label jointly, float64) could reach the issue's 3x, by splitting the run's time 
   label (dummy gradient with create_graph, squared distance, second backward), timed alone in a
   loop (median of rounds), in float64 (the precision DLG needs: in float32 it stalls near MSE
   5e-5, dlg.py) and, for reference, float32 with and without oneDNN;
-* the NUMBER of evaluations the default run makes (torch's 20 per L-BFGS step, the settled stop),
+* the NUMBER of evaluations the DLG run makes (torch's 20 per L-BFGS step, the settled stop),
   on several photos, with L-BFGS's history at DLG's 100 (torch's default) and at 300 (the
   "fewer iterations" lever: more curvature pairs, fewer steps, a costlier direction).
 

@@ -30,16 +30,17 @@ GRADLEAK = [sys.executable, "-m", "gradleak.cli"]
 SENTENCE = "the patient was seen on monday"
 # (name, arguments of `gradleak attack`), all small budgets of the main cases
 CASES: list[tuple[str, list[str]]] = [
-    ("dlg-default", []),
+    ("dlg-default", ["--attack", "dlg"]),  # the default attack until 2026-11-26 (now auto)
+    ("default", []),
     ("idlg", ["--attack", "idlg", "--seed", "3", "--iterations", "40"]),
     ("gi-convnet-b2", ["--attack", "gradinversion", "--model", "convnet", "--width", "16", "--batch-size", "2",
                        "--preset", "cpu", "--iterations", "60", "--seeds", "2", "--share-bn-statistics"]),
     ("gi-approx-lazy", ["--attack", "gradinversion", "--model", "convnet", "--width", "16", "--batch-size", "2",
                         "--iterations", "40", "--seeds", "2", "--bn", "approx", "--group", "lazy"]),
     ("ig-convnet", ["--attack", "ig", "--model", "convnet", "--width", "16", "--iterations", "40"]),
-    ("dlg-fedavg", ["--threat", "fedavg", "--local-steps", "2", "--local-lr", "0.1", "--iterations", "30"]),
+    ("dlg-fedavg", ["--attack", "dlg", "--threat", "fedavg", "--local-steps", "2", "--local-lr", "0.1", "--iterations", "30"]),
     ("idlg-aggregate", ["--attack", "idlg", "--threat", "aggregate", "--clients", "2", "--iterations", "30"]),
-    ("dlg-defended", ["--defense", "gaussian:1e-2", "--defense", "prune:0.5", "--iterations", "30"]),
+    ("dlg-defended", ["--attack", "dlg", "--defense", "gaussian:1e-2", "--defense", "prune:0.5", "--iterations", "30"]),
     ("dlg-fmnist", ["--model", "convnet", "--width", "16", "--data", "fashion-mnist", "--attack", "idlg",
                     "--iterations", "30"]),
     ("text-dlg", ["--modality", "text", "--attack", "dlg", "--iterations", "30", "--text", SENTENCE]),

@@ -98,15 +98,23 @@ def _targets(res: dict[str, Any]) -> list[str]:
     d = res.get("dlg_default")
     if d:
         reach = d.get("seconds_to_mse_1e-4")
-        rows.append("| default DLG job: MSE <= 1e-4 within 15 s | "
+        rows.append("| DLG job: MSE <= 1e-4 within 15 s | "
                     + (f"{reach:.1f} s (step {d['iteration_to_mse_1e-4']})" if reach is not None
                        else f"not reached (best {d['best_trajectory_mse']:.1e})")
                     + f" | {'yes' if d['met_time'] else '**no**'} |")
-        rows.append(f"| default DLG job: final MSE <= 3.3e-6 | {d['final_mse']:.2e} | {'yes' if d['met_final_mse'] else '**no**'} |")
+        rows.append(f"| DLG job: final MSE <= 3.3e-6 | {d['final_mse']:.2e} | {'yes' if d['met_final_mse'] else '**no**'} |")
     for key, c in (res.get("whole_runs") or {}).items():
         rows.append(f"| {key}: whole default run >= {WHOLE_TARGET:g}x faster than breaching's at equal or better PSNR "
                     f"(issue 20) | {c['whole_run_speedup']:.2f}x, {c['psnr_difference_db']:+.2f} dB | "
                     f"{'yes' if c['met'] else '**no**'} |")
+        if key == "dlg":  # the DLG case is the default job itself
+            g = c["gradleak"]
+            m = final_mse(g)
+            to = g.get("seconds_to_threshold")
+            rows.append(f"| default `gradleak attack` (attack {c.get('gradleak_attack', 'dlg')}): reaches MSE <= 1e-4 and "
+                        f"ends <= 3.3e-6 (issue 20) | final MSE {m:.1e} after {g['total_seconds']:.1f} s"
+                        + (f" (breaching's final PSNR after {to:.1f} s)" if to is not None else "")
+                        + f" | {'yes' if m <= 3.3e-6 else '**no**'} |")
     if not rows:
         return []
     return ["## Targets (issues 6 and 20) at a glance", "", "| target | measured | met |", "|---|---|---|", *rows, ""]
@@ -136,7 +144,7 @@ def _dlg_default(d: dict[str, Any]) -> list[str]:
     c, cr = d["config"], d.get("command_run") or {}
     reach = d.get("seconds_to_mse_1e-4")
     out = [
-        "## The default job: `gradleak attack` (DLG)", "",
+        "## The DLG job: `gradleak attack` with DLG (issue 6)", "",
         f"Defaults: attack `{c['attack']}`, model `{c['model']}`, data `{c['data']}`, batch {c['batch_size']}, "
         f"seed {c['seed']}; resolved {d.get('resolved')}."
         + (f" **Quick run: {d['quick_iterations_override']} iterations only.**" if d.get("quick_iterations_override") else ""),
@@ -226,10 +234,17 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
     reach = (f"gradleak passes breaching's final {b['psnr']:.1f} dB after {to:.1f} s of its {g['total_seconds']:.1f} s"
              if to is not None else f"gradleak never reaches breaching's final {b['psnr']:.1f} dB")
     if key == "dlg":
-        text = (f"{reach}. Both run DLG's L-BFGS (lr 1, 20 evaluations per step): gradleak makes "
-                f"{g.get('lbfgs_evaluations')} evaluations in float64 and stops once settled, breaching "
-                f"{b.get('lbfgs_evaluations')} in float32 over {b['iterations']} steps (its L-BFGS converges early, and "
-                "from then on a step costs one evaluation).")
+        own = next((a for a in c.get("alternatives") or [] if a["attack"] == "dlg"), None)
+        used = g.get("attack_used") or "rgap"  # records before attack_used was kept: R-GAP (make bench 2026-11-26)
+        text = (f"{reach}. `gradleak attack`'s default attack is `auto` (the closed-form attacks that apply, kept when "
+                f"their answer explains the update, else optimisation): on DLG's LeNet at batch 1 it kept "
+                f"{'R-GAP' if used == 'rgap' else used}, {g['total_seconds']:.1f} s, final MSE {final_mse(g):.1e}.")
+        if own is not None:
+            d = own["run"]
+            text += (f" DLG's own method (`--attack dlg`, row below): both tools run DLG's L-BFGS (lr 1, 20 evaluations "
+                     f"per step): gradleak makes {d.get('lbfgs_evaluations')} evaluations in float64 and stops once "
+                     f"settled, {d['total_seconds']:.1f} s, breaching {b.get('lbfgs_evaluations')} in float32 over "
+                     f"{b['iterations']} steps (its L-BFGS converges early, and from then on a step costs one evaluation).")
         if floor:
             run0 = next((r for r in floor["runs"] if r["seed"] == 0 and r["history"] == 100), None)
             if run0 and floor.get("breaching_whole_run_seconds"):
@@ -237,8 +252,8 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
                          f"costs {floor['evaluation_ms']['float64']:.2f} ms (float64), so this photo's "
                          f"{run0['evaluations']} evaluations take {run0['floor_seconds']:.1f} s even with an optimiser "
                          f"that costs nothing: at most {run0['speedup_at_floor']:.2f}x breaching's whole run. No "
-                         "implementation of DLG's L-BFGS with DLG's settings reaches 3x on this CPU; the closed form "
-                         "(row below) does.")
+                         "implementation of DLG's L-BFGS with DLG's settings reaches 3x on this CPU; the closed form, "
+                         "the default, does.")
         return text
     if key == "gi":
         d = c["psnr_difference_db"]
@@ -254,6 +269,12 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
             "iterations.")
 
 
+def final_mse(row: dict[str, Any]) -> float:
+    """A whole run's final image MSE (older records hold only the PSNR: MSE = 10^(-PSNR/10), pixels in
+    [0, 1], exact below the 100 dB cap)."""
+    return float(row["mse"]) if row.get("mse") is not None else 10 ** (-row["psnr"] / 10)
+
+
 def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = None,
                        known: tuple[str, ...] = ("dlg", "ig", "gi")) -> list[str]:
     """The whole-default-runs table (issue 20) with one line per case on where its number comes from."""
@@ -264,8 +285,10 @@ def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = Non
     for key, c in cases.items():
         g, b = c["gradleak"], c["breaching"]
         to = c.get("gradleak_seconds_to_breaching_final_psnr")
+        attack = c.get("gradleak_attack")
         out.append(
-            f"| {c['title']} | {c['date']}, load {g.get('loadavg_before')} | {g['iterations']}, {g['total_seconds']:.1f} s, "
+            f"| {c['title']}" + (f" (`gradleak attack`, attack {attack})" if attack else "")
+            + f" | {c['date']}, load {g.get('loadavg_before')} | {g['iterations']}, {g['total_seconds']:.1f} s, "
             f"{g['psnr']:.2f} dB | {b['iterations']}, {b['total_seconds']:.1f} s, {b['psnr']:.2f} dB | "
             f"**{c['whole_run_speedup']:.2f}x** | {c['psnr_difference_db']:+.2f} dB | "
             f"{'%.1f s' % to if to is not None else 'not reached'} | {'yes' if c['met'] else '**no**'} |")
@@ -275,7 +298,8 @@ def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = Non
             out.append(f"| ... same case, {alt['what']} | {c['date']} | {a['iterations']}, {a['total_seconds']:.1f} s, "
                        f"{a['psnr']:.2f} dB | (as above) | **{alt['whole_run_speedup']:.2f}x** | "
                        f"{alt['psnr_difference_db']:+.2f} dB | — | {'yes' if ok else 'no'} (not the default) |")
-        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + (f" Conditions: {c['note']}" if c.get("note") else ""))
+        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + (f" Conditions: {c['note']}." if c.get("note") else "")
+                     + (f" Rows: {c['relabelled']}." if c.get("relabelled") else ""))
     missing = [k for k in known if k not in cases]
     if missing:
         notes.append(f"- Not measured yet: {', '.join(missing)} (`benchmarks/whole_runs.py --cases {','.join(missing)}`; "

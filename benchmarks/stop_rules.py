@@ -1,7 +1,7 @@
-"""Issue 20, lever "stop when converged": when could the default DLG run stop, judged only by the
+"""Issue 20, lever "stop when converged": when could the DLG run stop, judged only by the
 attacker's own objective, and what would a user lose?
 
-The default job (`gradleak attack`: DLG, LeNet-dlg, float64 L-BFGS, 300 steps, one CIFAR-10
+The DLG job (`gradleak attack --attack dlg`, the default attack until 2026-11-26: LeNet-dlg, float64 L-BFGS, 300 steps, one CIFAR-10
 sample photo) is run once per photo (seeds 0..N-1), with the PSNR against the truth observed at
 every L-BFGS step (the observer only reads; the attack never sees it). From each run's per-step
 relative gradient distance rel_t = ||u(x_t) - u||^2 / ||u||^2 (the objective the attacker holds)
@@ -18,7 +18,7 @@ these stop rules are evaluated offline, on the same trajectories:
 * ``budget``: all 300 steps (``--stop budget``, the default before the settled rule).
 
 The trajectories are recorded with ``stop="budget"``; the settled rule is then also run live (the
-default job as `gradleak attack` runs it) on the same photos, its wall time and PSNR beside the
+DLG job as `gradleak attack --attack dlg` runs it) on the same photos, its wall time and PSNR beside the
 whole budget's.
 
 For each rule: the step, its share of the budget, the PSNR and MSE at that step, and whether the
@@ -58,7 +58,7 @@ LEVELS = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9)
 
 
 def trajectory(seed: int) -> dict:
-    """One default DLG run on the photo drawn by ``seed``: per step the relative distance and the
+    """One DLG run at its defaults on the photo drawn by ``seed``: per step the relative distance and the
     MSE / PSNR of the current iterate against the truth."""
     case = simulate_client(make_config(seed=seed, progress=False))
     truth = case.truth.images.double()
@@ -150,7 +150,7 @@ def rules(run: dict) -> dict:
 
 
 def live_default(seed: int) -> dict:
-    """The default job as `gradleak attack` runs it (the settled rule on), timed without observer."""
+    """The DLG job as `gradleak attack --attack dlg` runs it (the settled rule on), timed without observer."""
     case = simulate_client(make_config(seed=seed, progress=False))
     cfg = resolve_attack({"attack": "dlg", "seed": seed}, bn_statistics_shared=True)
     start = time.perf_counter()

@@ -78,7 +78,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure_compile() -> dict[str, Any]:
-    case = build_case(make_config(progress=False))  # the default job: DLG, lenet-dlg, batch 1
+    case = build_case(make_config(attack="dlg", progress=False))  # the DLG job: lenet-dlg, batch 1
     dt = torch.float64
     sim = UpdateSimulator(case.model, case.update, dtype=dt)
     gen = torch.Generator().manual_seed(0)
@@ -367,7 +367,7 @@ def measure_allocator(rounds: int = 3) -> dict[str, Any]:
         # the cpu preset's BN prior "exact" needs the client's BN statistics in the update
         "GradInversion convnet batch 4, 4 seeds, 30 it.": dict(attack="gradinversion", model="convnet", batch_size=4,
                                                               iterations=30, preset="cpu", share_bn_statistics=True),
-        "DLG lenet-dlg batch 1, 60 it.": dict(iterations=60),
+        "DLG lenet-dlg batch 1, 60 it.": dict(attack="dlg", iterations=60),
     }
     out: dict[str, Any] = {"what": "attack loop time, glibc's allocator defaults (GRADLEAK_ALLOCATOR=system) vs "
                                    "gradleak.runtime.tune_allocator, fresh processes"}

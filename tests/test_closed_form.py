@@ -176,6 +176,23 @@ def test_auto_falls_back_to_optimisation_and_says_why(tmp_path):
     assert rec.extra["attack_used"] == "analytic"
 
 
+
+def test_the_default_job_is_auto_and_ends_below_the_dlg_papers_mse(tmp_path, capsys):
+    """`gradleak attack` with no options (make demo) runs the chooser (issue 20: closed form
+    first): on DLG's LeNet and one CIFAR-10 photo R-GAP explains the update, and the answer ends
+    below the DLG paper's MSE 3.3e-6. A text run's default attack stays DLG."""
+    from gradleak.config import make_config
+
+    assert make_config().attack == "auto"
+    assert make_config(modality="text").attack == "dlg" and make_config(modality="text", attack="bow").attack == "bow"
+    out = tmp_path / "default"
+    assert main(["attack", *FAST, "--out", str(out)]) == 0
+    m = _metrics(out)
+    assert json.loads((out / "config.json").read_text())["attack"] == "auto"
+    assert m["attack"] == "rgap" and m["auto"]["used"] == "rgap" and m["converged"] is True
+    assert m["mse_mean"] <= 3.3e-6 and m["label_accuracy"] == 1.0, m["mse_mean"]
+    assert "auto: used rgap" in capsys.readouterr().out
+
 # --------------------------------------------------------------------------- the malicious server
 def test_imprint_server_through_an_update_file(tmp_path, capsys):
     """share --server imprint writes the imprinted model's update (the file records the server);

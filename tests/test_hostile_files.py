@@ -288,8 +288,8 @@ def test_killed_run_leaves_no_partial_for_long(tmp_path, capsys):
     """SIGKILL skips every clean-up; the next run writing into the same folder removes the dead
     process's staging folder (which holds its reconstruction once written)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--iterations", "100000", "--no-progress",
-                             "--threads", "1", "--out", str(tmp_path / "killed")], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--attack", "dlg", "--iterations", "100000",
+                             "--no-progress", "--threads", "1", "--out", str(tmp_path / "killed")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:
@@ -347,8 +347,8 @@ def _utf8(b: bytes) -> bool:
 def test_resume_state_naming_code(tmp_path, capsys):
     """The saved state of an interrupted run is a file as well: a module:callable model in its
     config is refused on --resume unless the user names the same --model again."""
-    proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--iterations", "100000", "--no-progress",
-                             "--threads", "1", "--checkpoint-every", "0", "--out", str(tmp_path / "run")],
+    proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--attack", "dlg", "--iterations", "100000",
+                             "--no-progress", "--threads", "1", "--checkpoint-every", "0", "--out", str(tmp_path / "run")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]

@@ -91,7 +91,7 @@ def test_one_candidate_attacks_and_registration_do_not_import_torch_dynamo() -> 
         "    cfg = make_config(progress=False, **kw)\n"
         "    case = prepare(cfg)\n"
         "    return Engine().run(case.attack_config(cfg), case.update, case.model)\n"
-        "assert run(iterations=2).iterations == 2\n"
+        "assert run(attack='dlg', iterations=2).iterations == 2\n"
         "assert run(attack='gradinversion', model='convnet', width=4, batch_size=2, seeds=1, preset='cpu',\n"
         "           group='none', iterations=2).iterations == 2\n"
         "assert run(attack='ig', model='convnet', width=4, iterations=2).iterations == 2\n"

@@ -111,6 +111,7 @@ _DEFAULT_TEXT = {
     "bn": "exact when the update carries the client's BN batch statistics, else approx",
     "labels": "gradinversion; text: bias for one sentence, else soft",
     "width": "the model's, see gradleak list",
+    "attack": "auto; text: dlg",
     "model": "lenet-dlg; text: tiny-transformer",
     "data": "cifar10-samples; text: the --text sentences",
     "batch_size": "1; text with --text: all the sentences",
@@ -256,6 +257,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     state_dir = find_state(args.resume)
     values = read_saved_config(state_dir)
+    if "attack" not in values and values.get("modality", "image") == "image":
+        values["attack"] = "dlg"  # a state saved before 2026-11-26 leaves out the default attack of then
     # The saved state is a file too: a module:callable model in it runs only when the user names
     # the same model again (--model), their own decision.
     flag_model = getattr(args, "model", None)

@@ -35,7 +35,7 @@ from .verdict import converged_below, relative_distance
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
 # code loops 300 times (the paper's text says 1200 for images; 300 already end below the paper's
-# MSE on the default job, so the code's number is kept). float64: in float32 the attack stalls
+# MSE on the DLG job, so the code's number is kept). float64: in float32 the attack stalls
 # around MSE 5e-5 (gradient differences drown in rounding); in float64 it reaches the paper's
 # ~3e-6 and beyond on the sigmoid LeNet. The L-BFGS is torch's algorithm with its direction in
 # compact form (lbfgs.py).
@@ -75,7 +75,7 @@ RESTART_BELOW = 1e-4
 # is at or below the verdict's line (verdict.CONVERGED_BELOW, plus the defenses' noise floor: the
 # answer explains the update) AND improved by less than SETTLE_PROGRESS (relative) over the last
 # SETTLE_PATIENCE L-BFGS steps: the remaining budget would polish, not find. Measured on the
-# default job (benchmarks/stop_rules.json, 8 photos, run live): 1938 L-BFGS steps instead of
+# DLG job (benchmarks/stop_rules.json, 8 photos, run live): 1938 L-BFGS steps instead of
 # 2422 (6 of 8 runs end early, at 186-288 steps), the whole budget's PSNR to 0.2 dB, the same 7 of
 # 8 photos below the DLG paper's MSE 3.3e-6; the same plateau test without the line also stopped
 # a stalled first trial at 5 dB (the portfolio's restart rescues it to 56 dB).

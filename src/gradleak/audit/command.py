@@ -19,7 +19,8 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--rounds", type=int, default=3, help="federated rounds (default 3)")
     f.add_argument("--clients", type=int, default=3, help="clients, each with a Fashion-MNIST partition (default 3)")
     f.add_argument("--attack", default="dlg", help="gradleak attack run on each update: dlg | idlg | ig | gradinversion | analytic | "
-                                                    "rgap | auto (closed form first)")
+                                                    "rgap | auto (closed form first; the default of gradleak attack, "
+                                                    "not of the audit) (default: dlg)")
     f.add_argument("--out", required=True, help="output folder: audit.csv, audit.json, reconstructions/")
     f.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the attack's)")
     f.add_argument("--attack-lr", dest="attack_lr", type=float, default=None,

@@ -163,10 +163,8 @@ class ImageCase(Case):
         # A model without BatchNorm has no batch statistics to share: "exact" is then vacuous.
         shared = bool(self.update.meta.bn_statistics_shared) or not _has_batchnorm(self.model)
         values = cfg.model_dump()
-        threat = self.update.meta.threat if isinstance(self.update.meta.threat, dict) else {}
-        if "attack" not in cfg.model_fields_set and int(threat.get("clients", 1) or 1) > 1:
-            # an aggregate of several clients: batch recovery (GradInversion) unless an attack is named
-            values["attack"] = "gradinversion"
+        # the default attack, auto, falls back to batch recovery (GradInversion) on an aggregate of
+        # several clients once no closed form explains it (attacks/auto.py)
         fallback = auto_fallback(self.update) if values["attack"] == "auto" else None
         return resolve_attack(values, bn_statistics_shared=shared, fallback=fallback,
                               layers=layer_counts(self.model.module))

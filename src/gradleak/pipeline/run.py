@@ -89,8 +89,10 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
                           retries=cfg.divergence_retries, pending=pending, resume_hint=str(out),
                           # only the fields the user gave (and out): a resumed run must tell a given
                           # flag from a default, as the first one did (an --update file decides the
-                          # rest; several --text sentences form the batch unless --batch-size is given)
-                          config={**cfg.model_dump(mode="json", exclude_unset=True), "out": str(out)})
+                          # rest; several --text sentences form the batch unless --batch-size is given).
+                          # The attack always: a default can change between versions (dlg -> auto).
+                          config={**cfg.model_dump(mode="json", exclude_unset=True), "attack": cfg.attack,
+                                  "out": str(out)})
         with session.signals() if write and not spread else contextlib.nullcontext():
             result, attack = attack_case(cfg, case, session=session, shard=shard, device=device)
         if result.rank:
