@@ -194,13 +194,17 @@ def test_default_samples_per_setting_are_at_least_three_outside_smoke(name, tmp_
 
 
 def test_training_stage_runs_the_attack_asked_for_or_refuses(tmp_path):
-    """--attacks is not ignored: dlg (the rebuttal's) or idlg; anything else is an error."""
+    """--attacks is not ignored: dlg (the rebuttal's), idlg or rgap; anything else is an error, and
+    so is --iterations for the closed form."""
     from gradleak.errors import ConfigError
 
     for attacks in (["gradinversion"], ["dlg", "idlg"]):
-        with pytest.raises(ConfigError, match="one attack of the DLG family"):
+        with pytest.raises(ConfigError, match="runs one attack"):
             run_experiment("training-stage", make_options(out=str(tmp_path / "t"), smoke=True, progress=False,
                                                           attacks=attacks, executor="inline"))
+    with pytest.raises(ConfigError, match="--iterations does not apply to rgap"):
+        run_experiment("training-stage", make_options(out=str(tmp_path / "t"), smoke=True, progress=False,
+                                                      attacks=["rgap"], iterations=50, executor="inline"))
 
 
 def test_experiments_refuse_attacks_they_would_not_run(tmp_path):

@@ -174,6 +174,20 @@ def test_training_stage_smoke(tmp_path):
     assert len(list((folder / "training").glob("*/checkpoint-*.safetensors"))) == 4
 
 
+def test_training_stage_closed_form_smoke(tmp_path):
+    """R-GAP on the same checkpoints and held-out images: the trained checkpoints' updates still hold
+    the image (full run: 15 of 16 converged, 39-100 dB, reproduction/training-stage). Asserted at
+    --smoke: every stage rebuilt by a converged closed form, >= 30 dB."""
+    result, folder = run_experiment("training-stage", make_options(out=str(tmp_path / "ts"), smoke=True,
+                                                                   progress=False, attacks=["rgap"]))
+    _check_written(result, folder)
+    rows = sorted(result.rows, key=lambda r: r["fraction"])
+    assert [r["fraction"] for r in rows] == [0.0, 0.3, 0.7, 1.0]
+    for r in rows:
+        assert r["recovered"] and r["converged"] and r["psnr"] >= 30.0, r
+    assert "rgap (closed form" in result.setup["attack"]
+
+
 def test_batch_size_smoke(tmp_path):
     """Measured at --smoke, K=1 vs K=2: dlg 20.4 / 28.6 (issue 17's multi-image warm-up lifted K=2 from
     19.9; at this 60-step budget K=1 ends on a later start of the portfolio), idlg 29.8 / 23.8,

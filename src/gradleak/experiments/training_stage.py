@@ -4,7 +4,8 @@ that was not used to train W?". The authors answered with rebuttal Table 4 (MSE 
 4.4e-6, 3.3e-6 at 0/30/70/100 % of training). Here: the DLG LeNet is trained on Fashion-MNIST's
 train split (:func:`gradleak.training.train`), checkpointed at 0/30/70/100 % of its steps, and
 each checkpoint, as the global model a client receives, is attacked with DLG on held-out
-Fashion-MNIST *test* images.
+Fashion-MNIST *test* images (``--attacks idlg`` or ``rgap``: the same checkpoints and images with
+iDLG or R-GAP's closed form).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_note
                      setting, summarize, summary_columns, verdict_fields)
 
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
+# The attacks it runs (one per run) and how each reads the image: the rebuttal's DLG, iDLG, and
+# R-GAP's closed form (Zhu and Blaschko 2021; DLG's sigmoid LeNet at batch 1 is its case), which
+# asks whether what an optimiser fails to find on a trained model is in the update at all.
+ATTACKS = {"dlg": ("DLG", "images + soft labels"), "idlg": ("iDLG", "the label from the gradient's sign, then the image"),
+           "rgap": ("R-GAP", "closed form, layer by layer from the classifier back")}
 INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 # SGD budget: one epoch, batch 32, lr 0.01, momentum 0.9. The DLG LeNet (sigmoid, U(-0.5, 0.5)
 # weights) diverges or stalls at 10 % accuracy with lr >= 0.1; 0.01 trained best in our sweeps.
@@ -32,19 +38,27 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     from ..training import TrainConfig
 
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="dlg", samples=(1, 4), iterations=(30, 300))
-    if len(opt.attacks or []) > 1 or st.attack not in ("dlg", "idlg"):
-        raise ConfigError("training-stage runs one attack of the DLG family: --attacks dlg (the rebuttal's) or idlg")
+    if len(opt.attacks or []) > 1 or st.attack not in ATTACKS:
+        raise ConfigError("training-stage runs one attack: --attacks dlg (the rebuttal's), idlg, or rgap (closed form)")
+    closed_form = st.attack == "rgap"
+    if closed_form and opt.iterations:
+        raise ConfigError("--iterations does not apply to rgap (a closed form: no iterations)")
     model, data, samples, n_iter = st.model, st.data, st.samples, st.iterations
-    how = "images + soft labels" if st.attack == "dlg" else "the label from the gradient's sign, then the image"
+    name, how = ATTACKS[st.attack]
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else None
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
     cfg = TrainConfig(model=model, width=opt.width, data=data, checkpoints=FRACTIONS, train_subset=train_subset,
                       test_subset=test_subset, seed=opt.seed, model_seed=0, **TRAIN)
     trained = ws.trained(cfg)
+
+    def cell(seed: int, checkpoint: str) -> dict[str, Any]:
+        if closed_form:  # R-GAP reads the image off the update layer by layer: nothing to budget or start
+            return dict(attack=st.attack, model=model, width=st.width, data=data, seed=seed, split="test",
+                        batch_size=1, checkpoint=checkpoint)
+        return lbfgs_cell(st, seed, log_points=20, split="test", batch_size=1, checkpoint=checkpoint)
+
     plan: dict[tuple[float, int], dict[str, Any]] = {
-        (cp.fraction, s): lbfgs_cell(st, opt.seed + s, log_points=20, split="test", batch_size=1,
-                                     checkpoint=str(cp.path))
-        for cp in trained.checkpoints for s in range(samples)}
+        (cp.fraction, s): cell(opt.seed + s, str(cp.path)) for cp in trained.checkpoints for s in range(samples)}
     accuracy = {cp.fraction: cp.test_accuracy for cp in trained.checkpoints}
     rows = []
     cells = ws.run(plan)
@@ -66,9 +80,9 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                    {f"PSNR (dB), mean of {samples}": series(rows, "fraction", xs),
                     "test accuracy (%)": [100 * cp.test_accuracy for cp in trained.checkpoints]},
                    xlabel="fraction of training", ylabel="dB / %",
-                   title=f"DLG vs training stage, {model} on {data}")
+                   title=f"{name} vs training stage, {model} on {data}")
     return ExperimentResult(
-        name="training-stage", title="DLG at different stages of training (held-out test images)",
+        name="training-stage", title=f"{name} at different stages of training (held-out test images)",
         columns=["fraction", "test_accuracy", "sample", "seed", "image", "mse", "psnr", "ssim", "label_accuracy",
                  "recovered", *VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
         rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
@@ -77,8 +91,9 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,
                             "steps": trained.total_steps, "wall_seconds": round(trained.wall_seconds, 1),
                             "folder": str(trained.folder.relative_to(ws.folder)) + "/"},
-               "attack": f"{st.attack} ({how}, float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, FedSGD "
-                         "gradient at the checkpoint's weights",
+               "attack": (f"{st.attack} ({how}), batch 1, FedSGD gradient at the checkpoint's weights" if closed_form
+                          else f"{st.attack} ({how}, float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, FedSGD "
+                               "gradient at the checkpoint's weights"),
                "samples": samples, "seeds": f"{st.seed_text} (test image drawn and attack start)",
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB",
                "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
