@@ -295,3 +295,31 @@ def test_run_service_flags_that_would_be_ignored_are_errors(tmp_path, capsys):
     code = main(["experiment", "label-restoration", "--smoke", "--workers", "2", "--out", str(tmp_path / "e")])
     assert code == 2 and "--workers does not apply to label-restoration" in capsys.readouterr().err
     assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists() and not (tmp_path / "n").exists()
+
+
+def test_a_state_saved_before_the_default_became_auto_resumes_as_dlg(tmp_path, capsys, monkeypatch):
+    """A saved state whose config leaves out the attack (written while DLG was the default, before
+    2026-11-26) resumes as the DLG run it was, not as the auto attack of today's default."""
+    import gradleak.pipeline.image as image_case
+
+    real = image_case.PSNRObserver.__call__
+
+    def call(self, iteration, answer):
+        real(self, iteration, answer)
+        if iteration == 10:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(image_case.PSNRObserver, "__call__", call)
+    out = tmp_path / "run"
+    args = ["attack", "--attack", "dlg", "--iterations", "20", "--log-every", "5", "--checkpoint-every", "5",
+            "--no-progress", "--threads", "1", "--no-paper-metrics", "--out", str(out)]
+    assert main(args) == 128 + signal.SIGTERM
+    saved = state_dir_for(out) / "config.json"
+    values = json.loads(saved.read_text())
+    assert values.pop("attack") == "dlg"
+    saved.write_text(json.dumps(values))  # as a state of before 2026-11-26 was written
+    monkeypatch.setattr(image_case.PSNRObserver, "__call__", real)
+    assert main(["attack", "--resume", str(out)]) in (0, 1)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["attack"] == "dlg" and metrics["resumed_at"] == [{"phase": "trial-0", "iteration": 10}]
+    capsys.readouterr()
