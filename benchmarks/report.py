@@ -276,6 +276,24 @@ def _per_iteration(g: dict[str, Any], b: dict[str, Any]) -> str:
             "speed-up is not the length alone.")
 
 
+def _baseline(c: dict[str, Any]) -> str:
+    """The case's trivial answers (whole_runs.baselines) and which side of them each tool ends."""
+    zero, flat = c.get("zero_answer_psnr"), c.get("mean_colour_psnr")
+    if zero is None or flat is None:
+        return ""
+    text = (f" Trivial answers: the zero image of the model's input space (a flat image of its normalisation mean, "
+            f"returned without looking at the update) scores {zero:.2f} dB, a flat image of each photo's own mean "
+            f"colour {flat:.2f} dB")
+    below = [name for name in ("gradleak", "breaching") if c[name]["psnr"] < zero]
+    if not below:
+        return text + "; both tools end above them." if all(c[n]["psnr"] > flat for n in ("gradleak", "breaching")) \
+            else text + "; both tools end above the zero image."
+    if len(below) == 2:
+        return (text + "; **both tools end below the zero image**: neither rebuilt anything of the photo that PSNR "
+                "sees, so this case's PSNR difference compares two failed reconstructions, not leakage.")
+    return text + f"; {below[0]} ends below the zero image."
+
+
 def final_mse(row: dict[str, Any]) -> float:
     """A whole run's final image MSE (older records hold only the PSNR: MSE = 10^(-PSNR/10), pixels in
     [0, 1], exact below the 100 dB cap)."""
@@ -305,7 +323,8 @@ def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = Non
             out.append(f"| ... same case, {alt['what']} | {c['date']} | {a['iterations']}, {a['total_seconds']:.1f} s, "
                        f"{a['psnr']:.2f} dB | (as above) | **{alt['whole_run_speedup']:.2f}x** | "
                        f"{alt['psnr_difference_db']:+.2f} dB | — | {'yes' if ok else 'no'} (not the default) |")
-        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + (f" Conditions: {c['note']}." if c.get("note") else "")
+        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + _baseline(c)
+                     + (f" Conditions: {c['note']}." if c.get("note") else "")
                      + (f" Rows: {c['relabelled']}." if c.get("relabelled") else ""))
     missing = [k for k in known if k not in cases]
     if missing:

@@ -70,6 +70,24 @@ def default_attack(key: str, spec) -> str:  # noqa: ANN001
     return DEFAULT_ATTACK.get(key, spec.attack)
 
 
+def baselines(images: torch.Tensor, mean: tuple[float, ...]) -> dict[str, float]:
+    """Two trivial answers of a case, scored like a reconstruction (mean PSNR over its photos):
+
+    * ``zero_answer_psnr``: a flat image of the model's normalisation mean colour, i.e. the zero
+      image in the model's input space. An attacker returns it without looking at the update (it
+      knows the model), so a reconstruction below it carries no information about the photo that
+      PSNR can see.
+    * ``mean_colour_psnr``: a flat image of each photo's own mean colour (three numbers per photo,
+      read from the truth: an upper bound for any flat answer).
+
+    Where both tools end below these, "equal or better PSNR" compares failed reconstructions."""
+    from gradleak.metrics import psnr
+
+    zero = torch.tensor(mean, dtype=images.dtype).view(1, -1, 1, 1).expand_as(images)
+    flat = images.mean(dim=(2, 3), keepdim=True).expand_as(images)
+    return {"zero_answer_psnr": float(psnr(zero, images).mean()), "mean_colour_psnr": float(psnr(flat, images).mean())}
+
+
 def _config(bench, spec, attack: str, threads: int):  # noqa: ANN001, ANN202
     return bench.make_config(attack=attack, model=spec.model, data="cifar10-samples", batch_size=spec.batch_size,
                              seed=0, threads=threads, log_every=spec.log_every, progress=False,
@@ -108,6 +126,7 @@ def whole_case(bench, key: str, threads: int, python: Path, out: Path) -> dict[s
         r.pop("_paired", None)
     speed = b["total_seconds"] / g["total_seconds"] if g["total_seconds"] else None
     return {
+        **baselines(truth.images, case.model.mean),
         "key": key, "title": spec.title, "photos": list(truth.names), "labels": truth.labels.tolist(),
         "gradleak_attack": attack, "gradleak": g, "breaching": b,
         "breaching_max_iterations": (b.get("attack_config") or {}).get("optim", {}).get("max_iterations"),
