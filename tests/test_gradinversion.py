@@ -382,3 +382,57 @@ def test_bn_approx_on_initial_running_statistics_says_so(tmp_path, capsys):
     trained = [(torch.zeros(4), torch.ones(4)), (torch.full((4,), 0.1), torch.ones(4))]
     assert initial_running_statistics([(torch.zeros(4), torch.ones(4))]) and not initial_running_statistics(trained)
     assert not initial_running_statistics(None) and not initial_running_statistics([])
+
+
+def _final_iterate(monkeypatch, update, spec, gi):
+    """Run GradInversion and return its optimised variable (normalised images) after the last step."""
+    from gradleak.attacks import engine as engine_module
+
+    seen: list[torch.Tensor] = []
+    real = engine_module.Engine.optimise
+
+    def optimise(self, variables, objective, settings, **kwargs):
+        seen.append(variables[0])
+        return real(self, variables, objective, settings, **kwargs)
+
+    monkeypatch.setattr(engine_module.Engine, "optimise", optimise)
+    rec = gradinversion(update, spec, AttackSettings(seed=3), gi=gi)
+    return seen[0].detach(), rec
+
+
+def test_box_keeps_every_iterate_in_valid_pixels(spec, update, monkeypatch):
+    """``box``: after every step (and its Langevin noise) the candidates are clamped to the
+    normalised images of [0, 1]; without it, a large step leaves that box (so the test can fail)."""
+    gi = replace(GradInversionSettings.preset("cpu"), iterations=12, warmup=2, seeds=2, group="none", lr=1.0)
+    lo = spec.normalize(torch.zeros(1, *spec.input_shape))
+    hi = spec.normalize(torch.ones(1, *spec.input_shape))
+    free, _ = _final_iterate(monkeypatch, update, spec, gi)
+    assert bool(((free < lo - 1e-3) | (free > hi + 1e-3)).any())
+    boxed, rec = _final_iterate(monkeypatch, update, spec, replace(gi, box=True))
+    assert bool(((boxed >= lo) & (boxed <= hi)).all())
+    assert not torch.equal(free, boxed) and torch.isfinite(rec.images).all()
+
+
+def test_box_is_a_gradinversion_flag_only(tmp_path, capsys):
+    from gradleak.cli import main
+
+    base = ["attack", "--model", "convnet", "--width", "8", "--batch-size", "2", "--iterations", "2", "--no-progress",
+            "--threads", "1", "--no-paper-metrics"]
+    assert main([*base, "--attack", "ig", "--box", "--out", str(tmp_path / "ig")]) == 2
+    assert "option --box does not apply to attack 'ig'" in capsys.readouterr().err
+    assert not (tmp_path / "ig").exists()
+    assert main([*base, "--attack", "gradinversion", "--seeds", "1", "--box", "--out", str(tmp_path / "gi")]) in (0, 1)
+    import json
+    assert json.loads((tmp_path / "gi" / "config.json").read_text())["box"] is True
+
+
+def test_box_leaves_the_identity_of_earlier_cells_alone():
+    """A field added after cell stores were written (``box``) at the value every earlier cell ran
+    with does not change a cell's identity: stores of before keep their cells."""
+    from gradleak.config import make_config
+    from gradleak.sweep.spec import cell_identity
+
+    config = make_config(attack="gradinversion", iterations=5).model_dump(mode="json")
+    before = {k: v for k, v in config.items() if k != "box"}
+    assert config["box"] is False and cell_identity(config) == cell_identity(before)
+    assert cell_identity({**config, "box": True}) != cell_identity(before)

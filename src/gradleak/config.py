@@ -94,6 +94,9 @@ class AttackConfig(BaseModel):
                                            description="GradInversion: Adam steps of one registration fit")
     final: Literal["consensus", "best"] | None = Field(None, description="GradInversion: answer = the group "
                                                       "consensus | the best seed")
+    box: bool = Field(False, description="GradInversion: clamp the candidates to the pixel box [0, 1] after every "
+                      "step and its noise (DeepInversion's code, breaching's seethroughgradients); the paper and "
+                      "both presets do not")
     search_evaluations: int | None = Field(None, ge=0, le=100_000_000,
                                            description="text dlg: sentences the order search may score (0: none)")
     nproc: int = Field(1, ge=1, le=256, description="GradInversion: processes the seeds are spread over "

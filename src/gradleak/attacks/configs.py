@@ -123,6 +123,7 @@ class GradInversionConfig(_AttackConfig):
     registration_steps: int = Field(ge=1)
     labels: LabelMethod
     final: Literal["consensus", "best"]
+    box: bool = False
 
     def gi(self) -> GradInversionSettings:
         """The attack function's GradInversionSettings."""
@@ -179,7 +180,7 @@ CLOSED_FORM = ("imprint", "analytic", "rgap")  # the order attack "auto" tries t
 # The flat (CLI) names of every attack constant, and the attack field each stands for.
 FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels",
                "restarts", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "warmup",
-               "registration_start", "registration_every", "registration_steps", "final", "search_evaluations")
+               "registration_start", "registration_every", "registration_steps", "final", "search_evaluations", "box")
 
 
 def applicable(attack: str, fallback: str | None = None) -> tuple[str, ...]:
@@ -190,10 +191,10 @@ def applicable(attack: str, fallback: str | None = None) -> tuple[str, ...]:
 
 def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) -> None:
     """ConfigError for the first attack constant given (not None) that ``attack`` does not read.
-    ``init`` counts as given when it is not its default."""
+    ``init`` and ``box`` count as given when they are not their defaults."""
     for name in FLAT_FIELDS:
         value = values.get(name)
-        if value is None or (name == "init" and value == "randn"):
+        if value is None or (name == "init" and value == "randn") or (name == "box" and value is False):
             continue
         if name not in known:
             raise ConfigError(f"option --{name.replace('_', '-')} does not apply to attack {attack!r}")
@@ -221,7 +222,7 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
         return AutoConfig(seed=int(values.get("seed", 0)), fallback=inner)  # type: ignore[arg-type]
     known = applicable(attack)
     check_flags(attack, values, known)
-    given = {k: values[k] for k in known if values.get(k) is not None}
+    given = {k: values[k] for k in known if values.get(k) is not None and not (k == "box" and values[k] is False)}
     given["seed"] = int(values.get("seed", 0))
     if attack == "ig" and "alpha_tv" not in given:
         given["alpha_tv"] = ig_alpha_tv(layers)  # the authors' value, per layer of the model (ig.py)

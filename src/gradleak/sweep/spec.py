@@ -37,6 +37,9 @@ from ..paths import check_tree, one_line
 SPEC_KEYS = ("base", "grid", "description")
 # Fields that never change a cell's result; they are left out of its identity.
 IDENTITY_EXCLUDED = frozenset({"out", "progress"})
+# Fields added to AttackConfig after cell stores were written, with the value every earlier cell
+# ran with: at that value a field leaves the identity out, so stores of before keep their cells.
+LATER_FIELDS = {"box": False}
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
              "progress": "the sweep shows one progress bar for all cells"}
@@ -77,9 +80,10 @@ class SweepSpec:
 
 
 def cell_identity(config: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> str:
-    """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED
-    and ``exclude``)."""
-    ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED and k not in exclude}
+    """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED,
+    ``exclude`` and LATER_FIELDS at their earlier value)."""
+    ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED and k not in exclude
+             and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
     text = json.dumps(ident, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
