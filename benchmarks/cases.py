@@ -40,6 +40,13 @@ class CaseSpec:
     notes: tuple[str, ...] = ()
 
 
+# The IG case's photo against its trivial answers (benchmarks/ig_zero.py, whole_runs.baselines).
+IG_THRESHOLD_NOTE = (
+    "The 15 dB threshold is below this photo's zero image (15.74 dB: a flat image of ResNet-18's normalisation "
+    "mean colour, which an attacker returns without looking at the update; benchmarks/ig_zero.json): reaching it "
+    "does not mean the photo was rebuilt, and neither tool's answer here is more than noise around that colour.")
+
+
 CASES: dict[str, CaseSpec] = {
     "dlg": CaseSpec(
         key="dlg", title="DLG (L-BFGS), DLG's LeNet, batch 1, 32 px",
@@ -71,6 +78,7 @@ CASES: dict[str, CaseSpec] = {
             "(its config says this equals 0.1 of the original code, but mean(|dx| + |dy|) = mean|dx| + mean|dy|, so it is 0.2 in gradleak's units, plus zero-padded border differences). "
             "The `gradleak alpha_TV 0.2` row runs gradleak with breaching's effective weight (like for like).",
             "Both return the iterate with the lowest objective seen (gradleak since the benchmark run of 16:24 on 2026-11-23; before, its last iterate).",
+            IG_THRESHOLD_NOTE,
         ),
     ),
     "gi": CaseSpec(
