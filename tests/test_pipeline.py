@@ -28,18 +28,24 @@ def _metrics(path):
     return m
 
 
+def _sigterm_at(monkeypatch, cls, n):
+    """Make the observer class ``cls`` raise SIGTERM once it has seen iteration ``n``; returns its
+    real ``__call__`` (to put back before resuming)."""
+    real = cls.__call__
+
+    def call(self, iteration, answer):
+        real(self, iteration, answer)
+        if iteration == n:
+            signal.raise_signal(signal.SIGTERM)
+    monkeypatch.setattr(cls, "__call__", call)
+    return real
+
+
 def test_text_sigterm_then_resume_gives_the_uninterrupted_run(tmp_path, capsys, monkeypatch):
     import gradleak.pipeline.text as text_case
 
     out = tmp_path / "run"
-    real = text_case.TokenAccuracyObserver.__call__
-
-    def call(self, iteration, token_ids):
-        real(self, iteration, token_ids)
-        if iteration == 15:
-            signal.raise_signal(signal.SIGTERM)
-
-    monkeypatch.setattr(text_case.TokenAccuracyObserver, "__call__", call)
+    real = _sigterm_at(monkeypatch, text_case.TokenAccuracyObserver, 15)
     assert main([*TEXT, "--checkpoint-every", "10", "--out", str(out)]) == 128 + signal.SIGTERM
     state = state_dir_for(out)
     assert not out.exists() and json.loads((state / "state.json").read_text())["step"] == 15
@@ -226,20 +232,10 @@ def test_resume_of_an_update_run_and_of_a_two_sentence_text_run(tmp_path, capsys
     import gradleak.pipeline.image as image_case
     import gradleak.pipeline.text as text_case
 
-    def stop_at(cls, n):
-        real = cls.__call__
-
-        def call(self, iteration, answer):
-            real(self, iteration, answer)
-            if iteration == n:
-                signal.raise_signal(signal.SIGTERM)
-        monkeypatch.setattr(cls, "__call__", call)
-        return real
-
     u, t = tmp_path / "u.safetensors", tmp_path / "t.safetensors"
     assert main(["share", "--model", "convnet", "--width", "8", "--threat", "fedavg", "--local-steps", "2",
                  "--out", str(u), "--truth", str(t)]) == 0
-    real = stop_at(image_case.PSNRObserver, 10)
+    real = _sigterm_at(monkeypatch, image_case.PSNRObserver, 10)
     out = tmp_path / "img"
     args = ["attack", "--update", str(u), "--truth", str(t), "--attack", "ig", "--iterations", "20", "--log-every", "5",
             "--checkpoint-every", "5", "--no-progress", "--threads", "1", "--no-paper-metrics", "--out", str(out)]
@@ -248,7 +244,7 @@ def test_resume_of_an_update_run_and_of_a_two_sentence_text_run(tmp_path, capsys
     assert main(["attack", "--resume", str(out)]) == 0
     assert json.loads((out / "metrics.json").read_text())["model"] == "convnet"
 
-    real = stop_at(text_case.TokenAccuracyObserver, 10)
+    real = _sigterm_at(monkeypatch, text_case.TokenAccuracyObserver, 10)
     out = tmp_path / "txt"
     targs = ["attack", "--modality", "text", "--text", "the cat sat on the mat", "--text", "a dog ran home",
              "--iterations", "20", "--log-every", "5", "--checkpoint-every", "5", "--no-progress", "--threads", "1",
@@ -302,14 +298,7 @@ def test_a_state_saved_before_the_default_became_auto_resumes_as_dlg(tmp_path, c
     2026-11-26) resumes as the DLG run it was, not as the auto attack of today's default."""
     import gradleak.pipeline.image as image_case
 
-    real = image_case.PSNRObserver.__call__
-
-    def call(self, iteration, answer):
-        real(self, iteration, answer)
-        if iteration == 10:
-            signal.raise_signal(signal.SIGTERM)
-
-    monkeypatch.setattr(image_case.PSNRObserver, "__call__", call)
+    real = _sigterm_at(monkeypatch, image_case.PSNRObserver, 10)
     out = tmp_path / "run"
     args = ["attack", "--attack", "dlg", "--iterations", "20", "--log-every", "5", "--checkpoint-every", "5",
             "--no-progress", "--threads", "1", "--no-paper-metrics", "--out", str(out)]
