@@ -59,6 +59,10 @@ def _command(res: dict[str, Any]) -> str:
     return text
 
 
+# The cases issues 6 and 20 set targets on (cases.py); any other case is reported beside them.
+ISSUE_CASES = ("dlg", "ig", "gi")
+
+
 def _targets(res: dict[str, Any]) -> list[str]:
     """One line per target of issue 6, with the measured number and met / not met."""
     rows = []
@@ -85,8 +89,9 @@ def _targets(res: dict[str, Any]) -> list[str]:
                      f"gradleak / breaching = {t:.2f}x")
             met = "yes" if t <= 1 / 3 else "**no**"
         psnr_ok = "yes" if r["psnr_difference_db"] >= 0 else "**no**"
-        rows.append(f"| {case['key']}: >= 3x faster to {case['threshold_db']:.0f} dB | {speed} | {met} |")
-        rows.append(f"| {case['key']}: final PSNR >= breaching's | {g['psnr']:.2f} vs {b['psnr']:.2f} dB "
+        key = case["key"] + ("" if case["key"] in ISSUE_CASES else " (extra case, not an issue target)")
+        rows.append(f"| {key}: >= 3x faster to {case['threshold_db']:.0f} dB | {speed} | {met} |")
+        rows.append(f"| {key}: final PSNR >= breaching's | {g['psnr']:.2f} vs {b['psnr']:.2f} dB "
                     f"({r['psnr_difference_db']:+.2f}) | {psnr_ok} |")
     for i in res.get("intrinsic") or []:
         rows.append(f"| intrinsic cost <= 2.5x ({i['key']}) | {i['attack_ratio']:.2f}x (naive double backward "
@@ -104,7 +109,8 @@ def _targets(res: dict[str, Any]) -> list[str]:
                     + f" | {'yes' if d['met_time'] else '**no**'} |")
         rows.append(f"| DLG job: final MSE <= 3.3e-6 | {d['final_mse']:.2e} | {'yes' if d['met_final_mse'] else '**no**'} |")
     for key, c in (res.get("whole_runs") or {}).items():
-        rows.append(f"| {key}: whole default run >= {WHOLE_TARGET:g}x faster than breaching's at equal or better PSNR "
+        label = key if key in ISSUE_CASES else f"{key} (extra case, not an issue target)"
+        rows.append(f"| {label}: whole default run >= {WHOLE_TARGET:g}x faster than breaching's at equal or better PSNR "
                     f"(issue 20) | {c['whole_run_speedup']:.2f}x, {c['psnr_difference_db']:+.2f} dB | "
                     f"{'yes' if c['met'] else '**no**'} |")
         if key == "dlg":  # the DLG case is the default job itself
@@ -259,9 +265,10 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
         d = c["psnr_difference_db"]
         return (f"{reach}. breaching's seethroughgradients runs {b['iterations']} iterations (its preset) and ends "
                 f"{abs(d):.1f} dB {'below' if d >= 0 else 'above'} gradleak's cpu preset ({g['iterations']} iterations).")
-    if key == "ig":
+    if key in ("ig", "ig-convnet"):
+        tv = "0.44 on ResNet-18" if key == "ig" else "the authors' 0.1 on this 14-tensor ConvNet"
         return (f"{reach}. Both run Inverting Gradients' signed Adam (lr 0.1, step decay) at their presets' lengths: "
-                f"gradleak the authors' {g['iterations']} iterations with alpha_TV per layer (0.44 on ResNet-18, "
+                f"gradleak the authors' {g['iterations']} iterations with alpha_TV per layer ({tv}, "
                 f"`benchmarks/ig_tv.json`), breaching {b['iterations']}; " + _per_iteration(g, b))
     return (f"{reach}. Each tool at its preset's length: gradleak {g['iterations']}, breaching {b['iterations']} "
             "iterations.")
@@ -379,6 +386,8 @@ def render_markdown(res: dict[str, Any], gpu: dict[str, Any] | None = None, floo
         if case.get("skipped"):
             lines += [f"Skipped: {case['skipped']}", ""]
             continue
+        if case.get("added_after_run"):
+            lines += [f"**Added after the run:** {case['added_after_run']}", ""]
         lines.append(f"Photos: {', '.join(case.get('photos', []))} (labels {case.get('labels')}); "
                      f"{case['iterations']} iterations for both tools; threshold {case['threshold_db']:.0f} dB.")
         lines.append("")

@@ -345,7 +345,7 @@ def run_case(spec: CaseSpec, *, quick: bool, threads: int, breaching_python: Pat
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default="dlg,ig,gi", help="comma-separated subset of: " + ",".join(CASES))
+    p.add_argument("--cases", default="dlg,ig,ig-convnet,gi", help="comma-separated subset of: " + ",".join(CASES))
     p.add_argument("--quick", action="store_true", help="few iterations: check the harness works (minutes)")
     p.add_argument("--skip-breaching", action="store_true", help="run gradleak only")
     p.add_argument("--skip-intrinsic", action="store_true", help="skip the intrinsic-cost measurement")

@@ -17,7 +17,7 @@ time gradleak took to reach breaching's FINAL PSNR (from its logged trajectory).
 issue 20: gradleak's whole run >= 3x faster at equal or better final PSNR. breaching's IG run
 is long (24 000 ResNet-18 iterations, ~1.9 h on one thread here): choose cases with --cases.
 
-    .venv/bin/python benchmarks/whole_runs.py --cases dlg,gi [--threads 1]
+    .venv/bin/python benchmarks/whole_runs.py --cases dlg,ig-convnet,gi [--threads 1]
 
 Writes benchmarks/whole_runs.json (merged per case: a later run of one case keeps the others)
 and benchmarks/WHOLE_RUNS.md.
@@ -137,6 +137,15 @@ def whole_case(bench, key: str, threads: int, python: Path, out: Path) -> dict[s
     }
 
 
+def _threads(data: dict[str, Any]) -> str:
+    """The torch threads of the rows (both tools of a case run with the same count; cases may differ)."""
+    per_case = {key: c["gradleak"].get("threads") for key, c in data["cases"].items()}
+    counts = set(per_case.values())
+    if len(counts) == 1 and None not in counts:
+        return f"{counts.pop()} torch thread(s) for both tools"
+    return "torch threads for both tools, per case: " + ", ".join(f"{k} {n}" for k, n in per_case.items())
+
+
 def write_markdown(data: dict[str, Any], known: tuple[str, ...] = ("dlg", "ig", "gi")) -> None:
     from report import whole_runs_section  # benchmarks/ is on sys.path (run.py put it there)
     floor = json.loads(FLOOR_JSON.read_text()) if FLOOR_JSON.exists() else None
@@ -148,15 +157,14 @@ def write_markdown(data: dict[str, Any], known: tuple[str, ...] = ("dlg", "ig", 
              "out; PSNR by gradleak's metric code for both.",
              "", f"Target: gradleak's whole run >= {TARGET:g}x faster than breaching's at equal or better final PSNR.", "",
              *whole_runs_section(data["cases"], floor, known), "",
-             f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['torch_threads']} torch thread(s) for both tools, "
-             f"{m['platform']}, Python {m['python']}.", ""]
+             f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {_threads(data)}, {m['platform']}, Python {m['python']}.", ""]
     OUT_MD.write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = _bench()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default="dlg,gi", help="comma-separated subset of: " + ",".join(bench.CASES))
+    p.add_argument("--cases", default="dlg,ig-convnet,gi", help="comma-separated subset of: " + ",".join(bench.CASES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=HERE / "out")
     p.add_argument("--note", default=None, help="a line on the conditions of this run (e.g. other load), kept per case")
