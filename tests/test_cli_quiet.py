@@ -179,7 +179,7 @@ def test_help_defaults_are_what_a_run_resolves():
     assert "gradinversion" in _help_of(attack, "--labels").split("(default:")[1]
     assert "exact when the update carries" in _help_of(attack, "--bn")
     assert "(default: cpu)" in _help_of(attack, "--preset")
-    assert "dlg, idlg 300; ig 4800; gradinversion 600, with --preset paper 20000" in _help_of(attack, "--iterations")
+    assert "dlg, idlg 300; ig 1000; gradinversion 600, with --preset paper 20000" in _help_of(attack, "--iterations")
 
 
 def test_every_attack_flag_with_a_default_shows_it():

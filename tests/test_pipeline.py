@@ -96,7 +96,7 @@ def test_typed_configs_resolve_every_constant_and_refuse_what_an_attack_ignores(
     assert (gi.alpha_tv, gi.alpha_bn, gi.seeds, gi.bn) == (0.5, 1.0, 2, "exact")
     assert gi.gi().alpha_tv == 0.5
     ig = resolve_attack(make_config(attack="ig", alpha_tv=0.2).model_dump(), bn_statistics_shared=False)
-    assert isinstance(ig, IGConfig) and ig.alpha_tv == 0.2 and ig.iterations == 4800
+    assert isinstance(ig, IGConfig) and ig.alpha_tv == 0.2 and ig.iterations == 1000
     # IG's default alpha_TV per layer (ig.ig_alpha_tv): the authors' 0.1 up to the convnet's 14
     # parameter tensors, scaled by tensors / 14 above; a value given is kept
     for layers, expected in (((8, 0), 0.1), ((14, 4), 0.1), ((62, 20), 0.1 * 62 / 14), (None, 0.1)):

@@ -93,7 +93,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 ATTACK_DEFAULTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...] = (
     ("dlg, idlg", {"iterations": 300, "lr": 1.0, "optimizer": "lbfgs", "dtype": "float64",
                    "stop": "settled"}, ()),
-    ("ig", {"iterations": 4800, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "restarts": 1,
+    ("ig", {"iterations": 1000, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "restarts": 1,
             "alpha_tv": 0.1}, ()),
     ("gradinversion", {"iterations": 600, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "warmup": 20,
                        "alpha_g": 1.0, "alpha_tv": 0.03, "alpha_l2": 1e-6, "alpha_bn": 1.0, "alpha_group": 0.01,
