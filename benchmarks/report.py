@@ -268,10 +268,21 @@ def _whole_why(key: str, c: dict[str, Any], floor: dict[str, Any] | None) -> str
     if key in ("ig", "ig-convnet"):
         tv = "0.44 on ResNet-18" if key == "ig" else "the authors' 0.1 on this 14-tensor ConvNet"
         return (f"{reach}. Both run Inverting Gradients' signed Adam (lr 0.1, step decay) at their presets' lengths: "
-                f"gradleak the authors' {g['iterations']} iterations with alpha_TV per layer ({tv}, "
+                f"gradleak {_ig_length(g['iterations'])} with alpha_TV per layer ({tv}, "
                 f"`benchmarks/ig_tv.json`), breaching {b['iterations']}; " + _per_iteration(g, b))
     return (f"{reach}. Each tool at its preset's length: gradleak {g['iterations']}, breaching {b['iterations']} "
             "iterations.")
+
+
+def _ig_length(n: int) -> str:
+    """gradleak's IG run length, said for what it is: the authors' 4800 (its default until
+    2026-11-26) or its own default since, 1000 (attacks/ig.py, benchmarks/ig_iterations_*.json)."""
+    if n == 4800:
+        return "the authors' 4800 iterations (its default until 2026-11-26)"
+    if n == 1000:
+        return ("1000 iterations (its default since 2026-11-26, not the authors' 4800, which end farther from the "
+                "photo: `benchmarks/ig_iterations_*.json`)")
+    return f"{n} iterations"
 
 
 def _per_iteration(g: dict[str, Any], b: dict[str, Any]) -> str:
@@ -330,7 +341,9 @@ def whole_runs_section(cases: dict[str, Any], floor: dict[str, Any] | None = Non
             out.append(f"| ... same case, {alt['what']} | {c['date']} | {a['iterations']}, {a['total_seconds']:.1f} s, "
                        f"{a['psnr']:.2f} dB | (as above) | **{alt['whole_run_speedup']:.2f}x** | "
                        f"{alt['psnr_difference_db']:+.2f} dB | — | {'yes' if ok else 'no'} (not the default) |")
-        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + _baseline(c)
+        kept = (f" breaching's row is kept from its run of {c['breaching_date']} (`--keep-breaching`); gradleak's "
+                f"was rerun {c['date']}." if c.get("breaching_date") else "")
+        notes.append(f"- {c['title']}: {_whole_why(key, c, floor)}" + kept + _baseline(c)
                      + (f" Conditions: {c['note']}." if c.get("note") else "")
                      + (f" Rows: {c['relabelled']}." if c.get("relabelled") else ""))
     missing = [k for k in known if k not in cases]

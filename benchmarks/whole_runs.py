@@ -7,7 +7,8 @@ This runs, per case of cases.py (same photos, labels, model weights and shared g
 * gradleak as `gradleak attack` runs it with no length given: on the DLG case the default job
   itself (`--attack auto`, the default attack: R-GAP applies to DLG's LeNet at batch 1), and DLG's
   own method beside it (`--attack dlg`: 300 L-BFGS steps per start with the settled stop,
-  dlg.SETTLE_*); IG 4800 iterations; GradInversion's cpu preset 600 iterations;
+  dlg.SETTLE_*); IG 1000 iterations (its default since 2026-11-26, 4800 before: attacks/ig.py);
+  GradInversion's cpu preset 600 iterations;
 * breaching with its preset's own ``optim.max_iterations`` (deepleakage 1200, invertinggradients
   24 000, seethroughgradients 20 000; read from breaching's config, nothing overridden but the
   case's threat model, as in run.py).
@@ -20,7 +21,9 @@ is long (24 000 ResNet-18 iterations, ~1.9 h on one thread here): choose cases w
     .venv/bin/python benchmarks/whole_runs.py --cases dlg,ig-convnet,gi [--threads 1]
 
 Writes benchmarks/whole_runs.json (merged per case: a later run of one case keeps the others)
-and benchmarks/WHOLE_RUNS.md.
+and benchmarks/WHOLE_RUNS.md. ``--keep-breaching`` reruns gradleak only, against each case's
+recorded breaching row (e.g. after a change of a gradleak default; breaching's IG run is the
+long one); the table then gives the date breaching's row was measured.
 """
 
 from __future__ import annotations
@@ -94,16 +97,35 @@ def _config(bench, spec, attack: str, threads: int):  # noqa: ANN001, ANN202
                              **(spec.fields if attack == spec.attack else {}))
 
 
-def whole_case(bench, key: str, threads: int, python: Path, out: Path) -> dict[str, Any]:  # noqa: ANN001
+def kept_breaching(data: dict[str, Any], key: str, threads: int) -> dict[str, Any]:
+    """The recorded breaching row of case ``key`` (``--keep-breaching``), with the date it was
+    measured. Refused unless it ran at ``threads`` torch threads: a whole-run speed-up compares
+    two runs at the same thread count."""
+    row = data["cases"].get(key)
+    if row is None:
+        raise SystemExit(f"--keep-breaching: no recorded breaching run of case {key} in {OUT_JSON.name}")
+    b = row["breaching"]
+    if b.get("threads") != threads:
+        raise SystemExit(f"--keep-breaching: case {key}'s breaching run used {b.get('threads')} torch thread(s), "
+                         f"not --threads {threads}")
+    return {"breaching": b, "date": row.get("breaching_date") or row["date"]}
+
+
+def whole_case(bench, key: str, threads: int, python: Path | None, out: Path,  # noqa: ANN001
+               kept: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = bench.CASES[key]
     attack = default_attack(key, spec)
     cfg = _config(bench, spec, attack, threads)
     case = bench.build_case(cfg)
     truth = case.truth
-    case_dir = out / f"whole-{key}"
-    bench.export_case(case_dir, spec, case, None, threads)  # iterations null: breaching's own length
-    bench.log(f"{key}: breaching {spec.breaching_attack}, its own length (subprocess)")
-    b = bench.finish(bench.run_breaching(python, case_dir), truth, spec.threshold_db, "breaching")
+    if kept is None:
+        case_dir = out / f"whole-{key}"
+        bench.export_case(case_dir, spec, case, None, threads)  # iterations null: breaching's own length
+        bench.log(f"{key}: breaching {spec.breaching_attack}, its own length (subprocess)")
+        b = bench.finish(bench.run_breaching(python, case_dir), truth, spec.threshold_db, "breaching")
+    else:  # the same photos, weights and update: the case is built from the same seed (cases.py)
+        b = kept["breaching"]
+        bench.log(f"{key}: breaching's row kept from its run of {kept['date']}")
     bench.log(f"{key}: breaching {b['iterations']} iterations, {b['total_seconds']:.1f} s, PSNR {b['psnr']:.2f} dB")
     bench.log(f"{key}: gradleak --attack {attack} at its defaults")
     g = bench.finish(bench.run_gradleak(spec, case, cfg), truth, b["psnr"], "gradleak")
@@ -134,6 +156,7 @@ def whole_case(bench, key: str, threads: int, python: Path, out: Path) -> dict[s
         "met": bool(speed is not None and speed >= TARGET and g["psnr"] >= b["psnr"]),
         "gradleak_seconds_to_breaching_final_psnr": g.get("seconds_to_threshold"),
         "alternatives": alternatives,
+        **({"breaching_date": kept["date"]} if kept is not None else {}),
     }
 
 
@@ -168,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=HERE / "out")
     p.add_argument("--note", default=None, help="a line on the conditions of this run (e.g. other load), kept per case")
+    p.add_argument("--keep-breaching", action="store_true",
+                   help="rerun gradleak only: keep each case's recorded breaching row (same threads), its date shown")
     args = p.parse_args(argv)
     keys = [k for k in args.cases.split(",") if k]
     unknown = [k for k in keys if k not in bench.CASES]
@@ -175,12 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(bench.CASES)}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    python = bench.ensure_breaching_venv()
     data = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"cases": {}}
+    kept = {key: kept_breaching(data, key, args.threads) for key in keys} if args.keep_breaching else {}
+    python = None if args.keep_breaching else bench.ensure_breaching_venv()
     data["machine"] = bench.machine_info(args.threads)
     for key in keys:
         started = time.time()
-        row = whole_case(bench, key, args.threads, python, args.out)
+        row = whole_case(bench, key, args.threads, python, args.out, kept.get(key))
         row["date"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         row["wall_minutes"] = round((time.time() - started) / 60, 1)
         row["note"] = args.note
