@@ -2,6 +2,8 @@
 sweep killed midway that resumes with only the missing cells."""
 
 import csv
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -242,3 +244,63 @@ def test_dashboard_is_self_contained_and_escaped(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="no sweep results"):
         render_dashboard(tmp_path / "empty")
+
+
+# ------------------------------------------------------------------ attack defaults and cell identity
+DEFAULTS_FILE = Path(__file__).with_name("attack_defaults.json")
+# The reference convnet (14 parameter tensors, 4 BN layers) and ResNet-18 (62, 20): the per-layer
+# rules of IG's alpha_TV and GradInversion's preset alphas are read at both.
+DEFAULTS_LAYERS = (None, (14, 4), (62, 20))
+
+
+def _resolved_defaults() -> dict[str, dict]:
+    from gradleak.attacks.configs import IMAGE_ATTACK_CONFIGS, resolve_attack
+
+    out = {}
+    for attack in sorted(set(IMAGE_ATTACK_CONFIGS) - {"auto"}):
+        for preset in (("cpu", "paper") if attack == "gradinversion" else (None,)):
+            for layers in DEFAULTS_LAYERS:
+                values = {"attack": attack, **({"preset": preset} if preset else {})}
+                cfg = resolve_attack(values, bn_statistics_shared=True, layers=layers)
+                out[f"{attack}{' ' + preset if preset else ''} layers={layers}"] = cfg.model_dump(mode="json")
+    return out
+
+
+def test_attack_defaults_are_pinned_for_cell_identity():
+    """A changed attack default must enter sweep.spec.CHANGED_DEFAULTS, else cell stores hand cells
+    computed under the old default to runs under the new one. Regenerate the file with
+    ``cd tests && python -c "import json, test_sweep as t; json.dump(t._resolved_defaults(), open(t.DEFAULTS_FILE, 'w'), indent=1)"``
+    after adding the field there."""
+    from gradleak.sweep.spec import CHANGED_DEFAULTS
+
+    pinned, now = json.loads(DEFAULTS_FILE.read_text()), _resolved_defaults()
+    changed = sorted({(key.split()[0], f) for key in set(pinned) | set(now)
+                      for f in set(pinned.get(key, {})) | set(now.get(key, {}))
+                      if pinned.get(key, {}).get(f) != now.get(key, {}).get(f)})
+    assert not changed, (f"attack defaults changed: {changed}; add each (attack, field) to "
+                         f"sweep.spec.CHANGED_DEFAULTS (known: {sorted(CHANGED_DEFAULTS)}) and regenerate {DEFAULTS_FILE.name}")
+
+
+def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
+    from gradleak.sweep.spec import changed_defaults
+
+    unset = {k: v for k, v in BASE.items() if k != "iterations"}
+    ig = parse_spec({"base": {**unset, "attack": "ig", "model": "convnet"}, "grid": {"seed": [0]}}).cells[0].config
+    assert ig["iterations"] is None and set(changed_defaults(ig)) == {"ig.iterations", "ig.alpha_tv"}
+    # The store of before hashed the config alone: a cell left at IG's default iterations is not
+    # that cell any more (it ran 4800 iterations then, 1000 now); one that names them keeps its id.
+    legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k not in ("out", "progress", "box")},
+                                       sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert cell_identity(ig) != legacy
+    named = {**ig, "iterations": 4800, "alpha_tv": 0.1}
+    assert changed_defaults(named) == {}
+    assert cell_identity(named) == hashlib.sha256(json.dumps(
+        {k: v for k, v in named.items() if k not in ("out", "progress", "box")},
+        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    # DLG's defaults never changed: its cells keep their ids (BASE is a DLG cell)
+    dlg = parse_spec({"base": unset, "grid": {"seed": [0]}}).cells[0].config
+    assert dlg["iterations"] is None and changed_defaults(dlg) == {}
+    # auto without a fallback may run GradInversion: its changed alphas count
+    auto = {**dlg, "attack": "auto"}
+    assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn"}
+    assert changed_defaults({**auto, "fallback": "idlg"}) == {}

@@ -17,7 +17,8 @@ The experiment's folder DIR (``--out``)::
 
 Resume: a cell's identity is the hash of its full resolved config (as in any sweep), except
 ``threads``, which says how it runs, not what it computes (so --workers and --threads may change
-between runs). Rerunning the same command on DIR finds every finished cell in the store and
+between runs), plus the attack defaults that changed and that the cell leaves unset
+(sweep.spec.CHANGED_DEFAULTS). Rerunning the same command on DIR finds every finished cell in the store and
 recomputes none of them (failed cells neither, unless --retry-failed); changed options make other
 cells, which are computed, while the old ones stay in the store unused: the tables are built from
 this run's cells only, never a mix. A trained model's folder is named by a digest of its training

@@ -40,6 +40,22 @@ IDENTITY_EXCLUDED = frozenset({"out", "progress"})
 # Fields added to AttackConfig after cell stores were written, with the value every earlier cell
 # ran with: at that value a field leaves the identity out, so stores of before keep their cells.
 LATER_FIELDS = {"box": False}
+# Attack defaults that changed after cell stores were written: (attack, field) -> the default now.
+# A cell that leaves such a field unset (None: the attack's default) carries it in its identity, so
+# a store of before, whose cell ran under the old default, does not hand that cell to a run under
+# the new one (without this, reproduction/batch-size reused its Inverting Gradients cells of 4800
+# iterations as if they were the 1000 of the new default). Fields whose default never changed stay
+# out, so stores keep those cells. tests/test_sweep.py pins every attack's resolved defaults and
+# fails, naming this table, when one changes: add the field here with its new default.
+CHANGED_DEFAULTS: dict[tuple[str, str], str] = {
+    ("ig", "iterations"): "1000 since 2026-11-26 (4800 before)",
+    ("ig", "alpha_tv"): "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
+    ("gradinversion", "alpha_g"): "preset x reference / parameter tensors since 2026-11-25",
+    ("gradinversion", "alpha_bn"): "preset x reference / BN layers since 2026-11-25",
+}
+# The optimisation attacks "auto" may fall back to when its fallback is not given (auto_fallback
+# chooses by the case).
+AUTO_FALLBACKS = ("gradinversion", "idlg")
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
              "progress": "the sweep shows one progress bar for all cells"}
@@ -81,11 +97,24 @@ class SweepSpec:
 
 def cell_identity(config: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> str:
     """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED,
-    ``exclude`` and LATER_FIELDS at their earlier value)."""
+    ``exclude`` and LATER_FIELDS at their earlier value; plus the changed defaults it leaves unset,
+    changed_defaults)."""
     ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED and k not in exclude
              and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+    defaults = changed_defaults(config)
+    if defaults:
+        ident["defaults"] = defaults
     text = json.dumps(ident, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def changed_defaults(config: dict[str, Any]) -> dict[str, str]:
+    """The CHANGED_DEFAULTS this config runs under: the fields it leaves unset whose default changed,
+    as ``attack.field`` -> the default now (for "auto" without a fallback, every attack it may
+    fall back to)."""
+    attack = config.get("attack")
+    attacks = ((config.get("fallback"),) if config.get("fallback") else AUTO_FALLBACKS) if attack == "auto" else (attack,)
+    return {f"{a}.{f}": tag for (a, f), tag in CHANGED_DEFAULTS.items() if a in attacks and config.get(f) is None}
 
 
 def _is_list_field(name: str) -> bool:
