@@ -11,8 +11,8 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, leakage_rows, series, summarize,
-                     summary_columns, trend_notes)
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows, series,
+                     summarize, summary_columns, trend_notes)
 
 BATCH_SIZES = (1, 2, 4, 8)
 SMOKE_BATCH_SIZES = (1, 2)
@@ -30,13 +30,12 @@ OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", init="zeros",
                                       "idlg": dict(dtype="float64", init="zeros", stop=DLG_STOP),
                                       "gradinversion": dict(share_bn_statistics=True)}
 # Iterations (smoke, full); None = the attack's own default (GradInversion's cpu preset: 600 Adam
-# steps). Inverting Gradients: the authors' 4800, named here since IG's default became 1000
-# (attacks/ig.py) so that reproduction/batch-size regenerates as committed; its reading says what
-# the shorter default would change.
+# steps; Inverting Gradients: 1000 signed-Adam steps, attacks/ig.py. reproduction/batch-size was
+# first computed at the authors' 4800, IG's default until 2026-11-26; its reading gives both).
 # DLG gets more smoke iterations than iDLG: its first start can stall on a plateau and is then
 # restarted (dlg.py), which the smoke budget must leave room for.
 ITERATIONS: dict[str, tuple[int, int | None]] = {"dlg": (60, 300), "idlg": (30, 300), "gradinversion": (150, None),
-                                                 "ig": (300, 4800)}
+                                                 "ig": (300, None)}
 # Smoke only: GradInversion with G = 2 candidates per image instead of the cpu preset's 4.
 SMOKE_OPTIONS: dict[str, dict[str, Any]] = {"gradinversion": dict(seeds=2)}
 
@@ -82,7 +81,7 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         setup={"data": f"{data} (each batch: K photos with distinct labels)",
                "model": models,
                "attacks": attacks, "batch sizes": sizes,
-               "iterations": {a: (v if v is not None else "attack default") for a, v in iterations.items()},
+               "iterations": {a: iterations_run(rows, a, v) for a, v in iterations.items()},
                "attack options": options,
                "threat": "fedsgd (one gradient of the batch's mean loss); with gradinversion the client also shares "
                          "its BN batch statistics",

@@ -102,6 +102,15 @@ def quality(cell: CellResult) -> dict[str, Any]:
             "wall_seconds": round(float(m["wall_seconds"]), 2)}
 
 
+def iterations_run(rows: Sequence[dict[str, Any]], attack: str, asked: int | None) -> Any:
+    """What the setup records for ``attack``'s iterations: the number asked for, or for the attack's
+    default the number its cells ran (from the rows), so that a later change of the default shows."""
+    if asked is not None:
+        return asked
+    ran = sorted({r["iterations"] for r in rows if r.get("attack") == attack and r.get("iterations") is not None})
+    return f"attack default ({', '.join(str(n) for n in ran)})" if ran else "attack default"
+
+
 def leakage_rows(cells: dict[tuple[Any, ...], CellResult], names: tuple[str, ...]) -> list[dict[str, Any]]:
     """One row per finished cell: its key under ``names``, what it attacked (model, width, seed)
     and how well (quality, worst image, recovered = mean PSNR >= THRESHOLD_DB), and its verdict
