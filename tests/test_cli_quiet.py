@@ -381,9 +381,11 @@ def _group_members(pgid: int) -> list[str]:
 
 def _is_ray_daemon(cmdline: str) -> bool:
     """Whether a command line is one of Ray's own processes, not gradleak's work."""
-    # a worker still running a cell renames itself "ray::<task>": not a daemon, it counts as ours
+    # a worker still running a cell renames itself "ray::<task>": not a daemon, it counts as ours;
+    # Ray's agents retitle themselves "ray::DashboardAgent" / "ray::RuntimeEnvAgent" once started
+    # (seen left over for a while in a full run beside two single-thread jobs, 2026-11-26)
     return any(k in cmdline for k in ("raylet", "gcs_server", "ray::IDLE", "dashboard/agent", "runtime_env/agent",
-                                      "log_monitor", "monitor.py"))
+                                      "ray::DashboardAgent", "ray::RuntimeEnvAgent", "log_monitor", "monitor.py"))
 
 
 def _group_ends(pgid: int, timeout: float = 60) -> bool:

@@ -38,6 +38,9 @@ def test_rerun_resumes_and_rebuilds_identical_outputs(tmp_path):
     rows = _rows(out)
     assert len(rows) == 1 and rows[0]["attack"] == "ig" and rows[0]["width"] == "4" and rows[0]["iterations"] == "5"
     assert 0 < float(rows[0]["psnr"]) < 100
+    # the first sample's reconstruction beside its photo, from the cell's run folder
+    assert "reconstructions.png" in first.figures and (out / "reconstructions.png").stat().st_size > 1000
+    assert len(list((out / CELLS / "runs").iterdir())) == 1
 
     second, _ = run_experiment("model-size", make_options(out=str(out), executor="inline", **TINY))
     assert second.cells["computed"] == 0 and second.cells["reused"] == 1
@@ -120,6 +123,26 @@ def test_figure_images_come_from_the_run_folder(tmp_path):
     assert again.cells["computed"] == 1 and runs[0].is_dir()
     assert [{k: v for k, v in r.items() if k != "wall_seconds"} for r in _rows(out)] == \
         [{k: v for k, v in r.items() if k != "wall_seconds"} for r in csv1]
+
+
+def test_an_image_grid_refuses_cells_of_other_batches(tmp_path):
+    """One "original" row stands for every cell of a grid: cells that attacked another private
+    batch (another seed) are refused, not drawn under the wrong photos."""
+    from gradleak.experiments.cells import Workspace
+    from gradleak.experiments.common import image_grid, save_grids
+
+    opts = make_options(out=str(tmp_path / "g"), smoke=True, progress=False, executor="inline")
+    ws = Workspace("grid", opts, (tmp_path / "g").absolute(), tmp_path)
+    base = {"attack": "ig", "model": "convnet", "width": 4, "data": "cifar10-samples", "batch_size": 1,
+            "iterations": 2, "log_every": 1}
+    cells = ws.run({s: {**base, "seed": s} for s in (0, 1, 2)}, run_folders=[0, 1, 2])
+    rows, titles = image_grid([("a", cells[0]), ("b", cells[0])])
+    assert titles == ["original", "a", "b"] and len(rows) == 3
+    with pytest.raises(ValueError, match="'b' attacked another private batch than 'a'"):
+        image_grid([("a", cells[0]), ("b", cells[1])])
+    # groups of their own batches stack in one figure
+    assert save_grids(tmp_path / "g.png", [(f"seed {s}", [("ig", cells[s])]) for s in (0, 1, 2)])
+    assert (tmp_path / "g.png").stat().st_size > 1000
 
 
 def test_folder_of_another_experiment_or_foreign_files_is_refused(tmp_path, capsys):

@@ -172,6 +172,7 @@ def test_training_stage_smoke(tmp_path):
         assert r["recovered"] and r["psnr"] >= 30.0
     # the trained model: DIR/training/<name>-<digest of its training config>/
     assert len(list((folder / "training").glob("*/checkpoint-*.safetensors"))) == 4
+    assert "reconstructions.png" in result.figures   # the image and its reconstruction at every stage
 
 
 def test_training_stage_closed_form_smoke(tmp_path):
@@ -196,6 +197,7 @@ def test_batch_size_smoke(tmp_path):
     MARGIN_DB less; DLG rebuilds both (>= 20 dB) and results.md flags that it contradicts the trend."""
     result, folder, lines = _smoke("batch-size", tmp_path / "bs")
     attacks = result.setup["attacks"]
+    assert "reconstructions.png" in result.figures   # each K's first batch under every attack
     assert set(attacks) >= {"dlg", "idlg", "gradinversion", "ig"}
     psnr = {(r["attack"], r["batch_size"]): r["psnr"] for r in result.rows}
     assert set(psnr) == {(a, k) for a in attacks for k in (1, 2)}

@@ -11,8 +11,8 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows, series,
-                     summarize, summary_columns, trend_notes)
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+                     save_grids, scored_title, series, summarize, summary_columns, trend_notes)
 
 BATCH_SIZES = (1, 2, 4, 8)
 SMOKE_BATCH_SIZES = (1, 2)
@@ -65,7 +65,8 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                 plan[(attack, k, s)] = dict(attack=attack, model=model, width=width, data=data, batch_size=k,
                                             seed=opt.seed + s, iterations=n_iter,
                                             log_every=max(1, (n_iter or 200) // 10), **options[attack])
-    cells = ws.run(plan)
+    # The first sample's run folders: at each K every attack gets the same batch (drawn by the seed).
+    cells = ws.run(plan, run_folders=[(a, k, 0) for a in attacks for k in sizes])
     rows = leakage_rows(cells, ("attack", "batch_size", "sample"))
     by = ["attack", "batch_size"]
     summary = summarize(rows, by)
@@ -73,11 +74,17 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     save_line_plot(ws.out / fig, [str(k) for k in sizes],
                    {a: series(rows, "batch_size", sizes, attack=a) for a in attacks}, xlabel="batch size K", ylabel=f"PSNR (dB), mean of {samples} batch(es)",
                    title=f"Leakage vs batch size on {data}")
+    verdicts = {(r["attack"], r["batch_size"], r["sample"]): r["verdict"] for r in rows}
+    figs = [fig]
+    if save_grids(ws.out / "reconstructions.png",
+                  [(f"K = {k}", [(scored_title(a, cells[(a, k, 0)], verdicts.get((a, k, 0))), cells[(a, k, 0)])
+                                 for a in attacks]) for k in sizes]):
+        figs.append("reconstructions.png")
     return ExperimentResult(
         name="batch-size", title="Leakage vs batch size",
         columns=["attack", "batch_size", "sample", "psnr", "ssim", "mse", "label_accuracy", "model", "width", "seed", "psnr_min",
                  "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by),
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by),
         setup={"data": f"{data} (each batch: K photos with distinct labels)",
                "model": models,
                "attacks": attacks, "batch sizes": sizes,
@@ -91,7 +98,8 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                           "= not recovered and the attack did not converge",
                "smoke": opt.smoke},
         notes=["psnr/ssim/mse are means over the K images of a batch after optimal pairing; psnr_min is its worst "
-               "image.", "Every batch attacked is a row."]
+               "image.", "Every batch attacked is a row; reconstructions.png shows the first batch of each K (the "
+               "same for every attack) and each attack's reconstruction of it, paired with the originals."]
         + convergence_notes(cells.values())
         + trend_notes(summary, "batch_size", falls=True, within=("attack",),
                       claim="leakage falls as the batch size grows"))

@@ -145,17 +145,39 @@ def image_grid(cells: Sequence[tuple[str, CellResult]]) -> tuple[list[torch.Tens
     if not done:
         return [], []
     truth = done[0][1].truth()
+    for title, c in done[1:]:  # one "original" row stands for every cell: it must be theirs too
+        if not torch.equal(c.truth().images, truth.images):
+            raise ValueError(f"image grid: {title!r} attacked another private batch than {done[0][0]!r}")
     return [truth.images] + [c.paired_images(truth) for _, c in done], ["original"] + [t for t, _ in done]
 
 
 def save_grid(path: Path, cells: Sequence[tuple[str, CellResult]]) -> bool:
     """Save :func:`image_grid` of ``cells`` as a figure; False (no figure) if every cell failed."""
+    return save_grids(path, [("", cells)])
+
+
+def save_grids(path: Path, groups: Sequence[tuple[str, Sequence[tuple[str, CellResult]]]]) -> bool:
+    """One figure of several :func:`image_grid` groups stacked, each on its own private batch (e.g.
+    one per batch size), their row titles prefixed with the group's title; False (no figure) if
+    every cell failed."""
     from ..report import save_image_grid
 
-    rows, titles = image_grid(cells)
+    rows: list[torch.Tensor] = []
+    titles: list[str] = []
+    for group, cells in groups:
+        r, t = image_grid(cells)
+        rows += r
+        titles += [f"{group}: {x}" if group else x for x in t]
     if rows:
         save_image_grid(path, rows, titles)
     return bool(rows)
+
+
+def scored_title(name: str, cell: CellResult, verdict: str | None = None) -> str:
+    """A figure row's title: the cell's name, its mean PSNR and (given) its verdict."""
+    if not cell.ok:
+        return name
+    return f"{name}, {cell.metrics['psnr_mean']:.1f} dB" + (f", {verdict}" if verdict else "")
 
 
 def first_reaching(cell: CellResult, psnr_threshold: float) -> tuple[int | None, float | None]:

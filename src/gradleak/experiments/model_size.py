@@ -18,8 +18,8 @@ from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows, series,
-                     summarize, summary_columns, trend_notes)
+from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+                     save_grids, scored_title, series, summarize, summary_columns, trend_notes)
 
 WIDTHS = (4, 8, 16, 32, 64)
 SMOKE_WIDTHS = (4, 16)
@@ -49,7 +49,8 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                 plan[(attack, w, s)] = dict(attack=attack, model=model, width=w, data=data, batch_size=1,
                                             seed=opt.seed + s, iterations=n_iter,
                                             log_every=max(1, (n_iter or 1000) // 10), **OPTIONS.get(attack, {}))
-    cells = ws.run(plan)
+    # The first sample's run folders: its photo is the same at every width (drawn by the seed).
+    cells = ws.run(plan, run_folders=[(a, w, 0) for a in attacks for w in widths])
     rows = leakage_rows(cells, ("attack", "width", "sample"))
     for r in rows:
         r["parameters"] = params[r["width"]]
@@ -60,11 +61,17 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                    {a: series(rows, "width", widths, attack=a) for a in attacks},
                    xlabel="width w (trainable parameters)", ylabel=f"PSNR (dB), mean of {samples}",
                    title=f"Leakage vs model size, {model} on {data}")
+    verdicts = {(r["attack"], r["width"], r["sample"]): r["verdict"] for r in rows}
+    figs = [fig]
+    if save_grids(ws.out / "reconstructions.png",
+                  [(a, [(scored_title(f"width {w}", cells[(a, w, 0)], verdicts.get((a, w, 0))), cells[(a, w, 0)])
+                        for w in widths]) for a in attacks]):
+        figs.append("reconstructions.png")
     return ExperimentResult(
         name="model-size", title="Leakage vs model size",
         columns=["attack", "model", "width", "parameters", "sample", "seed", "psnr", "ssim", "mse", "label_accuracy",
                  "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by),
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by),
         setup={"data": data, "model": f"{model}, widths {widths}, random weights (model seed 0), train-mode BN",
                "parameters": {str(w): p for w, p in params.items()},
                "attack": {a: f"{a}, {iterations_run(rows, a, iterations[a])} iterations"
@@ -76,7 +83,8 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                           "= not recovered and the attack did not converge",
                "smoke": opt.smoke},
         notes=["parameters: trainable parameters of the model as built for this data.",
-               "Every sample attacked is a row; the figure shows means."]
+               "Every sample attacked is a row; the line figure shows means; reconstructions.png shows the "
+               "first sample's photo (the same at every width) and each width's reconstruction."]
         + convergence_notes(cells.values())
         + trend_notes(summary, "width", falls=False, within=("attack",),
                       claim="leakage grows with the width: more gradient equations per unknown pixel "

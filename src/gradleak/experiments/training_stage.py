@@ -16,8 +16,8 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, quality, series,
-                     setting, summarize, summary_columns, verdict_fields)
+from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, quality, save_grids,
+                     scored_title, series, setting, summarize, summary_columns, verdict_fields)
 
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
 # The attacks it runs (one per run) and how each reads the image: the rebuttal's DLG, iDLG, and
@@ -61,7 +61,7 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         (cp.fraction, s): cell(opt.seed + s, str(cp.path)) for cp in trained.checkpoints for s in range(samples)}
     accuracy = {cp.fraction: cp.test_accuracy for cp in trained.checkpoints}
     rows = []
-    cells = ws.run(plan)
+    cells = ws.run(plan, run_folders=list(plan))
     for (fraction, s), cell in cells.items():
         if not cell.ok:
             continue
@@ -81,11 +81,20 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                     "test accuracy (%)": [100 * cp.test_accuracy for cp in trained.checkpoints]},
                    xlabel="fraction of training", ylabel="dB / %",
                    title=f"{name} vs training stage, {model} on {data}")
+    # Each held-out image (the same at every stage: drawn by the seed) and its reconstruction per stage.
+    verdicts = {(r["fraction"], r["sample"]): r["verdict"] for r in rows}
+    images = {r["sample"]: r["image"] for r in rows}
+    figs = [fig]
+    if save_grids(ws.out / "reconstructions.png",
+                  [(images.get(s, f"sample {s}"),
+                    [(scored_title(f"{x:.0%} trained", cells[(x, s)], verdicts.get((x, s))), cells[(x, s)]) for x in xs])
+                   for s in range(samples)]):
+        figs.append("reconstructions.png")
     return ExperimentResult(
         name="training-stage", title=f"{name} at different stages of training (held-out test images)",
         columns=["fraction", "test_accuracy", "sample", "seed", "image", "mse", "psnr", "ssim", "label_accuracy",
                  "recovered", *VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
-        rows=rows, figures=[fig], summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
         setup={"data": f"{data}: model trained on the train split, attacked on test-split images (held out)",
                "model": model,
                "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,
@@ -100,7 +109,8 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                           "= not recovered and the attack did not converge",
                "smoke": opt.smoke},
         notes=["test_accuracy is the checkpoint's accuracy on the test images scored by training (the attacked "
-               "images are drawn from the same test split)."]
+               "images are drawn from the same test split).",
+               "reconstructions.png: each held-out image and its reconstruction at every stage of training."]
         + convergence_notes(cells.values()) + stage_notes(summary))
 
 

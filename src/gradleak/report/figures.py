@@ -32,6 +32,9 @@ _ROW_TITLE_PX = 20
 _CAPTION_FONT_PT = 7
 _CAPTION_LINE_PX = 11
 _TITLE_FONT_PT = 9
+# Width of a row title's character, an upper estimate (DejaVu Sans Bold at 9 pt and 100 dpi averages
+# ~0.62 em of 12.5 px): the figure is made wide enough for its longest title.
+_TITLE_CHAR_PX = 8
 # Numbers beyond this magnitude are left out of plots: matplotlib cannot lay out an axis whose
 # span overflows (+-1e308 raises in the tick locator), and no real loss, PSNR or accuracy is near it.
 MAX_PLOTTED = 1e100
@@ -130,7 +133,8 @@ def save_image_grid(
         for row_caps in wrapped
     ]
 
-    fig_w = max(2 * _MARGIN_PX + ncols * cell_w + (ncols - 1) * _GAP_PX, 160)
+    fig_w = max(2 * _MARGIN_PX + ncols * cell_w + (ncols - 1) * _GAP_PX, 160,
+                2 * _MARGIN_PX + _TITLE_CHAR_PX * max(len(str(t)) for t in row_titles))
     fig_h = _MARGIN_PX + sum(_ROW_TITLE_PX + cell_h + cap + _GAP_PX for cap in caption_px) + _MARGIN_PX
     canvas = np.full((fig_h, fig_w, 3), 255, dtype=np.uint8)
     fig = Figure(figsize=(fig_w / _DPI, fig_h / _DPI), dpi=_DPI, facecolor="white")
