@@ -94,6 +94,7 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     gaussian 0.1 5.3, laplace 0.1 4.8, prune 0.9 4.1, DP-SGD (noise 1) 3.6 dB. Accuracy after the
     short training: 0.58 undefended, 0.37 under prune 0.9, 0.16 under DP-SGD."""
     result, folder, all_lines = _smoke("defenses", tmp_path / "defenses")
+    assert "reconstructions.png" in result.figures   # the held-out image under every defense and attack
     assert result.columns[:7] == ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended"]
     assert {r["attack"] for r in result.rows} == {"idlg", "imprint"}
     rows = [r for r in result.rows if r["attack"] == "idlg"]

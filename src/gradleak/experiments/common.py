@@ -144,11 +144,43 @@ def image_grid(cells: Sequence[tuple[str, CellResult]]) -> tuple[list[torch.Tens
     done = [(title, c) for title, c in cells if c.ok and c.run_dir is not None]
     if not done:
         return [], []
+    truth = _shared_truth(done)
+    return [truth.images] + [c.paired_images(truth) for _, c in done], ["original"] + [t for t, _ in done]
+
+
+def _shared_truth(done: Sequence[tuple[str, CellResult]]) -> Any:
+    """The private batch every one of ``done`` attacked (one "original" stands for all of them);
+    ValueError naming the first cell that attacked another one."""
     truth = done[0][1].truth()
-    for title, c in done[1:]:  # one "original" row stands for every cell: it must be theirs too
+    for title, c in done[1:]:
         if not torch.equal(c.truth().images, truth.images):
             raise ValueError(f"image grid: {title!r} attacked another private batch than {done[0][0]!r}")
-    return [truth.images] + [c.paired_images(truth) for _, c in done], ["original"] + [t for t, _ in done]
+    return truth
+
+
+def save_paired_rows(path: Path, rows: Sequence[tuple[str, Sequence[tuple[str, CellResult]]]]) -> bool:
+    """One figure for cells that each attacked the same one image: the original, then per row
+    (e.g. an attack) each cell's reconstruction side by side, captioned with its caption (e.g.
+    the defense) and PSNR. False (no figure) if every cell failed."""
+    from ..report import save_image_grid
+
+    kept = [(title, [(cap, c) for cap, c in cells if c.ok and c.run_dir is not None]) for title, cells in rows]
+    done = [(f"{title}: {cap}", c) for title, cells in kept for cap, c in cells]
+    if not done:
+        return False
+    truth = _shared_truth(done)
+    if truth.images.shape[0] != 1:
+        raise ValueError("save_paired_rows draws one image per cell; these cells attacked batches")
+    images = [truth.images]
+    titles = ["original"]
+    captions = [[", ".join(truth.names)]]
+    for title, cells in kept:
+        if cells:
+            images.append(torch.cat([c.paired_images(truth) for _, c in cells]))
+            titles.append(title)
+            captions.append([f"{cap}\n{c.metrics['psnr_mean']:.1f} dB" for cap, c in cells])
+    save_image_grid(path, images, titles, captions)
+    return True
 
 
 def save_grid(path: Path, cells: Sequence[tuple[str, CellResult]]) -> bool:

@@ -30,7 +30,7 @@ from ..models.server import DEFAULT_BINS
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import (INCONCLUSIVE, LBFGS_INIT, LEAKED, NOT_REBUILT, VERDICT_COLUMNS, convergence_notes, converged_of,
-                     lbfgs_cell, setting, summarize, summary_columns, verdict_fields)
+                     lbfgs_cell, save_paired_rows, setting, summarize, summary_columns, verdict_fields)
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
 # these images, and a reconstruction at 20 dB already shows the garment; failed runs sit at 3-10 dB.
@@ -80,7 +80,8 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         for a in attacks:
             for s in range(samples):
                 plan[(a, i, s)] = _cell(st, a, opt.seed + s, defense=[spec] if spec else [])
-    cells = ws.run(plan)
+    # The first sample's run folders: its held-out image is the same under every defense (drawn by the seed).
+    cells = ws.run(plan, run_folders=[(a, i, 0) for a in attacks for i in range(len(settings))])
     rows: list[dict[str, Any]] = []
     for a, i, s in plan:
         name, strength, spec = settings[i]
@@ -106,13 +107,18 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                   f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(first)})
     save_line_plot(ws.out / fig, labels_x, lines, xlabel="defense", ylabel="dB / %",
                    title=f"Defense trade-off, {model} on {data}")
+    figs = [fig]
+    if save_paired_rows(ws.out / "reconstructions.png",
+                        [(a, [(_short(n, strength).replace("\n", " "), cells[(a, i, 0)])
+                              for i, (n, strength, _) in enumerate(settings)]) for a in attacks]):
+        figs.append("reconstructions.png")
     _rotate_note = ("figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
                     "DP = dpsgd noise multiplier (clip 1)")
     return ExperimentResult(
         name="defenses", title="Accuracy vs defendability (rebuttal Table 3)",
         columns=["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
                  "mse", "label_accuracy", "epsilon", "spec"],
-        rows=rows, figures=[fig], summary=summary, summary_columns=SUMMARY_COLUMNS,
+        rows=rows, figures=figs, summary=summary, summary_columns=SUMMARY_COLUMNS,
         setup={"data": f"{data}: trained on train-split images, attacked on test-split images (held out)",
                "model": model,
                "training": {**TRAIN, "train_images": train_subset, "test_images": test_subset or "all",
