@@ -150,6 +150,7 @@ def test_local_iterations_smoke(tmp_path):
     """Measured at --smoke (DLG, 40 iterations): K=1 after 1 and 2 local steps 32.2 and 32.7 dB;
     K=2 in one epoch with B=1 and B=2: 18.4 and 19.0 dB."""
     result, _, _ = _smoke("local-iterations", tmp_path / "li")
+    assert "reconstructions.png" in result.figures   # each sweep's first photo(s) per number of steps
     steps = [r for r in result.rows if r["sweep"] == "local_steps"]
     batch = [r for r in result.rows if r["sweep"] == "local_batch_size"]
     assert sorted({r["local_steps"] for r in steps}) == [1, 2]

@@ -16,13 +16,14 @@ photos and with every sample reported:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, series,
-                     setting, summarize, summary_columns, trend_notes)
+from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, save_grids,
+                     scored_title, series, setting, summarize, summary_columns, trend_notes)
 
 # THRESHOLD_DB (common.py), the PSNR at which a reconstruction counts as recovered: MSE 0.01 on
 # [0, 1] pixels, an RMS error of a tenth of the pixel range; the object and its colours are plainly
@@ -58,7 +59,8 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     keys += [("local_batch_size", batch, math.ceil(batch / b), b, s) for b in local_bs for s in range(samples)]
     plan = {key: lbfgs_cell(st, opt.seed + key[4], log_points=20, batch_size=key[1], threat="fedavg",
                             local_steps=key[2], local_batch_size=key[3], local_lr=LOCAL_LR) for key in keys}
-    cells = ws.run(plan)
+    # The first sample's run folders: within each sweep its photo(s) are the same in every cell (drawn by the seed).
+    cells = ws.run(plan, run_folders=[k for k in keys if k[4] == 0])
     rows = leakage_rows(cells, ("sweep", "batch_size", "local_steps", "local_batch_size", "sample"))
     for r in rows:
         r["attack"] = attack
@@ -73,11 +75,27 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         save_line_plot(ws.out / fig, xs, lines, xlabel="local SGD steps in the shared update",
                        ylabel=f"{label}, mean of {samples} sample(s)", logy=logy,
                        title=f"FedAvg leakage, {model}, local lr {LOCAL_LR}")
+    verdicts = {(r["sweep"], r["batch_size"], r["local_steps"], r["local_batch_size"], r["sample"]): r["verdict"]
+                for r in rows}
+    first = [k for k in keys if k[4] == 0]
+
+    def shown(k: tuple[Any, ...], text: str) -> tuple[str, Any]:
+        return scored_title(text, cells[k], verdicts.get(k)), cells[k]
+
+    def steps(n: int) -> str:
+        return f"{n} step" + ("s" if n != 1 else "")
+
+    groups = [("K=1, full-batch steps", [shown(k, steps(k[2])) for k in first if k[0] == "local_steps"]),
+              (f"K={batch}, one epoch", [shown(k, f"B={k[3]} ({steps(k[2])})") for k in first
+                                         if k[0] == "local_batch_size"])]
+    figures = list(figs)
+    if save_grids(ws.out / "reconstructions.png", groups):
+        figures.append("reconstructions.png")
     return ExperimentResult(
         name="local-iterations", title="Leakage vs FedAvg local iterations and local batch size",
         columns=["sweep", "local_steps", "local_batch_size", "batch_size", "sample", "seed", "attack", "mse", "psnr",
                  "ssim", "psnr_min", "label_accuracy", "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=list(figs), summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
+        rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
         setup={"data": f"{data} (real photos; a batch holds distinct labels)", "model": f"{model}, random weights "
                "(model seed 0)", "threat": f"fedavg, local lr {LOCAL_LR}, the client shares W_S - W_0",
                "sweep local_steps": f"K=1 photo, local steps {list(steps_list)} on the full batch",
