@@ -218,3 +218,10 @@ def test_cli_has_the_executor_flags(tmp_path, capsys):
     capsys.readouterr()
     assert main(["experiment", "model-size", "--smoke", "--executor", "slurm", "--out", str(tmp_path / "x")]) == 2
     assert "executor" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_optimizers_draw_each_sample_under_every_optimizer(tmp_path):
+    out = tmp_path / "opt"
+    result, _ = run_experiment("optimizers", make_options(out=str(out), smoke=True, progress=False, executor="inline",
+                                                          iterations=3))
+    assert "reconstructions.png" in result.figures and (out / "reconstructions.png").stat().st_size > 1000

@@ -8,8 +8,8 @@ from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import THRESHOLD_DB as LEAK_DB
-from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, summarize, summary_columns,
-                     verdict_fields)
+from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, save_grids,
+                     scored_title, summarize, summary_columns, verdict_fields)
 
 # The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
 # verdict (leaked / not rebuilt / inconclusive) uses the experiments' common 20 dB line (LEAK_DB),
@@ -52,11 +52,18 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     xs = sorted({x for c in curves.values() for x in c[0]})
     save_line_plot(ws.out / fig, xs, {k: _interp(v, xs) for k, v in curves.items()}, xlabel="seconds",
                    ylabel="PSNR (dB), sample 0", title="DLG: optimizer vs wall time")
+    # Each sample's photo (the same for every optimizer: drawn by the seed) and each optimizer's answer.
+    verdicts = {(r["optimizer"], r["sample"]): r["verdict"] for r in rows}
+    figs = [fig]
+    if save_grids(ws.out / "reconstructions.png",
+                  [(f"sample {s}", [(scored_title(name, cells[(name, s)], verdicts.get((name, s))), cells[(name, s)])
+                                    for name in SETTINGS]) for s in range(samples)]):
+        figs.append("reconstructions.png")
     return ExperimentResult(
         name="optimizers", title="DLG: L-BFGS vs Adam vs SGD",
         columns=["optimizer", "sample", "lr", "iterations", "wall_seconds", "psnr", "mse", "ssim", "reached",
                  "iterations_to_threshold", "seconds_to_threshold", *VERDICT_COLUMNS],
-        rows=rows, figures=[fig], summary=summarize(rows, ["optimizer"], values=("psnr", "wall_seconds")),
+        rows=rows, figures=figs, summary=summarize(rows, ["optimizer"], values=("psnr", "wall_seconds")),
         summary_columns=summary_columns(["optimizer"], ("psnr", "wall_seconds")),
         notes=[f"Every sample attacked is a row; reached = the observed PSNR reached {THRESHOLD_DB:g} dB at some "
                f"point, verdict = the final answer's (leaked: final PSNR >= {LEAK_DB:g} dB, the experiments' common "
