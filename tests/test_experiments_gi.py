@@ -162,3 +162,8 @@ def test_identifiability_smoke(tmp_path):
     # The vulnerable batch is built from the largest per-class gradient norms.
     assert _mean(vulnerable, "grad_norm") >= _mean(k4, "grad_norm")
     assert "Spearman" in " ".join(result.notes)
+    # Pictures: K = 1 random, K = 4 random and vulnerable, each batch above its reconstruction.
+    assert "reconstructions.png" in result.figures
+    from PIL import Image
+    with Image.open(tmp_path / "iip" / "reconstructions.png") as im:
+        assert im.height > im.width / 2

@@ -29,8 +29,8 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean, summarize,
-                     summary_columns, trend_notes, verdict_fields, victim)
+from .common import (refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+                     save_grids, summarize, summary_columns, trend_notes, verdict_fields, victim)
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
            "rpsnr", "fft2d", "lpips", "identified", "batch_iip", *VERDICT_COLUMNS, "iterations", "wall_seconds"]
@@ -86,7 +86,8 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                               "indices": vulnerable_indices(source, norms, k)}
     rows: list[dict[str, Any]] = []
     feature_space, pool_size = None, None
-    cells = ws.run(plan)
+    # The first sample's run folders: the pictures show each size's first random and vulnerable batch.
+    cells = ws.run(plan, run_folders=[key for key in plan if key[2] == 0])
     for (k, population, sample), cell in cells.items():
         if not cell.ok:
             continue
@@ -129,6 +130,10 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     save_line_plot(ws.out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP",
                    title=f"IIP, {model} on {data}, {feature_space}")
     _scatter(ws.out / figs[1], rows)
+    if save_grids(ws.out / "reconstructions.png",
+                  [(f"K = {k}, {population}", [(_grid_title(cells[(k, population, 0)], rows), cells[(k, population, 0)])])
+                   for k in batch_sizes for population in ("random", "vulnerable") if (k, population, 0) in cells]):
+        figs.append("reconstructions.png")
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
@@ -146,7 +151,21 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "iip pool": "the data source's real images (up to 256, evenly spaced; originals de-duplicated)",
                "grad norm": "||d CE(f(x_k), y_k) / d W||_2 per image, eval-mode BN (per_sample_gradient_norms)",
                "identified": "nearest neighbour (cosine) is the image's own original, strictly",
+               "pictures": "reconstructions.png: each batch size's first random and (where attacked) vulnerable "
+                           "batch, originals above their reconstructions (paired), with PSNR and IIP",
                "smoke": opt.smoke})
+
+
+def _grid_title(cell: Any, rows: list[dict[str, Any]]) -> str:
+    """A reconstruction row's title: mean PSNR, IIP hits of the batch and its verdicts."""
+    if not cell.ok:
+        return "reconstruction (failed)"
+    key = cell.key
+    sel = [r for r in rows if (r["batch_size"], r["population"], r["sample"]) == tuple(key)]
+    hits = sum(bool(r["identified"]) for r in sel)
+    verdicts = sorted({str(r["verdict"]) for r in sel})
+    return (f"reconstruction, {cell.metrics['psnr_mean']:.1f} dB, identified {hits}/{len(sel)}, "
+            f"{'/'.join(verdicts)}")
 
 
 def _scatter(path: Path, rows: list[dict[str, Any]]) -> None:
