@@ -192,9 +192,10 @@ def test_training_stage_closed_form_smoke(tmp_path):
 
 
 def test_batch_size_smoke(tmp_path):
-    """Measured at --smoke, K=1 vs K=2: dlg 20.4 / 28.6 (issue 17's multi-image warm-up lifted K=2 from
-    19.9; at this 60-step budget K=1 ends on a later start of the portfolio), idlg 29.8 / 23.8,
-    gradinversion 18.1 / 17.4, ig 18.4 / 15.5 dB; every attack restored both labels. Asserted: iDLG
+    """Measured at --smoke, K=1 vs K=2 (2026-11-26, Intel Xeon): dlg 20.5 / 28.6 (issue 17's
+    multi-image warm-up lifted K=2 from 19.9; at this 60-step budget K=1 ends on a later start of the
+    portfolio), idlg 30.7 / 24.1, gradinversion 18.1 / 17.3, ig 18.0 / 15.5 dB (300 smoke iterations);
+    every attack restored both labels. Asserted: iDLG
     loses at least MARGIN_DB from K=1 to K=2, GradInversion (BN statistics, batch-aware) at least
     MARGIN_DB less; DLG rebuilds both (>= 20 dB) and results.md flags that it contradicts the trend."""
     result, folder, lines = _smoke("batch-size", tmp_path / "bs")

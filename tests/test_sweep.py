@@ -304,3 +304,20 @@ def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
     auto = {**dlg, "attack": "auto"}
     assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn"}
     assert changed_defaults({**auto, "fallback": "idlg"}) == {}
+
+
+def test_auto_fallbacks_of_the_cell_identity_are_autos_choices():
+    """sweep.spec.AUTO_FALLBACKS (data: sweep does not import the attacks) must list exactly the
+    attacks attacks.auto.auto_fallback can choose, else an `auto` cell's identity misses a changed
+    default of the attack it falls back to."""
+    from types import SimpleNamespace
+
+    from gradleak.attacks.auto import auto_fallback
+    from gradleak.sweep.spec import AUTO_FALLBACKS
+
+    def update(batch_size, **threat):
+        return SimpleNamespace(meta=SimpleNamespace(batch_size=batch_size, threat=threat))
+
+    chosen = {auto_fallback(update(k, **t)) for k in (1, 2, 8)
+              for t in ({}, {"name": "fedavg", "local_steps": 3}, {"name": "aggregate", "clients": 4})}
+    assert chosen == set(AUTO_FALLBACKS)

@@ -53,8 +53,9 @@ CHANGED_DEFAULTS: dict[tuple[str, str], str] = {
     ("gradinversion", "alpha_g"): "preset x reference / parameter tensors since 2026-11-25",
     ("gradinversion", "alpha_bn"): "preset x reference / BN layers since 2026-11-25",
 }
-# The optimisation attacks "auto" may fall back to when its fallback is not given (auto_fallback
-# chooses by the case).
+# The optimisation attacks "auto" may fall back to when its fallback is not given
+# (attacks.auto.auto_fallback chooses by the case; sweep does not import the attacks, so this is
+# data, and tests/test_sweep.py checks it lists exactly auto_fallback's choices).
 AUTO_FALLBACKS = ("gradinversion", "idlg")
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
