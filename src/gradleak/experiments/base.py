@@ -23,7 +23,7 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import config_error
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 from .cells import Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
 
 
@@ -54,6 +54,9 @@ class ExperimentOptions(BaseModel):
     workers: int = Field(1, ge=1, le=512, description="cells run at once")
     retry_failed: bool = Field(False, description="compute again the cells that failed in an earlier run on --out")
     progress: bool = Field(True, description="show progress")
+    trained: bool = Field(False, description="attack a victim trained first (SGD, one epoch on the data source's "
+                                             "training split) instead of its random initialisation; only the "
+                                             "experiments that say so take it")
 
 
 @dataclass
@@ -77,11 +80,20 @@ class ExperimentResult:
 
 ExperimentFn = Callable[[ExperimentOptions, Workspace], ExperimentResult]
 EXPERIMENTS: dict[str, tuple[ExperimentFn, str]] = {}
+# Options only some experiments take (opted into with ``experiment(..., accepts=...)``); any other
+# experiment refuses them rather than ignore them.
+OPT_IN_OPTIONS = ("trained",)
+ACCEPTS: dict[str, frozenset[str]] = {}
 
 
-def experiment(name: str, description: str) -> Callable[[ExperimentFn], ExperimentFn]:
+def experiment(name: str, description: str, *, accepts: tuple[str, ...] = ()) -> Callable[[ExperimentFn], ExperimentFn]:
+    unknown = set(accepts) - set(OPT_IN_OPTIONS)
+    if unknown:
+        raise ValueError(f"experiment {name}: unknown opt-in options {sorted(unknown)}")
+
     def register(fn: ExperimentFn) -> ExperimentFn:
         EXPERIMENTS[name] = (fn, description)
+        ACCEPTS[name] = frozenset(accepts)
         return fn
     return register
 
@@ -188,6 +200,9 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
         import torch
 
         torch.set_num_threads(options.threads)
+    for option in OPT_IN_OPTIONS:
+        if getattr(options, option) and option not in ACCEPTS[name]:
+            raise ConfigError(f"--{option.replace('_', '-')} does not apply to experiment {name}")
     fn, _ = EXPERIMENTS[name]
     start = time.perf_counter()
     folder, new = open_folder(options.out, name)  # checked (and created) before any work

@@ -4,8 +4,8 @@
 IIP: the share of reconstructions whose nearest neighbour (cosine, in a declared feature space)
 among the batch's originals and a pool of the data source's real images is their own original.
 Feature space: the run's (metrics.summary: raw pixels at 32 x 32, model-free); the paper's
-avgpool features are only meaningful for a trained network and the victim here is a randomly
-initialised convnet. Pool: the data source's real images (up to 256, evenly spaced, originals
+avgpool features are only meaningful for a trained ImageNet network, and the victim here is a
+convnet, randomly initialised or (``--trained``) trained for one epoch. Pool: the data source's real images (up to 256, evenly spaced, originals
 de-duplicated).
 
 Vulnerable population: the paper picks, per class, the image with the largest per-sample
@@ -13,7 +13,10 @@ gradient l2 norm, and finds batches of those more identifiable than random ones.
 attacked image gets its per-sample gradient norm (metrics.per_sample_gradient_norms, eval-mode
 BN) next to its reconstruction PSNR (scatter plot, rank correlation in the notes), and for each
 batch size a "vulnerable" batch (the K largest of the per-class maxima) is attacked beside the
-random ones.
+random ones. The paper defines that population on a trained network, where a large gradient marks
+an image the model gets wrong; ``--trained`` trains the victim first (one epoch of SGD on the data
+source's training split, from the same initial weights) and takes the norms and the attacks at its
+weights. The attacked images are then from the split it trained on, as a client's are in FL.
 """
 
 from __future__ import annotations
@@ -60,7 +63,16 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     return float((rx * ry).sum()) / den if den > 0 else None
 
 
-@experiment("identifiability", "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality")
+# --trained: the victim is first trained like training-stage's (SGD, one epoch, batch 32, lr 0.01,
+# momentum 0.9) from the same initial weights (model seed 0), on the data source's training split.
+TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
+SMOKE_TRAIN_SUBSET = 2000
+SMOKE_TEST_SUBSET = 500
+
+
+@experiment("identifiability", "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality "
+            "(--trained: on a victim trained first)",
+            accepts=("trained",))
 def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     refuse_attacks(opt, "identifiability", "GradInversion")
     model, width, data = victim(opt)
@@ -70,6 +82,20 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     source = open_source(data)
     size, channels = default_image_size(model), source.native_channels
     spec = build_model(model, num_classes=source.num_classes, channels=channels, image_size=size, seed=0, width=width)
+    checkpoint, victim_state = None, "random init, seed 0"
+    if opt.trained:  # the paper's vulnerable population is defined on a trained network
+        from ..training import TrainConfig, apply_checkpoint
+
+        trained = ws.trained(TrainConfig(
+            model=model, width=width, data=data, checkpoints=(1.0,), seed=opt.seed, model_seed=0,
+            train_subset=SMOKE_TRAIN_SUBSET if opt.smoke else None,
+            test_subset=SMOKE_TEST_SUBSET if opt.smoke else 2000, **TRAIN))
+        final = trained.checkpoints[-1]
+        checkpoint = str(final.path)
+        apply_checkpoint(spec, checkpoint)
+        victim_state = (f"trained from seed 0's init: SGD one epoch on {data}'s training split"
+                        f"{f' (first {SMOKE_TRAIN_SUBSET} of a permutation)' if opt.smoke else ''}, batch 32, lr 0.01, "
+                        f"momentum 0.9; test accuracy {100 * final.test_accuracy:.1f} %")
     all_images = torch.stack([source.load(i, size, channels) for i in range(len(source))])
     all_labels = torch.tensor([source.label(i) for i in range(len(source))], dtype=torch.int64)
     norms = per_sample_gradient_norms(spec, all_images, all_labels)  # the same weights as the attacked model
@@ -77,7 +103,8 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     plan: dict[tuple[int, str, int], dict[str, Any]] = {}
     for k in batch_sizes:
         base = gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
-                                  num_classes=source.num_classes, batch_size=k)
+                                  num_classes=source.num_classes, batch_size=k,
+                                  **({"checkpoint": checkpoint} if checkpoint else {}))
         for s in range(samples):
             plan[(k, "random", s)] = {**base, "seed": opt.seed + s}
         if k in vulnerable_sizes:  # one fixed batch; the samples differ in the attack's start
@@ -128,7 +155,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     series = {p: [next((r["iip"] for r in iip_rows if r["batch_size"] == k and r["population"] == p), None)
                   for k in batch_sizes] for p in ("random", "vulnerable")}
     save_line_plot(ws.out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP",
-                   title=f"IIP, {model} on {data}, {feature_space}")
+                   title=f"IIP, {model}{' (trained)' if opt.trained else ''} on {data}, {feature_space}")
     _scatter(ws.out / figs[1], rows)
     if save_grids(ws.out / "reconstructions.png",
                   [(f"K = {k}, {population}", [(_grid_title(cells[(k, population, 0)], rows), cells[(k, population, 0)])])
@@ -138,7 +165,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
         summary_columns=summary_columns(by, ("psnr", "identified"), images=True),
-        setup={"data": f"{data} ({len(source)} images)", "model": f"{model} (width {width}, random init, seed 0)",
+        setup={"data": f"{data} ({len(source)} images)", "model": f"{model} (width {width}, {victim_state})",
                "attack": f"gradinversion, cpu preset at {iterations} iterations x {seeds} seeds, BN exact",
                "batch sizes": batch_sizes, "random batches per size": samples,
                "seeds": f"{opt.seed}..{opt.seed + samples - 1} (sample_batch seed; the attack uses the same seed)",
