@@ -201,7 +201,7 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
 
         torch.set_num_threads(options.threads)
     for option in OPT_IN_OPTIONS:
-        if getattr(options, option) and option not in ACCEPTS[name]:
+        if getattr(options, option) and option not in ACCEPTS.get(name, frozenset()):
             raise ConfigError(f"--{option.replace('_', '-')} does not apply to experiment {name}")
     fn, _ = EXPERIMENTS[name]
     start = time.perf_counter()
