@@ -195,8 +195,9 @@ def _fashion_mnist_subset(folder: Path, train: int, test: int) -> Path:
 def test_identifiability_trained_attacks_the_trained_checkpoint(tmp_path, monkeypatch):
     """--trained (the paper defines the vulnerable population on a trained network): the victim is
     trained first, the gradient norms are the trained network's and every cell attacks its
-    checkpoint. Observed (2000 real training images, one epoch): test accuracy ~65 %, per-sample
-    gradient norms 0.5-105 (untrained: 1.2-1.4, every image alike)."""
+    checkpoint. Observed (the first 2000 real training images, one epoch; 500 test images): test
+    accuracy 80.2 %, the 4 images' per-sample gradient norms 0.91-76.7 (untrained: 1.2-1.4, every
+    image alike)."""
     from gradleak.experiments.cells import Workspace
 
     seen: list[dict] = []
