@@ -72,6 +72,15 @@ def stored_cells(db) -> int:  # noqa: ANN001
         return 0
 
 
+def idx_bytes(magic: int, array) -> bytes:  # noqa: ANN001
+    """An IDX file's bytes (Fashion-MNIST's format: big-endian magic, one uint32 per dimension,
+    then the raw uint8 array)."""
+    import struct
+
+    dims = b"".join(struct.pack(">I", d) for d in array.shape)
+    return struct.pack(">I", magic) + dims + array.tobytes()
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test (the suite runs 2 workers on 2 cores), restored after."""

@@ -27,6 +27,7 @@ from gradleak.data import (
 from gradleak.data.sources import foolbox_data_dir
 from gradleak.errors import ConfigError, DataError, GradleakError, UnknownNameError
 
+from conftest import idx_bytes  # tests/ is on sys.path (no package)
 
 
 def _in_unit_range(t: torch.Tensor) -> bool:
@@ -299,11 +300,6 @@ def test_decompression_bomb_is_a_data_error(
 # --- Fashion-MNIST IDX -------------------------------------------------------------------
 
 
-def _idx_bytes(magic: int, array: np.ndarray) -> bytes:
-    dims = b"".join(struct.pack(">I", d) for d in array.shape)
-    return struct.pack(">I", magic) + dims + array.tobytes()
-
-
 def _write_idx_pair(
     folder: Path, split_prefix: str, n: int, gz: bool, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -316,7 +312,7 @@ def _write_idx_pair(
         (f"{split_prefix}-images-idx3-ubyte", 2051, images),
         (f"{split_prefix}-labels-idx1-ubyte", 2049, labels),
     ):
-        data = _idx_bytes(magic, arr)
+        data = idx_bytes(magic, arr)
         if gz:
             (folder / f"{stem}.gz").write_bytes(gzip.compress(data))
         else:
@@ -387,13 +383,13 @@ def test_truncated_and_corrupt_idx(tmp_path: Path) -> None:
 
     _write_idx_pair(tmp_path / "count", "train", 6, gz=False)
     labels_path = tmp_path / "count" / "train-labels-idx1-ubyte"
-    labels_path.write_bytes(_idx_bytes(2049, np.zeros(5, np.uint8)))
+    labels_path.write_bytes(idx_bytes(2049, np.zeros(5, np.uint8)))
     with pytest.raises(DataError, match="5 labels but"):
         open_source(str(tmp_path / "count"))
 
     _write_idx_pair(tmp_path / "label", "train", 6, gz=False)
     labels_path = tmp_path / "label" / "train-labels-idx1-ubyte"
-    labels_path.write_bytes(_idx_bytes(2049, np.full(6, 10, np.uint8)))
+    labels_path.write_bytes(idx_bytes(2049, np.full(6, 10, np.uint8)))
     with pytest.raises(DataError, match="label 10"):
         open_source(str(tmp_path / "label"))
 
