@@ -35,6 +35,8 @@ import pytest
 
 from gradleak.experiments import make_options, run_experiment
 
+from conftest import idx_bytes  # tests/ is on sys.path (no package)
+
 
 def _run(name: str, out: Path, **options):
     result, folder = run_experiment(name, make_options(out=str(out), smoke=True, progress=False, **options))
@@ -171,11 +173,22 @@ def test_identifiability_smoke(tmp_path):
         assert im.height > im.width / 2
 
 
+def test_identifiability_spearman_gives_ties_their_average_rank():
+    """The vulnerable batches repeat the same images (and gradient norms) in every seed, so the
+    norm-vs-PSNR correlation has ties: they take their average rank (Spearman's definition, as
+    scipy computes it), not an arbitrary order. x = [1, 1, 2, 3] has ranks [1.5, 1.5, 3, 4]:
+    rho = 4.5 / sqrt(4.5 * 5) against y's [1, 2, 3, 4]; breaking the tie either way gives 1.0 or 0.8."""
+    from gradleak.experiments.identifiability import spearman
+
+    assert spearman([1.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(4.5 / math.sqrt(22.5))
+    assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    assert spearman([1.0, 2.0], [2.0, 1.0]) is None  # fewer than 3 pairs
+    assert spearman([1.0, 2.0, 3.0], [5.0, 5.0, 5.0]) is None  # constant: undefined
+
+
 def _fashion_mnist_subset(folder: Path, train: int, test: int) -> Path:
     """The first ``train`` / ``test`` real Fashion-MNIST images as an IDX folder (a data source by
     path), so the trained victim's set-up (training, per-class gradient norms) takes seconds."""
-    import struct
-
     import numpy as np
 
     from gradleak.data import open_source
@@ -187,8 +200,7 @@ def _fashion_mnist_subset(folder: Path, train: int, test: int) -> Path:
         labels = np.array([src.label(i) for i in range(n)], dtype=np.uint8)
         for stem, magic, arr in ((f"{prefix}-images-idx3-ubyte", 2051, images),
                                  (f"{prefix}-labels-idx1-ubyte", 2049, labels)):
-            dims = b"".join(struct.pack(">I", d) for d in arr.shape)
-            (folder / stem).write_bytes(struct.pack(">I", magic) + dims + arr.tobytes())
+            (folder / stem).write_bytes(idx_bytes(magic, arr))
     return folder
 
 

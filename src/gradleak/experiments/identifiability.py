@@ -54,13 +54,14 @@ def vulnerable_indices(source: Any, norms: torch.Tensor, k: int) -> list[int]:
 
 
 def spearman(x: list[float], y: list[float]) -> float | None:
-    if len(x) < 3:
+    """Spearman's rank correlation, tied values given their average rank (scipy's definition; the
+    vulnerable batches repeat the same images in every seed, so their norms tie); None below 3
+    pairs or when either side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
         return None
-    rx = torch.tensor(x, dtype=torch.float64).argsort().argsort().double()
-    ry = torch.tensor(y, dtype=torch.float64).argsort().argsort().double()
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = float(rx.norm() * ry.norm())
-    return float((rx * ry).sum()) / den if den > 0 else None
+    return float(spearmanr(x, y).statistic)
 
 
 # --trained: the victim is first trained like training-stage's (SGD, one epoch, batch 32, lr 0.01,
