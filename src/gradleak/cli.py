@@ -634,7 +634,8 @@ TRAIN_DEFAULTS = {"model": "lenet-dlg", "data": "fashion-mnist", "epochs": 1.0, 
 def _fill_attack(a: argparse.ArgumentParser) -> None:
     a.add_argument("--config", help="rerun a run folder's config.json (flags given here override it)")
     a.add_argument("--resume", metavar="RUN", help="continue an interrupted run (its --out folder) from its saved "
-                   "state, with its saved config (only --threads, --[no-]progress, --checkpoint-every, --device)")
+                   "state, with its saved config (only --threads, --[no-]progress, --checkpoint-every, --device, "
+                   "and --model to confirm a saved module:callable model)")
     _add_config_flags(a)
     a.epilog = ATTACK_EPILOG
     a.set_defaults(func=cmd_attack)

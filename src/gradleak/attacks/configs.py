@@ -9,7 +9,8 @@ it field by field, so ``gradleak attack --config RUN/config.json`` reruns the ru
 numbers. A flag that the chosen attack does not read is an error, never ignored.
 
 Choices: GradInversion's BN prior defaults to "exact" when the update carries the client's BN
-batch statistics and to "approx" (the model's running statistics, Sec. 3.3's fallback) when it
+batch statistics and to "approx" (the model's running statistics: the paper's Sec. 4 implementation details and Table 4's
+"BN approx") when it
 does not: what the client shares is decided by the case, never by the attack.
 """
 
@@ -57,7 +58,8 @@ class _AttackConfig(BaseModel):
 
 class DLGConfig(_AttackConfig):
     """DLG (Zhu et al. 2019, Algorithm 1): image and soft label by L-BFGS on the squared L2
-    gradient distance. ``init``: the first trial's start. ``stall_restarts``: further trials
+    gradient distance (for K > 1 images, after a warm-up third of each trial on the relative
+    distance + a small TV prior: dlg.PRIOR_FRACTION, PRIOR_TV). ``init``: the first trial's start. ``stall_restarts``: further trials
     (dlg.INIT_PORTFOLIO: the other initialisations in turn) while the best answer so far does not
     explain the update (relative gradient distance above dlg.RESTART_BELOW) after a trial
     that stalled or used its whole budget; the answer is the trial with the smallest gradient

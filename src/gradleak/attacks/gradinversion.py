@@ -9,7 +9,9 @@ fidelity priors and group consistency over several seeds, optimised with Adam + 
     R_group    = alpha_group ||x_g - E(x_{g in G})||_2                             (Eq. 11-12)
     x <- x + lambda(t) Adam(...) + lambda(t) alpha_n eta,  eta ~ N(0, I)            (Sec. 3.5)
 
-with lambda(t) a linear warm-up then cosine decay. The G seeds are ONE batched computation
+with lambda(t) a linear warm-up then cosine decay. (Sec. 3.5 writes x + lambda Delta with Delta the
+gradient of the objective, which read literally ascends it; we take Delta as Adam's descent
+direction, as the paper's "We use Adam for optimization" implies.) The G seeds are ONE batched computation
 (candidates [G, K, C, H, W], each with its own batch gradient and BN statistics via vmap; see
 victim.py); seed g draws its initial N(0, I) pixels (Sec. 4) and its Langevin noise from its own
 generator, seeded ``settings.seed + g``, so G seeds optimised together with group "none" give the

@@ -31,9 +31,10 @@ first; at least one). Rounding: largest-remainder rounding of (*) with every pre
 least 1, so the multiset always has exactly K entries.
 
 A second rule, ``llg_counts``, follows Wainakh et al. (LLG) / breaching's "bias-corrected"
-strategy: each present class once, then an impact m = -(sum of the negative db) / K is
-subtracted from the present classes and the remaining K - |present| labels go one at a time to
-the currently most negative entry, subtracting m each time.
+strategy: each present class once, then an impact m = (sum of the negative db) / K (a negative
+number: one sample's share of the signal) is subtracted from the present classes, raising them,
+and the remaining K - |present| labels go one at a time to the currently most negative entry,
+subtracting m (raising it) each time.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ Choices where the paper is not explicit (GradInversion Sec. 3.3 points to DeepIn
 * R_TV (``total_variation``): DeepInversion's ``loss_var_l2``, the one GradInversion's
   alpha_TV = 1e-4 matches: the sum of the L2 norms (not squared) of the four difference images,
   horizontal, vertical and both diagonals, each over the whole batch.
-* R_l2 (``l2_norm``): DeepInversion's ``torch.norm(x, 2)``: the L2 norm (not squared) of the
-  whole batch.
+* R_l2 (``l2_norm``): the L2 norm (not squared) of the whole batch, our reading of the paper's
+  R_l2 (it gives no formula). DeepInversion's code takes the mean of per-image norms instead; at
+  alpha_l2 = 1e-6 the two differ by a negligible amount of the objective.
 * R_BN (Eq. 10): sum over BN layers of ||mu_l(x) - target mean||_2 + ||sigma^2_l(x) - target
   var||_2, with mu, sigma^2 the per-channel batch mean and biased variance of the layer's input
   (what BN normalises with in training mode), captured in the same forward pass that computes

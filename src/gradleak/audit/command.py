@@ -50,7 +50,7 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--seed", type=int, default=0, help="federation seed: model init and client batches")
     f.add_argument("--defense", action="append", default=[], help="update-level defense every client applies")
     f.add_argument("--save-reconstructions", dest="save_reconstructions", action="store_true",
-                   help="write reconstructions/round-R/client-C.png and .safetensors")
+                   help="write reconstructions/round-RRR/client-C.png and .safetensors (RRR: the round, 3 digits)")
     f.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     f.set_defaults(func=cmd_audit_flower)
 

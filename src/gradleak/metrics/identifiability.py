@@ -1,4 +1,4 @@
-"""Image Identifiability Precision (IIP) and per-sample gradient norms (GradInversion, Sec. 4.4).
+"""Image Identifiability Precision (IIP) and per-sample gradient norms (GradInversion, Sec. 4.3).
 
 IIP "measures how easy it is to identify a particular image, given only its reconstruction,
 among all its similar peers in the original dataset": the fraction of reconstructions whose

@@ -7,7 +7,9 @@ Every function takes a reconstruction batch and the original batch, both [K, C, 
 pixels in [0, 1] and already paired row by row (e.g. ``Evaluation.paired_images`` against the
 truth), and returns one value per image as a float64 tensor [K] on the CPU.
 
-* :func:`fft2d_distance` -- lower is better, 0 for identical spectra.
+* :func:`fft2d_distance` -- lower is better, 0 for identical spectra. The text says "cosine
+  similarity" (higher is better) while its tables mark FFT2D lower-is-better; we report the
+  cosine distance 1 - cos, which matches the tables' direction.
 * :func:`registered_psnr` (RPSNR) -- higher is better, never below plain PSNR.
 * :func:`lpips_distance` -- lower is better; ``None`` (with :func:`lpips_unavailable_reason`)
   unless the real LPIPS backbone weights are on disk. It never runs with a random backbone.

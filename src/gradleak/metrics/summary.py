@@ -6,7 +6,7 @@
                  ``lpips_notice`` says why (never a random backbone)             (Sec. 4)
     iip          Image Identifiability Precision: share of reconstructions whose nearest
                  neighbour among the originals and a pool of real images is their own original
-                 (Sec. 4.4, Fig. 8), with ``iip_feature_space`` and ``iip_pool_size``
+                 (Sec. 4.3, Fig. 8), with ``iip_feature_space`` and ``iip_pool_size``
 
 The run's feature space for IIP is raw pixels (cosine, 32 x 32): it is model-free, so numbers
 from runs on different victim models stay comparable; the paper's avgpool features
