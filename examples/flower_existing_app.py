@@ -94,8 +94,21 @@ def main(grid: Grid, context: Context) -> None:
     auditor.write_summary()
 
 
+def run() -> str:
+    """The simulation, on a Ray instance that stays on this machine; returns audit.csv's text.
+
+    Flower's simulation engine uses the Ray instance already running in this process. A plain
+    ray.init (what run_simulation does without one) listens on every interface and probes cloud
+    metadata services; gradleak's local_ray binds every Ray server to 127.0.0.1 and probes
+    nothing (gradleak.localray; tests/test_loopback.py traces it)."""
+    from gradleak.localray import local_ray
+
+    with local_ray(num_cpus=2):
+        run_simulation(server_app=server, client_app=client, num_supernodes=CLIENTS,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    with open("audit-example/audit.csv") as f:
+        return f.read()
+
+
 if __name__ == "__main__":
-    run_simulation(server_app=server, client_app=client, num_supernodes=CLIENTS,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "include_dashboard": False}})
-    print(open("audit-example/audit.csv").read())
+    print(run())

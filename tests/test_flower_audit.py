@@ -176,3 +176,41 @@ def test_auditor_runs_the_closed_form_chooser(tmp_path):
     row = auditor.audit(1, "0", g, c, num_examples=1, threat=ThreatModel(name="fedavg", local_steps=1, local_lr=0.05))
     assert row["status"] == "ok" and row["attack"] == "rgap" and row["converged"] is True, row
     assert row["psnr_mean"] >= 30 and row["label_accuracy"] == 1.0
+
+
+def test_the_existing_app_example_runs_flower_on_gradleaks_loopback_ray(tmp_path, monkeypatch):
+    """examples/flower_existing_app.py (the README's "add the audit to your Flower app"): its
+    simulation runs inside gradleak.localray.local_ray, so Ray stays on 127.0.0.1 (a plain
+    ray.init, which run_simulation does without a running instance, listens on every interface).
+    The federation itself is not run here (test_flower_example_federation_... runs one)."""
+    import contextlib
+    import importlib.util
+    from pathlib import Path
+
+    import gradleak.localray
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "flower_existing_app.py"
+    spec = importlib.util.spec_from_file_location("gradleak_example_flower_existing_app", path)
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    inside = []
+
+    @contextlib.contextmanager
+    def fake_local_ray(num_cpus, **kwargs):
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.append(False)
+
+    def fake_run_simulation(**kwargs):
+        assert inside == [True], "run_simulation outside local_ray"
+        assert "init_args" not in kwargs["backend_config"]   # nothing of its own for ray.init
+        assert kwargs["num_supernodes"] == app.CLIENTS and kwargs["server_app"] is app.server
+        (tmp_path / "audit-example").mkdir()
+        (tmp_path / "audit-example" / "audit.csv").write_text("round,client\n")
+
+    monkeypatch.setattr(gradleak.localray, "local_ray", fake_local_ray)
+    monkeypatch.setattr(app, "run_simulation", fake_run_simulation)
+    monkeypatch.chdir(tmp_path)
+    assert app.run() == "round,client\n" and inside == [True, False]

@@ -321,3 +321,16 @@ def test_auto_fallbacks_of_the_cell_identity_are_autos_choices():
     chosen = {auto_fallback(update(k, **t)) for k in (1, 2, 8)
               for t in ({}, {"name": "fedavg", "local_steps": 3}, {"name": "aggregate", "clients": 4})}
     assert chosen == set(AUTO_FALLBACKS)
+
+
+def test_the_readme_sweep_example_is_a_valid_spec_of_36_cells():
+    """examples/sweep-batch-defense.yaml, the README's sweep example: 2 attacks x 3 batch sizes x
+    2 defenses x 3 seeds, each cell a distinct resolved config."""
+    from gradleak.sweep.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "examples" / "sweep-batch-defense.yaml")
+    assert len(spec.cells) == 36 and len({c.cell_id for c in spec.cells}) == 36
+    assert {c.config["attack"] for c in spec.cells} == {"dlg", "idlg"}
+    assert {c.config["batch_size"] for c in spec.cells} == {1, 2, 4}
+    assert {tuple(c.config["defense"]) for c in spec.cells} == {(), ("gaussian:0.001",)}
+    assert all(c.config["model"] == "lenet-dlg" and c.config["iterations"] == 50 for c in spec.cells)
