@@ -444,3 +444,24 @@ def test_extreme_numbers_render_on_every_page(tmp_path):
     for folder, other in (("a", "b"), ("audit-a", "audit-b")):
         assert "<h1>" in render_dashboard(tmp_path / folder).read_text()
         assert "Matching rule" in render_dashboard(tmp_path / folder, compare=tmp_path / other).read_text()
+    # judged: every cell / client has its row and verdict; a PSNR that is no finite float (10**400,
+    # inf stored as JSON) counts as no ground truth, so the converged attack is a presumed leak (*)
+    sweep = _row_verdicts(render_dashboard(tmp_path / "a").read_text(), key=2)
+    assert sweep == {"0": "leaked", "1": "defended", "2": "leaked*", "3": "leaked*", "4": "defended"}
+    audit = _row_verdicts(render_dashboard(tmp_path / "audit-a").read_text(), key=0)
+    assert audit == {"0": "leaked", "1": "defended", "2": "leaked", "3": "leaked*", "4": "defended"}
+
+
+def _row_verdicts(html: str, key: int) -> dict[str, str]:
+    """{the row's ``key``-th cell (a seed or client id): its verdict badge ("*": presumed)} over the
+    table rows that have a badge and a number there."""
+    import re
+
+    out = {}
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", html, re.S):
+        badge = re.search(r'class="badge v-(\w+)( presumed)?"', row)
+        if badge:
+            cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+            if len(cells) > key and cells[key].isdigit():  # a cell's or client's row, not a count table
+                out[cells[key]] = badge.group(1) + ("*" if badge.group(2) else "")
+    return out

@@ -225,3 +225,9 @@ def test_optimizers_draw_each_sample_under_every_optimizer(tmp_path):
     result, _ = run_experiment("optimizers", make_options(out=str(out), smoke=True, progress=False, executor="inline",
                                                           iterations=3))
     assert "reconstructions.png" in result.figures and (out / "reconstructions.png").stat().st_size > 1000
+    # every optimizer attacked the drawn sample (each is a row of the figure under the original)
+    assert {(r["optimizer"], r["sample"]) for r in result.rows} == {("lbfgs", 0), ("adam", 0), ("sgd", 0)}
+    from PIL import Image
+
+    with Image.open(out / "reconstructions.png") as im:
+        assert im.height > 1.5 * im.width  # the original and 3 answers stacked, one image each

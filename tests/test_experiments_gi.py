@@ -161,7 +161,7 @@ def test_identifiability_smoke(tmp_path):
     assert all(_f(r["grad_norm"]) > 0 and math.isfinite(_f(r["psnr"])) for r in rows)
     k4 = [r for r in random if r["batch_size"] == "4"]
     iip = sum(r["identified"] == "True" for r in k4) / len(k4)
-    assert iip >= 0.5  # chance is ~1/20; observed 1.0
+    assert iip >= 0.75  # 3 of 4 at least; chance is ~1/20; observed 1.0
     assert _mean(k4, "psnr") >= 14.0  # observed 16.5 dB
     # The vulnerable batch is built from the largest per-class gradient norms.
     assert _mean(vulnerable, "grad_norm") >= _mean(k4, "grad_norm")

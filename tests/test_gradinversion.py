@@ -73,7 +73,8 @@ def test_bn_prior_exact_is_zero_at_the_true_batch(spec, batch, update):
     grads, stats = victim.batched(spec.normalize(batch.images).unsqueeze(0), batch.labels)
     assert bn_prior(stats, targets).item() < 1e-4
     # The same forward pass yields the client's gradient.
-    for g, t in zip(grads, victim.target):
+    assert len(victim.target) > 0
+    for g, t in zip(grads, victim.target, strict=True):
         assert torch.allclose(g[0], t, rtol=1e-4, atol=1e-6)
     # And a random batch is far from the statistics.
     _, stats = victim.batched(torch.randn(1, 4, 3, 32, 32), batch.labels)
@@ -106,7 +107,7 @@ def test_batched_gradients_are_each_candidates_own(spec, batch, update):
     assert [tuple(g.shape) for g in grads] == [(3, *t.shape) for t in victim.target]
     for g in range(3):
         own = victim(x[g], batch.labels, create_graph=False)
-        for a, b in zip(grads, own):
+        for a, b in zip(grads, own, strict=True):
             assert torch.allclose(a[g], b, rtol=1e-4, atol=1e-6)
         # BN statistics of candidate g's own batch, as the client's recorder sees them.
         module = copy.deepcopy(spec.module).train()
@@ -421,7 +422,7 @@ def test_box_is_a_gradinversion_flag_only(tmp_path, capsys):
     assert main([*base, "--attack", "ig", "--box", "--out", str(tmp_path / "ig")]) == 2
     assert "option --box does not apply to attack 'ig'" in capsys.readouterr().err
     assert not (tmp_path / "ig").exists()
-    assert main([*base, "--attack", "gradinversion", "--seeds", "1", "--box", "--out", str(tmp_path / "gi")]) in (0, 1)
+    assert main([*base, "--attack", "gradinversion", "--seeds", "1", "--box", "--out", str(tmp_path / "gi")]) == 0
     import json
     assert json.loads((tmp_path / "gi" / "config.json").read_text())["box"] is True
 

@@ -205,7 +205,7 @@ def test_fedavg_one_local_step(imprinted, source):
     update = share(imprinted, batch, ThreatModel(name="fedavg", local_steps=1, local_lr=0.01), private_seed=0)
     rec = imprint_attack(update, imprinted)
     assert rec.extra["nonempty_bins"] == 4 and rec.extra["exact"] is True  # rounding noise is not a sample
-    assert min(_psnrs(rec, batch)) >= 35
+    assert min(_psnrs(rec, batch)) >= 60  # measured 100 dB (the cap) for all 4
 
 
 def test_refusals_are_typed(victim, imprinted, source):

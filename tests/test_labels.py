@@ -12,8 +12,6 @@ the assertions below leave margin to):
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 
@@ -93,9 +91,9 @@ def test_count_rule_is_exact_for_background_probabilities():
     y = torch.nn.functional.one_hot(labels, n).double()
     bias_grad = (p - y).mean(dim=0)
     assert torch.equal(count_labels(bias_grad, k), labels)
-    # LLG's impact subtraction has no background correction: here it gives class 0 a 4th count.
-    assert llg_counts(bias_grad, k).shape == (k,)
-    assert sorted(Counter(count_labels(bias_grad, k).tolist()).values()) == [1, 1, 1, 2, 3]
+    # LLG's impact subtraction has no background correction: here it gives class 0 a 4th count
+    # (and class 3 only one), where the count rule above is exact.
+    assert llg_counts(bias_grad, k).tolist() == [0, 0, 0, 0, 3, 7, 8, 9]
 
 
 def test_count_labels_always_returns_k_entries():

@@ -335,6 +335,8 @@ def test_resume_of_the_saved_state_finishes_like_an_uninterrupted_run(saved_stat
     assert main(["attack", "--attack", "idlg", "--iterations", "8", "--no-progress", "--no-paper-metrics",
                  "--log-every", "1", "--threads", "1", "--out", str(tmp_path / "b")]) == 0
     capsys.readouterr()
+    # it continued from the saved step, not from the start (the comparison below ignores resumed_at)
+    assert json.loads((out / "metrics.json").read_text())["resumed_at"] == [{"phase": "trial-0", "iteration": 4}]
     _finished_equal(out, tmp_path / "b")
     # the PSNR observed before the interruption is in the history too
     rows = (out / "history.csv").read_text().splitlines()[1:]

@@ -1,7 +1,7 @@
 """R-GAP (attacks/rgap.py): the closed-form recursive attack, its rank analysis and its refusals.
 
 * On DLG's LeNet (32 px, batch 1) it rebuilds a CIFAR sample photo and a photo from outside the
-  sample sets (scikit-image's, benchmarks/robustness.py ``build_photo_set``) to >= 30 dB with the
+  sample sets (scikit-image's, benchmarks/robustness.py ``build_photo_set``) to >= 55 dB with the
   right label, with no optimisation (iterations 0), and its answer explains the shared update
   (relative gradient distance ~1e-10). Measured on this CPU, one thread: 75-100 dB on 6 CIFAR
   samples and 11 scikit-image/scikit-learn photos, ~2-3 s each (DLG's 300 L-BFGS steps: ~20 s).
@@ -72,7 +72,7 @@ def _spec(module: nn.Module, size: int) -> ModelSpec:
 def test_rebuilds_a_cifar_photo_in_closed_form(cifar_case):
     batch, update, rec = cifar_case
     ev = evaluate(rec, batch)
-    assert ev.psnr_mean >= 30, (ev.psnr_mean, rec.extra)
+    assert ev.psnr_mean >= 55, (ev.psnr_mean, rec.extra)
     assert ev.label_accuracy == 1.0 and rec.labels.tolist() == batch.labels.tolist()
     assert rec.extra["relative_gradient_distance"] <= 1e-6
     assert rec.iterations == 0 and rec.label_method == "rgap" and rec.wall_seconds > 0
@@ -93,7 +93,7 @@ def test_rebuilds_a_photo_from_outside_the_sample_sets(lenet, tmp_path):
     batch = batch_of(source, [1], 32, 3)
     rec = rgap(fedsgd(lenet, batch), lenet)
     ev = evaluate(rec, batch)
-    assert ev.psnr_mean >= 30 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
+    assert ev.psnr_mean >= 55 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
     assert rec.extra["relative_gradient_distance"] <= 1e-6
 
 
@@ -104,7 +104,7 @@ def test_fedavg_single_local_step(lenet, cifar):
     check_rgap(update, lenet)
     rec = rgap(update, lenet)
     ev = evaluate(rec, batch)
-    assert ev.psnr_mean >= 30 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
+    assert ev.psnr_mean >= 55 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
     assert rec.extra["relative_gradient_distance"] <= 1e-6
 
 
@@ -116,7 +116,9 @@ def test_uses_the_updates_weights_not_the_models_current_ones(lenet, cifar):
         for p in moved.module.parameters():
             p.add_(0.05)
     rec = rgap(update, moved)
-    assert evaluate(rec, batch).psnr_mean >= 30
+    assert evaluate(rec, batch).psnr_mean >= 55
+    # the same answer as from the model whose weights the update was computed at
+    assert torch.allclose(rec.images, rgap(update, lenet).images, atol=1e-5)
 
 
 def test_tanh_leaky_relu_and_hidden_linear_layers():
@@ -128,7 +130,7 @@ def test_tanh_leaky_relu_and_hidden_linear_layers():
     batch = batch_of(open_source("cifar10-samples"), [3], 12, 3)
     rec = rgap(fedsgd(model, batch), model)
     ev = evaluate(rec, batch)
-    assert ev.psnr_mean >= 30 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
+    assert ev.psnr_mean >= 55 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
     acts = [e["activation"] for e in rec.extra["rank_analysis"]]
     assert acts == ["leaky_relu", "tanh", "sigmoid", "identity"]
     assert rec.extra["layers_determined"] == 4

@@ -161,9 +161,16 @@ def test_text_dpsgd_without_noise_is_the_clipped_mean(tiny):
     for k in plain:
         assert torch.allclose(plain[k], big[k], atol=1e-6), k
     per = per_sentence_gradients(tiny, batch)
+    assert len(per) == 2
+    for k in plain:  # each sentence alone, trimmed to its length: they average to the batch gradient
+        assert torch.allclose(plain[k], (per[0][k] + per[1][k]) / 2, atol=1e-6), k
+    # clip 1e-3 is far below both sentences' norms: each is scaled to norm exactly 1e-3, then averaged
     small = text_dpsgd(tiny, batch, parse_defense("dpsgd:clip=1e-3,noise=0"), torch.Generator()).gradients
-    norm = torch.stack([v.norm() for v in small.values()]).norm()
-    assert norm <= 1e-3 + 1e-9 and len(per) == 2
+    norms = [torch.stack([g.norm() for g in grads.values()]).norm() for grads in per]
+    assert min(norms) > 1e-2
+    for k in small:
+        expected = sum(grads[k] * (1e-3 / n) for grads, n in zip(per, norms, strict=True)) / 2
+        assert torch.allclose(small[k], expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max())), k
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -220,7 +227,8 @@ def test_cli_share_then_attack_file(tmp_path, capsys):
     args = ["--modality", "text", "--data", data, "--batch-size", "1", "--seed", "1"]
     code, stdout, err = run_cli(["share", *args, "--out", tmp_path / "u.safetensors", "--truth",
                                  tmp_path / "t.safetensors"], capsys)
-    assert code == 0, err and "text update" in stdout
+    assert code == 0, err
+    assert "text update" in stdout
     code, _, err = run_cli(["attack", "--modality", "text", "--no-progress", "--update", tmp_path / "u.safetensors",
                             "--truth", tmp_path / "t.safetensors", "--seed", "1", "--out", tmp_path / "file"], capsys)
     assert code == 0, err

@@ -67,7 +67,8 @@ def test_the_attacker_simulation_reproduces_the_update_on_the_true_data(case, th
     x = model.normalize(batch.images[order])
     with torch.enable_grad():
         out = sim(x, batch.labels[order], create_graph=False)
-    for got, want in zip(out, sim.target):
+    assert len(sim.target) > 0
+    for got, want in zip(out, sim.target, strict=True):
         torch.testing.assert_close(got.detach(), want, rtol=1e-4, atol=1e-6)
 
 
