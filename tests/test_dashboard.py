@@ -444,8 +444,10 @@ def test_extreme_numbers_render_on_every_page(tmp_path):
     for folder, other in (("a", "b"), ("audit-a", "audit-b")):
         assert "<h1>" in render_dashboard(tmp_path / folder).read_text()
         assert "Matching rule" in render_dashboard(tmp_path / folder, compare=tmp_path / other).read_text()
-    # judged: every cell / client has its row and verdict; a PSNR that is no finite float (10**400,
-    # inf stored as JSON) counts as no ground truth, so the converged attack is a presumed leak (*)
+    # judged: every cell / client has its row and verdict. In a sweep a PSNR that is no finite float
+    # is stored as null (sweep/store.py: JSON has no inf) and counts as no ground truth, so the
+    # converged attack is a presumed leak (*); audit.csv's "inf" is read as a perfect rebuild. The
+    # two differ only on hand-made data: gradleak's own PSNRs are capped at 100 dB.
     sweep = _row_verdicts(render_dashboard(tmp_path / "a").read_text(), key=2)
     assert sweep == {"0": "leaked", "1": "defended", "2": "leaked*", "3": "leaked*", "4": "defended"}
     audit = _row_verdicts(render_dashboard(tmp_path / "audit-a").read_text(), key=0)
