@@ -184,6 +184,7 @@ def test_identifiability_spearman_gives_ties_their_average_rank():
     assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert spearman([1.0, 2.0], [2.0, 1.0]) is None  # fewer than 3 pairs
     assert spearman([1.0, 2.0, 3.0], [5.0, 5.0, 5.0]) is None  # constant: undefined
+    assert spearman([1.0, 2.0, float("nan")], [1.0, 2.0, 3.0]) is None  # not a number: no rank
 
 
 def _fashion_mnist_subset(folder: Path, train: int, test: int) -> Path:

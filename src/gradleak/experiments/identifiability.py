@@ -56,10 +56,12 @@ def vulnerable_indices(source: Any, norms: torch.Tensor, k: int) -> list[int]:
 def spearman(x: list[float], y: list[float]) -> float | None:
     """Spearman's rank correlation, tied values given their average rank (scipy's definition; the
     vulnerable batches repeat the same images in every seed, so their norms tie); None below 3
-    pairs or when either side is constant."""
+    pairs, when either side is constant or when a value is not finite."""
+    import math
+
     from scipy.stats import spearmanr
 
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+    if len(x) < 3 or not all(math.isfinite(v) for v in (*x, *y)) or len(set(x)) < 2 or len(set(y)) < 2:
         return None
     return float(spearmanr(x, y).statistic)
 
