@@ -18,6 +18,7 @@ from .console import notice_once
 from .errors import GradleakError
 
 EXIT_USAGE = 2
+MAX_ERROR_LINE = 2000   # characters of an error message shown (each echoed value is cut shorter)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -301,12 +302,57 @@ def _say(note: str | None) -> None:
         print(f"note: {note}")
 
 
-def cmd_attack(args: argparse.Namespace) -> int:
-    from .pipeline import run
+def check_names(*, model: str | None = None, data: str | None = None, defenses: Sequence[str] = (),
+                attacks: Sequence[str] = (), text: bool = False) -> None:
+    """Unknown names, answered (with a "did you mean") before torch is imported. A data value
+    that is not a source name but is, or looks like, a path is left to the data loader."""
+    from .catalog import DEFENSES, SOURCES, check, unknown
 
+    for attack in attacks:
+        check("text attack" if text else "attack", attack)
+    if model is not None and ":" not in model:
+        check("text model" if text else "model", model, "" if text else " or package.module:callable")
+    for spec in defenses:
+        name = str(spec).strip().partition(":")[0].strip().lower()
+        if name not in DEFENSES:
+            raise unknown("defense", name, DEFENSES)
+    if (not text and data is not None and data not in SOURCES and not Path(data).expanduser().exists()
+            and not any(c in data for c in "/.~")):
+        raise unknown("data source", data, SOURCES, ", or a path to an image folder")
+
+
+def precheck(cfg: Any) -> None:
+    """Answer the common mistakes in a run's config before torch is imported (it takes 2-3 s):
+    unknown names (with a "did you mean"), input files that cannot be read, an --out that
+    cannot be written. Only what the user gave is checked (a name an --update file decides is
+    checked when it is read); the pipeline checks everything again, this only answers fast."""
+    from .catalog import SERVERS, check, unknown
+    from .paths import check_input_file, check_output_dir
+
+    given = cfg.model_fields_set
+    text = cfg.modality == "text"
+    check_names(attacks=[cfg.attack] if "attack" in given else [], model=cfg.model if "model" in given else None,
+                data=cfg.data if "data" in given else None, defenses=cfg.defense, text=text)
+    if cfg.preset is not None:
+        check("preset", cfg.preset)
+    server = cfg.server.strip().partition(":")[0].strip().lower()
+    if server not in SERVERS:
+        raise unknown("server", server, SERVERS, " (e.g. imprint:bins=64)")
+    for field in ("update", "truth", "checkpoint"):
+        path = getattr(cfg, field)
+        if path is not None:
+            check_input_file(path, "--" + field)
+    if cfg.out is not None:
+        check_output_dir(cfg.out)
+
+
+def cmd_attack(args: argparse.Namespace) -> int:
     if getattr(args, "resume", None):
         return cmd_resume(args)
     cfg = _config_from(args)
+    precheck(cfg)
+    from .pipeline import run
+
     threads, note = _threads_for_busy_cpu(cfg.threads, cfg.device, cfg.nproc)
     if threads != cfg.threads:
         cfg.threads = threads  # recorded in config.json: a rerun from it uses the same threads
@@ -326,9 +372,9 @@ SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "s
 
 def cmd_share(args: argparse.Namespace) -> int:
     from .paths import check_distinct, check_output_file
-    from .pipeline.image import simulate_client
 
     cfg = _config_from(args, SHARE_FIELDS)
+    precheck(cfg)
     # Checked before the client is simulated: both are files gradleak may create or replace,
     # and never the same file (nor one of the inputs).
     out = check_output_file(args.out, "--out")
@@ -340,6 +386,8 @@ def cmd_share(args: argparse.Namespace) -> int:
 
         case = share_text_client(cfg)
     else:
+        from .pipeline.image import simulate_client
+
         case = simulate_client(cfg)
     case.save(out, truth_path)
     print(case.share_line(out, truth_path))
@@ -390,10 +438,16 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from .experiments import ExperimentOptions, make_options, run_experiment
+    from .catalog import check
+    from .experiments import ExperimentOptions, make_options
 
+    check("experiment", args.name)
     values = {k: getattr(args, k) for k in ExperimentOptions.model_fields if hasattr(args, k)}
-    result, out = run_experiment(args.name, make_options(**values))
+    options = make_options(**values)
+    check_names(model=options.model, data=options.data, attacks=options.attacks or ())
+    from .experiments import run_experiment
+
+    result, out = run_experiment(args.name, options)
     _print_experiment(result, out)
     return 0
 
@@ -412,13 +466,15 @@ def _print_experiment(result: Any, out: Path) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import torch
-
     from .errors import ConfigError
-    from .training import TrainConfig, train
 
     if args.threads is not None and not 1 <= args.threads <= 512:
         raise ConfigError(f"--threads must be in 1..512, got {args.threads}")
+    check_names(model=args.model, data=args.data, defenses=args.defense or ())
+    import torch
+
+    from .training import TrainConfig, train
+
     threads, note = _threads_for_busy_cpu(args.threads, getattr(args, "device", None) or "cpu")
     if threads:
         torch.set_num_threads(threads)
@@ -470,27 +526,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .attacks import attack_names
-    from .data import SOURCE_NAMES
-    from .models import describe_models
+    """`gradleak list`, from the torch-free catalog (tests/test_catalog.py holds it to the registries)."""
+    from . import catalog
 
     print("models:")
-    for k, v in describe_models().items():
+    for k, v in sorted(catalog.MODELS.items()):
         print(f"  {k:20s} {v}")
-    print("data sources: " + ", ".join(SOURCE_NAMES) + ", or a folder (ImageFolder layout)")
-    print("attacks: " + ", ".join(attack_names()))
-    from .text.attacks import TEXT_ATTACKS
-    from .text.models import TEXT_MODELS
-
+    print("data sources: " + ", ".join(catalog.SOURCES) + ", or a folder (ImageFolder layout)")
+    print("attacks: " + ", ".join(catalog.IMAGE_ATTACKS))
     print("text models (--modality text):")
-    for k, v in TEXT_MODELS.items():
+    for k, v in catalog.TEXT_MODELS.items():
         print(f"  {k:20s} {v}")
-    print("text attacks: " + ", ".join(TEXT_ATTACKS) + "; text data: --text \"...\" (repeatable) or --data FILE.txt")
-    from .experiments.base import EXPERIMENTS, experiment_names
-
+    print("text attacks: " + ", ".join(catalog.TEXT_ATTACKS) + "; text data: --text \"...\" (repeatable) or --data FILE.txt")
     print("experiments:")
-    for name in experiment_names():
-        print(f"  {name:20s} {EXPERIMENTS[name][1]}")
+    for k, v in sorted(catalog.EXPERIMENTS.items()):
+        print(f"  {k:20s} {v}")
     return 0
 
 
@@ -750,7 +800,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except GradleakError as exc:
-        print(f"gradleak: error: {exc}", file=sys.stderr)
+        from .paths import one_line
+
+        # one line, bounded whatever a message echoes (a hostile file's megabyte of text)
+        print(f"gradleak: error: {one_line(str(exc), MAX_ERROR_LINE)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # attacks.state.Interrupted: state saved, says how to resume
         print(f"gradleak: {exc}" if str(exc) else "gradleak: interrupted", file=sys.stderr)

@@ -24,7 +24,9 @@ import typing
 
 import torch
 
-from ..errors import ConfigError, UnknownNameError
+from ..catalog import unknown
+from ..errors import ConfigError
+from ..paths import one_line
 from ..fl.update import SharedUpdate
 from .base import Defense
 from .dpsgd import DPSGD
@@ -54,9 +56,9 @@ def _convert(defense: str, field: dataclasses.Field, text: str) -> object:
         value = float(text)
     except ValueError:
         want = "an integer" if kind == "int" else "a number"
-        raise ConfigError(f"defense {defense}: {field.name} must be {want}, got {text!r}") from None
+        raise ConfigError(f"defense {defense}: {field.name} must be {want}, got {one_line(repr(text), 80)}") from None
     if not math.isfinite(value):
-        raise ConfigError(f"defense {defense}: {field.name} must be a finite number, got {text!r}")
+        raise ConfigError(f"defense {defense}: {field.name} must be a finite number, got {one_line(repr(text), 80)}")
     return value
 
 
@@ -64,29 +66,29 @@ def parse_defense(spec: str) -> Defense:
     """One spec string -> a validated Defense. ConfigError for malformed specs or values,
     UnknownNameError for an unknown defense name."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"defense spec must be a non-empty string like 'gaussian:0.01', got {spec!r}")
+        raise ConfigError(f"defense spec must be a non-empty string like 'gaussian:0.01', got {one_line(repr(spec), 80)}")
     head, sep, rest = spec.strip().partition(":")
     name = head.strip().lower()
     if name not in DEFENSES:
-        raise UnknownNameError(f"unknown defense {head.strip()!r} in {spec!r}; known: {', '.join(defense_names())}")
+        raise unknown("defense", head.strip(), defense_names(), f" (in {one_line(repr(spec), 80)})")
     cls = DEFENSES[name]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, str] = {}
     if sep:
         if not rest.strip():
-            raise ConfigError(f"defense {name}: missing value after ':' in {spec!r}")
+            raise ConfigError(f"defense {name}: missing value after ':' in {one_line(repr(spec), 80)}")
         if not fields:
-            raise ConfigError(f"defense {name} takes no parameters, got {spec!r}")
+            raise ConfigError(f"defense {name} takes no parameters, got {one_line(repr(spec), 80)}")
         for i, token in enumerate(t.strip() for t in rest.split(",")):
             if not token:
-                raise ConfigError(f"defense {name}: empty parameter in {spec!r}")
+                raise ConfigError(f"defense {name}: empty parameter in {one_line(repr(spec), 80)}")
             key, eq, text = (s.strip() for s in token.partition("="))
             if not eq:
                 if cls.positional is None:
-                    raise ConfigError(f"defense {name}: bare value {token!r}; write key=value pairs, e.g. "
+                    raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; write key=value pairs, e.g. "
                                       f"{_example(name)}")
                 if i > 0:
-                    raise ConfigError(f"defense {name}: bare value {token!r}; only the first parameter "
+                    raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; only the first parameter "
                                       f"({cls.positional}) may be given without its key")
                 key, text = cls.positional, token
             if key not in fields:
@@ -94,7 +96,7 @@ def parse_defense(spec: str) -> Defense:
             if not text:
                 raise ConfigError(f"defense {name}: missing value for {key}")
             if key in values:
-                raise ConfigError(f"defense {name}: {key} given twice in {spec!r}")
+                raise ConfigError(f"defense {name}: {key} given twice in {one_line(repr(spec), 80)}")
             values[key] = text
     missing = [f for f, fld in fields.items() if f not in values
                and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING]

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..catalog import MODELS
 from ..errors import ModelMismatchError
 from .registry import register_model
 
@@ -129,7 +130,4 @@ def efficientnet_lite0(num_classes: int, channels: int, image_size: int, **kw: A
     return net
 
 
-register_model(
-    MODEL_NAME, efficientnet_lite0, 224, LITE_MEAN, LITE_STD,
-    "EfficientNet-Lite0, ImageNet-pretrained BatchNorm net (offline weights; dropout off)",
-)
+register_model(MODEL_NAME, efficientnet_lite0, 224, LITE_MEAN, LITE_STD, MODELS[MODEL_NAME])

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..catalog import MODELS, unknown
 from ..errors import ModelMismatchError, UnknownNameError
 from .small import MLP, ConvNet, LeNetDLG
 
@@ -122,12 +123,12 @@ class _Entry:
 
 # mean 0 / std 1 for LeNet: the DLG code feeds ToTensor() pixels without normalisation.
 _REGISTRY: dict[str, _Entry] = {
-    "lenet-dlg": _Entry(_lenet, 32, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights"),
-    "convnet": _Entry(_convnet, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "small CNN with BatchNorm (--width, default 32)"),
-    "mlp": _Entry(_mlp, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "fully connected: Linear(C*H*W, width) - ReLU - Linear (--width, default 1024)"),
-    "resnet18": _Entry(_torchvision_resnet("resnet18", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-18"),
-    "resnet50": _Entry(_torchvision_resnet("resnet50", False), 224, IMAGENET_MEAN, IMAGENET_STD, "torchvision ResNet-50"),
-    "resnet18-cifar": _Entry(_torchvision_resnet("resnet18", True), 32, IMAGENET_MEAN, IMAGENET_STD, "ResNet-18 with a 3x3 stem for 32 px"),
+    "lenet-dlg": _Entry(_lenet, 32, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), MODELS["lenet-dlg"]),
+    "convnet": _Entry(_convnet, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), MODELS["convnet"]),
+    "mlp": _Entry(_mlp, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), MODELS["mlp"]),
+    "resnet18": _Entry(_torchvision_resnet("resnet18", False), 224, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet18"]),
+    "resnet50": _Entry(_torchvision_resnet("resnet50", False), 224, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet50"]),
+    "resnet18-cifar": _Entry(_torchvision_resnet("resnet18", True), 32, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet18-cifar"]),
 }
 
 
@@ -150,7 +151,7 @@ def default_image_size(name: str) -> int:
         return _REGISTRY[name].image_size
     if ":" in name:
         return 32
-    raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())} or package.module:callable")
+    raise unknown("model", name, model_names(), " or package.module:callable")
 
 
 def _user_model(spec: str, num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
@@ -202,7 +203,7 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
             module = _user_model(name, num_classes, channels, size, **kwargs)
             mean, std = (0.5,) * channels, (0.5,) * channels
         else:
-            raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())} or package.module:callable")
+            raise unknown("model", name, model_names(), " or package.module:callable")
     finally:
         torch.random.set_rng_state(gen_state)
     spec = ModelSpec(name=name, module=module, input_shape=(channels, size, size), num_classes=num_classes,
