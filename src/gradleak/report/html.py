@@ -323,14 +323,35 @@ def _other_metrics(metrics: Mapping[str, Any]) -> str:
     if scalars:
         out += "<h2>Other metrics</h2>" + _kv_table(scalars)
     if others:
-        out += ("<h2>Other recorded fields</h2><pre>"
-                + escape(json.dumps(others, indent=2, default=str, ensure_ascii=False)) + "</pre>")
+        out += "<h2>Other recorded fields</h2>" + folded_json(
+            others, f"{len(others)} structured fields ({', '.join(escape(str(k)) for k in list(others)[:8])}"
+                    f"{', ...' if len(others) > 8 else ''}), as recorded in metrics.json")
     return out
 
 
-def _loss(history: list[dict[str, Any]] | None) -> str:
+def folded_json(value: Any, summary: str) -> str:
+    """A JSON dump folded behind a <details> element: the raw record is there for whoever wants
+    it, without pushing a long block of text onto every reader of the page."""
+    text = json.dumps(value, indent=2, default=str, ensure_ascii=False)
+    return f"<details><summary>{summary}</summary><pre>{escape(text)}</pre></details>"
+
+
+def _iterations_logged(history: list[dict[str, Any]]) -> int:
+    return len({str(row.get("iteration")) for row in history if row.get("loss") not in (None, "")})
+
+
+def _loss(history: list[dict[str, Any]] | None, metrics: Mapping[str, Any]) -> str:
     if history is None:
         return '<h2>Loss</h2><p class="muted">no history.csv in this run folder</p>'
+    if _iterations_logged(history) < 2:
+        # A closed-form attack (or a run stopped at its first step) has at most one point: a chart
+        # of it would be an empty axis. Say what there is instead.
+        dist = metrics.get("relative_gradient_distance")
+        shown = (f" Its answer's relative gradient distance is {_number('relative_gradient_distance', dist)}."
+                 if isinstance(dist, (int, float)) and not isinstance(dist, bool) else "")
+        why = ("the attack computes its answer in closed form; it does not optimise" if metrics.get("closed_form")
+               or metrics.get("iterations") in (0, None) else "the run logged a single iteration")
+        return f'<h2>Loss</h2><p class="muted">No loss curve: {why}.{shown}</p>'
     return "<h2>Loss</h2>" + figure(loss_plot_png(history), "loss curve",
                                     "Gradient-matching loss per logged iteration (log scale).")
 
@@ -345,8 +366,8 @@ def _versions(metrics: Mapping[str, Any]) -> str:
 def _config(config: Any) -> str:
     if config is None:
         return '<h2>Config</h2><p class="muted">no config.json in this run folder</p>'
-    text = json.dumps(config, indent=2, default=str, ensure_ascii=False)
-    return f"<h2>Config</h2><pre>{escape(text)}</pre>"
+    return "<h2>Config</h2>" + folded_json(
+        config, "the run's resolved config (config.json; <code>gradleak attack --config</code> reruns it)")
 
 
 # --------------------------------------------------------------------------- page
@@ -389,7 +410,7 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
         f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>',
         _per_image(metrics, has_truth),
         _other_metrics(metrics),
-        _loss(history),
+        _loss(history, metrics),
         _versions(metrics),
         _config(config),
     ])

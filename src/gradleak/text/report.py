@@ -12,7 +12,6 @@ history.csv (iteration,loss,phase,token_accuracy) optional.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.figures import _as_float, _png_bytes
-from ..report.html import (_check_run_dir, check_report_target, read_csv_rows, read_json_file, read_metrics,
+from ..report.html import (_check_run_dir, folded_json, check_report_target, read_csv_rows, read_json_file, read_metrics,
                            report_subtitle)
 from ..report.page import data_uri, format_value, html_page, kv_table, page_css, verdict_notice, write_page
 
@@ -192,7 +191,8 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
                   "(optimisation, then each accepted search move) and token accuracy where observed."
                   "</figcaption></figure>")
     versions = metrics.get("versions")
-    config_text = escape(json.dumps(config, indent=2, ensure_ascii=False)) if config is not None else "none"
+    config_html = ("<p class=\"muted\">no config.json in this run folder</p>" if config is None else folded_json(
+        config, "the run's resolved config (config.json; <code>gradleak attack --config</code> reruns it)"))
     body = "\n".join([
         f"<h2>Summary</h2>{verdict_notice(metrics)}{_table(summary, dict(_SUMMARY))}{before}",
         f"<h2>What was attacked</h2>{_table(attacked)}",
@@ -200,7 +200,7 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
         _bag(metrics),
         figure,
         "<h2>Versions</h2>" + _table(versions) if isinstance(versions, Mapping) else "",
-        f"<h2>Config</h2><pre>{config_text}</pre>",
+        f"<h2>Config</h2>{config_html}",
     ])
     return write_page(target, html_page(title, report_subtitle("text run report", run_dir, name), body, css=_CSS))
 

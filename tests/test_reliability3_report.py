@@ -1,0 +1,47 @@
+"""Reports (issue 43): a closed-form run draws no empty loss chart, and the raw JSON records
+(config, structured metrics) are folded away behind <details>, not dumped at the page's end."""
+
+from __future__ import annotations
+
+import re
+
+from gradleak.cli import main
+
+
+def _body_after(html: str, heading: str) -> str:
+    return html.split(f"<h2>{heading}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
+def test_closed_form_report_has_no_empty_loss_chart(tmp_path, capsys):
+    out = tmp_path / "run"
+    # auto on one photo of the DLG LeNet: R-GAP's closed form answers (iterations 0)
+    assert main(["attack", "--no-progress", "--threads", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    html = (out / "report.html").read_text()
+    loss = _body_after(html, "Loss")
+    assert "<img" not in loss and "closed form" in loss, loss
+    assert "relative gradient distance" in loss
+    for heading in ("Config", "Other recorded fields"):
+        section = _body_after(html, heading)
+        assert section.startswith("<details><summary>"), (heading, section[:200])
+        assert "</pre></details>" in section, heading
+    # no <pre> outside a <details> element
+    assert all("</summary><pre>" in html[max(0, i - 400):i + 5] for i in [m.start() for m in re.finditer("<pre>", html)])
+
+
+def test_optimised_run_still_draws_its_loss(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["attack", "--attack", "dlg", "--iterations", "6", "--stall-restarts", "0", "--no-progress",
+                 "--threads", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    loss = _body_after((out / "report.html").read_text(), "Loss")
+    assert "<img" in loss and "No loss curve" not in loss
+
+
+def test_text_report_folds_its_config(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["attack", "--modality", "text", "--text", "the code is 1234", "--attack", "bow", "--no-progress",
+                 "--threads", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    config = _body_after((out / "report.html").read_text(), "Config")
+    assert config.startswith("<details><summary>") and "<pre>" in config
