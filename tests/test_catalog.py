@@ -67,6 +67,7 @@ MISTAKES = [
     (["experiment", "batch-size", "--attacks", "dlg,idgl", "--out", "/tmp/never-written"], "did you mean 'idlg'"),
     (["train", "--model", "resnet", "--out", "/tmp/never-written"], "did you mean"),
     (["train", "--defense", "prun:0.5", "--out", "/tmp/never-written"], "did you mean 'prune'"),
+    (["report", "/nonexistent/never-written-run"], "does not exist"),
 ]
 
 

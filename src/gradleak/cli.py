@@ -516,7 +516,16 @@ def _is_text_run(run: Path) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if _is_text_run(Path(args.run)):
+    import os
+
+    from .errors import DataError
+    from .paths import one_line
+
+    run = Path(args.run)
+    if not os.path.lexists(run) or not run.is_dir():  # answered before the report modules (torch) load
+        what = "does not exist" if not os.path.lexists(run) else "is not a folder; give a run folder (an --out of attack)"
+        raise DataError(f"run folder {one_line(str(run))} {what}")
+    if _is_text_run(run):
         from .text.report import render_text_report as render_report
     else:
         from .report import render_report
