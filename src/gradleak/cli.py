@@ -323,10 +323,10 @@ def check_names(*, model: str | None = None, data: str | None = None, defenses: 
 
 def precheck(cfg: Any) -> None:
     """Answer the common mistakes in a run's config before torch is imported (it takes 2-3 s):
-    unknown names (with a "did you mean"), input files that cannot be read, an --out that
+    unknown names (with a "did you mean"; the config model checks --server, server_spec.py), input files that cannot be read, an --out that
     cannot be written. Only what the user gave is checked (a name an --update file decides is
     checked when it is read); the pipeline checks everything again, this only answers fast."""
-    from .catalog import SERVERS, check, unknown
+    from .catalog import check
     from .paths import check_input_file, check_output_dir
 
     given = cfg.model_fields_set
@@ -335,9 +335,6 @@ def precheck(cfg: Any) -> None:
                 data=cfg.data if "data" in given else None, defenses=cfg.defense, text=text)
     if cfg.preset is not None:
         check("preset", cfg.preset)
-    server = cfg.server.strip().partition(":")[0].strip().lower()
-    if server not in SERVERS:
-        raise unknown("server", server, SERVERS, " (e.g. imprint:bins=64)")
     for field in ("update", "truth", "checkpoint"):
         path = getattr(cfg, field)
         if path is not None:
