@@ -45,3 +45,27 @@ def test_text_report_folds_its_config(tmp_path, capsys):
     capsys.readouterr()
     config = _body_after((out / "report.html").read_text(), "Config")
     assert config.startswith("<details><summary>") and "<pre>" in config
+
+
+def test_sigterm_during_train_leaves_no_staging_folder(tmp_path):
+    """SIGTERM ends `gradleak train` the way Ctrl-C does (issue 43: every command that writes
+    handles SIGTERM as `attack` does): its staging folder is removed, one line, exit 128 + 15."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "train", "--model", "lenet-dlg", "--epochs", "3",
+                             "--threads", "1", "--no-progress", "--out", str(out)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".ckpt.partial-") for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["gradleak: interrupted (SIGTERM)"], err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -8,6 +8,7 @@ neither torch nor the config models, and ``gradleak attack --help`` only the pyd
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 import typing
@@ -800,11 +801,50 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return subs.fill(name)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) during a command, raised where the program was, like Ctrl-C's
+    KeyboardInterrupt: staging folders and temporary files are removed on the way out by the
+    same code that handles Ctrl-C, instead of the process dying where it stood."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> typing.Iterator[None]:
+    """For the command's duration, SIGTERM and SIGHUP raise :class:`Terminated` (the attack loop
+    and the sweep install their own handlers inside, and restore this one); the previous
+    handlers come back afterwards (main() also runs inside tests and other programs)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    wanted = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    saved = {}
+    for sig in wanted:
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):  # a handler someone installed stays
+            saved[sig] = signal.signal(sig, raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with _signals_interrupt():
+            return int(args.func(args) or 0)
     except GradleakError as exc:
         from .paths import one_line
 
@@ -812,7 +852,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gradleak: error: {one_line(str(exc), MAX_ERROR_LINE)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # attacks.state.Interrupted: state saved, says how to resume
-        print(f"gradleak: {exc}" if str(exc) else "gradleak: interrupted", file=sys.stderr)
+        if str(exc):
+            print(f"gradleak: {exc}", file=sys.stderr)
+        else:
+            print(f"gradleak: interrupted ({_signal_name(exc)})", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))
 
 
