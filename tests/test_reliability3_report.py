@@ -69,3 +69,26 @@ def test_sigterm_during_train_leaves_no_staging_folder(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines() == ["gradleak: interrupted (SIGTERM)"], err
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_hostile_metadata_value_is_not_echoed_in_full(tmp_path, capsys):
+    """A 10 MB `server` string in an update's metadata gave a 10 MB error line (issue 43)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    u = tmp_path / "u.safetensors"
+    assert main(["share", "--out", str(u)]) == 0
+    with safe_open(str(u), "pt") as f:
+        meta = f.metadata()
+    inner = json.loads(meta["meta"])
+    inner.setdefault("model_kwargs", {})["server"] = "evil" + "\n" + "x" * 10_000_000
+    meta["meta"] = json.dumps(inner)
+    bad = tmp_path / "bad.safetensors"
+    save_file(load_file(str(u)), str(bad), metadata=meta)
+    capsys.readouterr()
+    assert main(["attack", "--update", str(bad), "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 2100 and "server" in err, err[:300]
+    assert not (tmp_path / "run").exists()
