@@ -373,10 +373,11 @@ def cmd_share(args: argparse.Namespace) -> int:
 
     cfg = _config_from(args, SHARE_FIELDS)
     precheck(cfg)
-    # Checked before the client is simulated: both are files gradleak may create or replace,
-    # and never the same file (nor one of the inputs).
-    out = check_output_file(args.out, "--out")
-    truth_path = check_output_file(args.truth, "--truth") if args.truth else None
+    # Checked before the client is simulated: an existing file is refused unless --force (and
+    # never replaced half-way: Case.save writes both or neither), and the outputs are never the
+    # same file (nor one of the inputs).
+    out = check_output_file(args.out, "--out", force=args.force)
+    truth_path = check_output_file(args.truth, "--truth", force=args.force) if args.truth else None
     check_distinct(("--out", out), ("--truth", truth_path), ("--checkpoint", cfg.checkpoint),
                    ("--data", cfg.data if Path(cfg.data).is_file() else None))
     if cfg.modality == "text":
@@ -387,7 +388,7 @@ def cmd_share(args: argparse.Namespace) -> int:
         from .pipeline.image import simulate_client
 
         case = simulate_client(cfg)
-    case.save(out, truth_path)
+    case.save(out, truth_path, force=args.force)
     print(case.share_line(out, truth_path))
     return 0
 
@@ -702,6 +703,8 @@ def _fill_share(s: argparse.ArgumentParser) -> None:
     _add_config_flags(s, SHARE_FIELDS)
     s.add_argument("--out", required=True, help="update file to write (.safetensors)")
     s.add_argument("--truth", help="also write the true batch here (for evaluation only)")
+    s.add_argument("--force", action="store_true", help="replace an existing --out / --truth file (both are "
+                   "written together, or neither)")
     s.set_defaults(func=cmd_share)
 
 

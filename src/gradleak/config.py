@@ -7,13 +7,21 @@ reruns it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, GradleakError, InputFileError
-from .paths import read_text_file
+from .paths import MAX_JSON_DEPTH, check_tree, name_max, one_line, read_text_file
+
+# The largest seed: torch's generators take seeds below 2**64, and the attacks and clients add
+# offsets to the seed they are given (restarts, trials, noise streams, clients), so one bit is
+# left for them. Every seed a config, an experiment or a file gives is bounded by it.
+MAX_SEED = 2**63 - 1
+# Config fields that name files or folders: a NUL byte makes every file system call fail.
+PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
 
 class AttackConfig(BaseModel):
@@ -33,8 +41,8 @@ class AttackConfig(BaseModel):
     data_root: str | None = Field(None, description="folder overriding a named source's location")
     split: Literal["train", "test"] = Field("train", description="data split (fashion-mnist)")
     batch_size: int = Field(1, ge=1, le=4096, description="client batch size K")
-    seed: int = Field(0, ge=0, description="seed: the batch drawn and the attack's random start")
-    model_seed: int = Field(0, ge=0, description="seed of the model's random weights")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed: the batch drawn and the attack's random start")
+    model_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the model's random weights")
     allow_repeats: bool = Field(False, description="allow repeated labels within a batch")
     indices: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
                                description="attack these items of the data source, in this order, instead of a "
@@ -136,6 +144,13 @@ class AttackConfig(BaseModel):
                     raise ValueError("is not valid UTF-8 text") from None
         return v
 
+    @field_validator(*PATH_FIELDS)
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_path_text(v)
+        return v
+
     @field_validator("server")
     @classmethod
     def _server(cls, v: str) -> str:
@@ -160,6 +175,21 @@ class AttackConfig(BaseModel):
         return self
 
 
+def check_path_text(text: str) -> None:
+    """ValueError for a path no file system can hold: empty, with a NUL byte (a config file can
+    hold one; a command line cannot), or with a name longer than its file system allows (every
+    later look at it, even "does it exist?", would fail)."""
+    if "\0" in text:
+        raise ValueError("holds a NUL byte; no file or folder has such a name")
+    if not text.strip():
+        raise ValueError("is empty; give a file or folder path")
+    path = Path(text)
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    limit = name_max(path.parent)
+    if longest > limit:
+        raise ValueError(f"has a name of {longest} bytes, too long for its file system (at most {limit})")
+
+
 def config_error(exc: ValidationError) -> ConfigError:
     """One line naming the first invalid field."""
     err = exc.errors()[0]
@@ -170,8 +200,10 @@ def config_error(exc: ValidationError) -> ConfigError:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {value.bit_length()} bits"
     text = repr(value.encode("utf-8", "surrogateescape") if isinstance(value, str) and not _is_utf8(value) else value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return one_line(text, 80)
 
 
 def _is_utf8(text: str) -> bool:
@@ -213,18 +245,22 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a config.json (as saved in a run folder) as a dict of fields; validated later."""
     p = Path(path)
+    shown = one_line(str(p))
     try:
         raw = json.loads(read_text_file(p, "config file", max_bytes=1 << 20), object_pairs_hook=_no_duplicates)
     except InputFileError as exc:
         raise ConfigError(str(exc)) from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {p} is not valid JSON: {exc}") from None
+        raise ConfigError(f"config file {shown} is not valid JSON: {one_line(str(exc))}") from None
     except RecursionError:
-        raise ConfigError(f"config file {p} is nested too deeply") from None
+        raise ConfigError(f"config file {shown} is nested too deeply") from None
     except _DuplicateKey as exc:
-        raise ConfigError(f"config file {p} gives the key {exc.args[0]!r} twice") from None
+        raise ConfigError(f"config file {shown} gives the key {one_line(repr(exc.args[0]), 80)} twice") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"config file {shown} is not valid JSON: {one_line(str(exc), 160)}") from None
+    check_tree(raw, f"config file {shown}", max_depth=MAX_JSON_DEPTH, error=ConfigError)
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {p} must hold a JSON object")
+        raise ConfigError(f"config file {shown} must hold a JSON object")
     # A run folder's config.json stores the resolved config under "config" next to provenance.
     if "config" in raw and isinstance(raw["config"], dict):
         raw = raw["config"]

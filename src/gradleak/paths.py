@@ -9,7 +9,10 @@ Outputs: :func:`check_output_file` and :func:`check_output_dir` refuse, before a
          staging folder up front (an unpredictable name made by ``mkdtemp``), and renames it into
          place when complete; :func:`atomic_write_bytes` does the same for one file. Staging
          folders left by a process that was killed (SIGKILL) are removed by the next
-         :class:`StagedDir` in the same parent folder.
+         :class:`StagedDir` in the same parent folder. :func:`atomic_write_files` writes
+         several files all or none (an update and its truth file). Every name is checked
+         against its file system's limit (:func:`check_name_lengths`); the hidden names made
+         from it are cut to fit.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 from .errors import ConfigError, DataError, GradleakError, InputFileError
 
@@ -35,20 +41,23 @@ def check_input_file(path: str | os.PathLike[str], what: str, *, max_bytes: int 
     """``path`` as a Path when it is a readable regular file (of at most ``max_bytes``), else
     InputFileError with one line saying what it is instead."""
     p = Path(path)
+    shown = one_line(os.fspath(p))
+    if "\0" in os.fspath(p):
+        raise InputFileError(f"{what} {shown} holds a NUL byte; no file has such a name")
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise InputFileError(f"{what} {p} does not exist") from None
+        raise InputFileError(f"{what} {shown} does not exist") from None
     except OSError as exc:
-        raise InputFileError(f"{what} {p} cannot be read: {exc.strerror or exc}") from None
+        raise InputFileError(f"{what} {shown} cannot be read: {exc.strerror or exc}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise InputFileError(f"{what} {p} is a folder, not a file")
+        raise InputFileError(f"{what} {shown} is a folder, not a file")
     if not stat.S_ISREG(st.st_mode):
-        raise InputFileError(f"{what} {p} is not a regular file (a device, pipe or socket)")
+        raise InputFileError(f"{what} {shown} is not a regular file (a device, pipe or socket)")
     if max_bytes is not None and st.st_size > max_bytes:
-        raise InputFileError(f"{what} {p} is {st.st_size} bytes; at most {max_bytes} are read")
+        raise InputFileError(f"{what} {shown} is {st.st_size} bytes; at most {max_bytes} are read")
     if not os.access(p, os.R_OK):
-        raise InputFileError(f"{what} {p} is not readable")
+        raise InputFileError(f"{what} {shown} is not readable")
     return p
 
 
@@ -64,57 +73,118 @@ def read_text_file(path: str | os.PathLike[str], what: str, *, max_bytes: int = 
 
 
 def _output_path(path: str | os.PathLike[str], what: str, kind: str) -> Path:
-    """The checks every output path shares: UTF-8, a real name (not ``.``/``..``), not a link."""
+    """The checks every output path shares: UTF-8, no NUL byte, a real name (not ``.``/``..``),
+    every name short enough for its file system, not a link."""
     text = os.fspath(path)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{what} {text.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8; "
                           "use a UTF-8 path") from None
+    if "\0" in text:
+        raise ConfigError(f"{what} {one_line(text)} holds a NUL byte; no file can have that name")
     p = Path(text)
     if p.name in ("", ".", ".."):
-        raise ConfigError(f"{what} {text!r} names an existing folder; give a new {kind} name")
+        raise ConfigError(f"{what} {one_line(text)!r} names an existing folder; give a new {kind} name")
+    check_name_lengths(p, what)
     if p.is_symlink():
-        raise ConfigError(f"{what} {p} is a symbolic link; give the real {kind} path")
+        raise ConfigError(f"{what} {one_line(str(p))} is a symbolic link; give the real {kind} path")
     return p
+
+
+# ---------------------------------------------------------------- names and their length
+DEFAULT_NAME_MAX = 255
+
+
+def _existing_folder(path: Path) -> Path:
+    """The nearest folder at or above ``path`` that exists (the current folder for a relative
+    path whose folders do not exist)."""
+    q = path
+    while True:
+        try:
+            if q.is_dir():
+                return q
+        except (OSError, ValueError):
+            pass
+        if q.parent == q:
+            return q
+        q = q.parent
+
+
+def name_max(folder: str | os.PathLike[str]) -> int:
+    """The longest name (in bytes) a file or folder in ``folder`` may have on its file system:
+    ``pathconf(PC_NAME_MAX)`` of the nearest existing folder, else 255."""
+    try:
+        n = os.pathconf(_existing_folder(Path(folder)), "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_NAME_MAX
+    return n if isinstance(n, int) and n > 0 else DEFAULT_NAME_MAX
+
+
+def check_name_lengths(path: Path, what: str) -> None:
+    """ConfigError (one line) when a name in ``path`` is longer than its file system allows:
+    creating it could only fail, after the work is done."""
+    limit = name_max(path.parent)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            raise ConfigError(f"{what} {one_line(str(path), 120)}: the name {one_line(part, 40)!r} is {size} bytes, "
+                              f"too long for its file system (at most {limit}); give a shorter name")
+
+
+def short_name(name: str, room: int) -> str:
+    """``name`` cut to at most ``room`` bytes (whole UTF-8 characters), for a hidden helper
+    name made from it (a staging folder, a temporary file) that must fit the file system."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= room:
+        return name
+    return data[:max(room, 1)].decode("utf-8", "ignore") or "x"
 
 
 def _writable_ancestor(path: Path, what: str) -> None:
     """The nearest existing ancestor of ``path`` must be a folder this process can write in
     (and every existing ancestor a folder): otherwise creating ``path`` could only fail."""
     parent = path.parent
+    shown = one_line(str(path))
     while True:
         if os.path.lexists(parent):
             if not parent.is_dir():
-                raise ConfigError(f"{what} {path}: {parent} is a file, not a folder")
+                raise ConfigError(f"{what} {shown}: {one_line(str(parent))} is a file, not a folder")
             if not os.access(parent, os.W_OK | os.X_OK):
-                raise ConfigError(f"{what} {path}: folder {parent} is not writable")
+                raise ConfigError(f"{what} {shown}: folder {one_line(str(parent))} is not writable")
             return
         if parent == parent.parent:
-            raise ConfigError(f"{what} {path}: no existing folder above it")
+            raise ConfigError(f"{what} {shown}: no existing folder above it")
         parent = parent.parent
 
 
-def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
+def check_output_file(path: str | os.PathLike[str], what: str = "output", *, force: bool | None = None) -> Path:
     """A file path gradleak may create or replace: absent or a regular file (not a folder, a
-    link or a device), UTF-8, in a folder that can be written. Raises ConfigError."""
+    link or a device), UTF-8, in a folder that can be written. Raises ConfigError.
+
+    ``force``: False refuses an existing file ("... exists; pass --force to replace it"), True
+    replaces it; None (the default) replaces it too: for the files a command rebuilds in place
+    (a run folder's report.html, a sweep's dashboard.html)."""
     p = _output_path(path, what, "file")
     if p.exists() and not p.is_file():
         kind = "a folder" if p.is_dir() else "not a regular file"
-        raise ConfigError(f"{what} {p} is {kind}; give a file path")
+        raise ConfigError(f"{what} {one_line(str(p))} is {kind}; give a file path")
+    if force is False and p.exists():
+        raise ConfigError(f"{what} {one_line(str(p))} exists; pass --force to replace it")
     _writable_ancestor(p, what)
     return p
 
 
 def check_output_dir(path: str | os.PathLike[str], what: str = "--out") -> Path:
     """A run folder gradleak may create: absent, or an empty real folder (not a link), with a
-    name (not ``.`` or ``..``), UTF-8, below folders that exist or can be created and written."""
+    name (not ``.`` or ``..``, short enough for its file system), UTF-8, below folders that
+    exist or can be created and written."""
     p = _output_path(path, what, "folder")
     if p.exists():
         if not p.is_dir():
-            raise ConfigError(f"{what} {p} exists and is not a folder; choose another {what}")
+            raise ConfigError(f"{what} {one_line(str(p))} exists and is not a folder; choose another {what}")
         if any(p.iterdir()):
-            raise ConfigError(f"output {p} already exists and is not empty; choose another {what}")
+            raise ConfigError(f"output {one_line(str(p))} already exists and is not empty; choose another {what}")
     _writable_ancestor(p, what)
     return p
 
@@ -131,6 +201,12 @@ def check_distinct(*named: tuple[str, str | os.PathLike[str] | None]) -> None:
         seen[key] = what
 
 
+def _temp_prefix(path: Path) -> str:
+    """``.NAME.`` for the temporary file of ``path`` (``mkstemp`` adds 8 characters and
+    ``.tmp``), NAME cut so that the whole fits the file system's name limit."""
+    return f".{short_name(path.name, name_max(path.parent) - 14)}."
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> None:
     """Write a file so that a crash never leaves it half-written: a temporary file with an
     unpredictable name (``mkstemp``, O_EXCL) in the same folder, then ``os.replace``. The new
@@ -138,7 +214,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     are flushed to disk (fsync of the file and of its folder) before returning."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -152,12 +228,120 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
             os.unlink(tmp)
         raise
     if durable:
-        with _quiet():  # make the rename itself durable (POSIX)
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    with _quiet():  # make a rename durable (POSIX)
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+_DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs, then deliver them (to the handlers
+    that were in place): a step of a few renames is never cut in the middle. Only the main
+    thread can set handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def hold(signum: int, frame: Any) -> None:  # noqa: ARG001
+        caught.append(signum)
+
+    try:
+        for sig in _DEFERRED_SIGNALS:
+            old = signal.getsignal(sig)
+            if old is None:  # a handler set outside Python: it cannot be put back
+                continue
+            previous[sig] = old
+            signal.signal(sig, hold)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
+
+
+def atomic_write_files(files: Mapping[str | os.PathLike[str], bytes], *, force: bool = True,
+                       what: Mapping[str | os.PathLike[str], str] | None = None, durable: bool = False) -> None:
+    """Write several files all or none: each into a temporary file beside it, then all renamed
+    into place, with SIGINT/SIGTERM/SIGHUP held meanwhile (:func:`deferred_signals`),
+    so that no file is ever half-written and a pair written together (an update and its truth)
+    is never half replaced.
+
+    ``force`` False: a file that exists (or appears meanwhile) is never replaced: the new files
+    are linked into place without replacing anything (``link`` fails on an existing name), and
+    those already linked are removed again; ConfigError "``what`` PATH exists; pass --force to
+    replace it". ``what``: each path's name in messages (default "output")."""
+    paths = [Path(p) for p in files]
+    names = {Path(k): v for k, v in (what or {}).items()}
+    for p in paths:
+        if os.path.isdir(p) and not os.path.islink(p):
+            raise ConfigError(f"{names.get(p, 'output')} {one_line(str(p))} is a folder; give a file path")
+        if not force and os.path.lexists(p):
+            raise ConfigError(f"{names.get(p, 'output')} {one_line(str(p))} exists; pass --force to replace it")
+    temps: list[str] = []
+    placed: list[Path] = []
+    # Signals are held from the first temporary file on: a SIGTERM (whose default action ends
+    # the process at once) then neither cuts the pair in half nor leaves temporary files.
+    with deferred_signals():
+        try:
+            for p, data in zip(paths, files.values()):
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=_temp_prefix(p), suffix=".tmp")
+                temps.append(tmp)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    if durable:
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                _umask_mode(Path(tmp))
+            for p, tmp in zip(paths, temps):
+                if force:
+                    os.replace(tmp, p)
+                    continue
+                try:
+                    _link_new(tmp, p)
+                except FileExistsError:
+                    raise ConfigError(f"{names.get(p, 'output')} {one_line(str(p))} exists; "
+                                      "pass --force to replace it") from None
+                placed.append(p)
+            placed = []
+        finally:
+            for p in placed:  # force False and a later file failed: nothing of this call stays
+                with _quiet():
+                    os.unlink(p)
+            for tmp in temps:
+                with _quiet():
+                    os.unlink(tmp)
+    if durable:
+        for folder in dict.fromkeys(p.parent for p in paths):
+            _fsync_folder(folder)
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """Put ``tmp`` at ``path`` unless ``path`` exists (FileExistsError): a hard link, which
+    never replaces a name; where the file system has no hard links, a rename after a check."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
 
 
 def _umask_mode(path: Path, *, folder: bool = False) -> None:
@@ -250,6 +434,16 @@ def remove_stale_partials(parent: Path) -> list[Path]:
     return removed
 
 
+class OutputAppearedError(ConfigError):
+    """The output a run was about to create appeared meanwhile (another run, another program):
+    nothing is replaced, and the run's complete result is kept in ``kept`` (which the message
+    names); clean-up code never removes it."""
+
+    def __init__(self, message: str, kept: Path):
+        super().__init__(message)
+        self.kept = kept
+
+
 class StagedDir:
     """A run folder written in a hidden staging folder and renamed into place when complete.
 
@@ -257,10 +451,17 @@ class StagedDir:
     folders and the staging folder at once, so that a path that cannot be written fails before
     any work; ``path`` is where to write; ``commit()`` renames it to ``out``; ``discard()`` (or
     leaving a ``with`` block by an exception) removes it and the parents it created.
+
+    The staging folder is ``.<out name>.partial-<host>-<pid>-<random>``, the out name cut
+    when the whole would be longer than the file system allows. When ``out`` appeared while
+    the run was going, ``commit()`` moves the result to a kept folder ``<out name>.result-
+    <random>`` beside it and raises :class:`OutputAppearedError` naming it; ``discard()``
+    then leaves it alone.
     """
 
     def __init__(self, out: str | os.PathLike[str], what: str = "--out"):
         self.out = check_output_dir(out, what)
+        self.kept: Path | None = None
         self._created: list[Path] = []
         parent = self.out.parent
         missing: list[Path] = []
@@ -272,26 +473,56 @@ class StagedDir:
                 folder.mkdir()
                 self._created.append(folder)
             remove_stale_partials(self.out.parent)
-            self.path = Path(tempfile.mkdtemp(dir=self.out.parent,
-                                              prefix=f".{self.out.name}.partial-{_HOST}-{os.getpid()}-"))
+            tail = f".partial-{_HOST}-{os.getpid()}-"
+            room = name_max(self.out.parent) - len(tail) - 1 - 8  # the leading ".", mkdtemp's 8 characters
+            self.path = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=f".{short_name(self.out.name, room)}{tail}"))
             _umask_mode(self.path, folder=True)
         except OSError as exc:
             self._remove_created()
-            raise ConfigError(f"{what} {self.out}: cannot create it: {exc.strerror or exc}") from None
+            raise ConfigError(f"{what} {one_line(str(self.out))}: cannot create it: {exc.strerror or exc}") from None
         self.committed = False
 
     def commit(self) -> Path:
-        """Rename the staging folder to ``out`` (which must still be absent or an empty folder)."""
+        """Rename the staging folder to ``out`` (which must still be absent or an empty folder);
+        OutputAppearedError (the result kept elsewhere) when something else is there now."""
         if os.path.lexists(self.out):
             if self.out.is_symlink() or not self.out.is_dir() or any(self.out.iterdir()):
-                raise ConfigError(f"output {self.out} appeared while the run was going; the result is in {self.path}")
-            self.out.rmdir()
-        os.replace(self.path, self.out)
+                raise self._appeared()
+            try:
+                self.out.rmdir()
+            except OSError:
+                raise self._appeared() from None
+        try:
+            os.replace(self.path, self.out)
+        except OSError as exc:
+            # out appeared between the check and the rename: a folder with something in it, or a file
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise self._appeared() from None
+            raise
         self.committed = True
         return self.out
 
+    def _appeared(self) -> OutputAppearedError:
+        """Keep the finished result under a name no clean-up removes; the error that says where."""
+        kept = self.path
+        room = name_max(self.out.parent) - len(".result-") - 8
+        try:
+            target = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=f"{short_name(self.out.name, room)}.result-"))
+            try:
+                os.replace(self.path, target)  # onto the empty folder just made: atomic
+                kept = target
+            except OSError:
+                target.rmdir()
+        except OSError:
+            pass  # keep the staging folder itself (this process still runs: nothing removes it now)
+        self.kept = kept
+        self.path = kept
+        return OutputAppearedError(f"output {one_line(str(self.out))} appeared while the run was going (another "
+                                   f"run?); it was left as it is, and this run's result is kept in "
+                                   f"{one_line(str(kept))}", kept)
+
     def discard(self) -> None:
-        if not self.committed:
+        if not self.committed and self.kept is None:
             shutil.rmtree(self.path, ignore_errors=True)
             self._remove_created()
 
@@ -314,5 +545,6 @@ class StagedDir:
 
 
 __all__ = ["InputFileError", "check_input_file", "read_text_file", "check_output_file", "check_output_dir",
-           "check_distinct", "atomic_write_bytes", "StagedDir", "remove_stale_partials",
+           "check_distinct", "atomic_write_bytes", "atomic_write_files", "deferred_signals", "StagedDir",
+           "OutputAppearedError", "remove_stale_partials", "check_name_lengths", "name_max", "short_name",
            "MAX_TEXT_FILE", "MAX_JSON_DEPTH", "one_line", "check_tree", "loads_json"]

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .config import MAX_SEED, check_path_text
 from .data import open_source
 from .data.batch import Batch
 from .data.sources import ImageSource
@@ -57,6 +58,7 @@ from .fl.client import fedsgd, trainable_parameters
 from .fl.files import open_safetensors
 from .fl.update import atomic_write_bytes
 from .models import ModelSpec, build_model, default_image_size, model_names
+from .paths import loads_json, one_line
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointInfo", "TrainConfig", "TrainResult", "apply_checkpoint",
            "checkpoint_name", "evaluate_accuracy", "load_checkpoint", "read_checkpoint_meta", "train"]
@@ -177,8 +179,17 @@ class TrainConfig:
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"training: {name} must be an integer >= 1 or None, got {v!r}")
         for name in ("seed", "model_seed"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
-                raise ConfigError(f"training: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if not _is_int(v) or not 0 <= v <= MAX_SEED:
+                shown = f"an integer of {v.bit_length()} bits" if _is_int(v) and v > 10**30 else repr(v)
+                raise ConfigError(f"training: {name} must be an integer in 0..{MAX_SEED}, got {shown}")
+        for name in ("data", "data_root"):
+            v = getattr(self, name)
+            if v is not None:
+                try:
+                    check_path_text(v)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(f"training: {name} {one_line(repr(v), 80)} {exc}") from None
         parse_defenses(list(defense))  # ConfigError / UnknownNameError for a bad spec, now
 
     def to_dict(self) -> dict[str, Any]:
@@ -290,17 +301,16 @@ def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
     md = md or {}
     if md.get("format") != CHECKPOINT_FORMAT:
         raise UpdateFileError(f"{path} is a safetensors file but not a gradleak checkpoint "
-                              f"(format={md.get('format')!r})")
+                              f"(format={one_line(repr(md.get('format')), 60)})")
     if md.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-        raise UpdateFileError(f"{path}: unsupported checkpoint format version {md.get('format_version')!r}")
-    try:
-        meta = json.loads(md.get("meta", ""))
-    except json.JSONDecodeError as exc:
-        raise UpdateFileError(f"{path}: checkpoint metadata is not valid JSON ({exc.msg})") from None
+        raise UpdateFileError(f"{path}: unsupported checkpoint format version {one_line(repr(md.get('format_version')), 60)}")
+    # every JSON failure (syntax, deep nesting, an integer of too many digits) is one line
+    meta = loads_json(md.get("meta", ""), f"{path}: checkpoint metadata", error=UpdateFileError)
 
     def bad(field_: str, want: str) -> UpdateFileError:
         value = meta.get(field_) if isinstance(meta, dict) else None
-        return UpdateFileError(f"{path}: checkpoint metadata field {field_!r} must be {want}, got {value!r}")
+        return UpdateFileError(f"{path}: checkpoint metadata field {field_!r} must be {want}, "
+                               f"got {one_line(repr(value), 80)}")
 
     if not isinstance(meta, dict):
         raise UpdateFileError(f"{path}: checkpoint metadata must be a JSON object")
@@ -309,14 +319,17 @@ def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
     if not isinstance(meta.get("model_kwargs", {}), dict):
         raise bad("model_kwargs", "an object")
     meta.setdefault("model_kwargs", {})
+    # the bounds of what training writes (and of an update file's metadata, fl.files): a file
+    # never makes gradleak build an absurd model
     width = meta["model_kwargs"].get("width")
-    if width is not None and (not _is_int(width) or width < 1):
-        raise bad("model_kwargs", "an object with an integer width >= 1")
-    if not _is_int(meta.get("num_classes")) or meta["num_classes"] < 2:
-        raise bad("num_classes", "an integer >= 2")
+    if width is not None and (not _is_int(width) or not 1 <= width <= 4096):
+        raise bad("model_kwargs", "an object with an integer width in 1..4096")
+    if not _is_int(meta.get("num_classes")) or not 2 <= meta["num_classes"] <= 100_000:
+        raise bad("num_classes", "an integer in 2..100000")
     shape = meta.get("input_shape")
-    if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(s) and s >= 1 for s in shape)):
-        raise bad("input_shape", "[C, H, W] positive integers")
+    if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(s) and s >= 1 for s in shape)
+            or not 1 <= shape[0] <= 4 or not all(4 <= s <= 1024 for s in shape[1:])):
+        raise bad("input_shape", "[C, H, W] integers (1-4 channels, 4..1024 px)")
     if shape[1] != shape[2]:
         raise bad("input_shape", "a square image shape")
     for key in ("mean", "std"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import stat
 import sys
 import zlib
 from functools import lru_cache
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gradleak.errors import DataError
+from gradleak.paths import one_line
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -62,8 +64,14 @@ def candidate_dirs(root: Path) -> tuple[Path, ...]:
 def _existing(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         candidate = folder / name
-        if candidate.is_file():
-            return candidate
+        try:
+            if stat.S_ISREG(os.stat(candidate).st_mode):
+                return candidate
+        except PermissionError as exc:  # a folder that cannot be searched: never "no such file"
+            raise DataError(f"cannot look into folder {one_line(str(folder))} for the IDX files: "
+                            f"{exc.strerror or exc}") from None
+        except (OSError, ValueError):
+            continue
     return None
 
 
@@ -94,12 +102,12 @@ def _read_bytes(path: Path) -> bytes:
             while chunk := fh.read(_READ_CHUNK):
                 out += chunk
                 if len(out) > _MAX_UNPACKED:
-                    raise DataError(f"IDX file {path} unpacks to more than {_MAX_UNPACKED} bytes")
+                    raise DataError(f"IDX file {one_line(str(path))} unpacks to more than {_MAX_UNPACKED} bytes")
         return bytes(out)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise DataError(f"IDX file {path} is a truncated or corrupt gzip file: {exc}") from None
+        raise DataError(f"IDX file {one_line(str(path))} is a truncated or corrupt gzip file: {one_line(str(exc))}") from None
     except OSError as exc:
-        raise DataError(f"cannot read IDX file {path}: {exc}") from None
+        raise DataError(f"cannot read IDX file {one_line(str(path))}: {one_line(str(exc))}") from None
 
 
 def parse_idx(data: bytes, expected_magic: int, source: str) -> np.ndarray:
@@ -108,31 +116,31 @@ def parse_idx(data: bytes, expected_magic: int, source: str) -> np.ndarray:
     ``source`` names the file in error messages.
     """
     if len(data) < 4:
-        raise DataError(f"IDX file {source} is truncated: {len(data)} bytes, no header")
+        raise DataError(f"IDX file {one_line(str(source))} is truncated: {len(data)} bytes, no header")
     magic = int.from_bytes(data[:4], "big")
     if magic != expected_magic:
         kind = "images" if expected_magic == IMAGES_MAGIC else "labels"
         raise DataError(
-            f"IDX file {source} has magic number {magic}, expected {expected_magic} ({kind}); "
+            f"IDX file {one_line(str(source))} has magic number {magic}, expected {expected_magic} ({kind}); "
             "not a Fashion-MNIST file or corrupt"
         )
     ndim = data[3]
     expected_ndim = 3 if expected_magic == IMAGES_MAGIC else 1
     if ndim != expected_ndim:
-        raise DataError(f"IDX file {source} has {ndim} dimensions, expected {expected_ndim}")
+        raise DataError(f"IDX file {one_line(str(source))} has {ndim} dimensions, expected {expected_ndim}")
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise DataError(f"IDX file {source} is truncated inside its header")
+        raise DataError(f"IDX file {one_line(str(source))} is truncated inside its header")
     dims = tuple(int.from_bytes(data[4 + 4 * k : 8 + 4 * k], "big") for k in range(ndim))
     if any(d == 0 for d in dims):
-        raise DataError(f"IDX file {source} declares an empty shape {dims}")
+        raise DataError(f"IDX file {one_line(str(source))} declares an empty shape {dims}")
     # Python ints: no overflow, and we compare before any allocation.
     want = int(np.prod(dims, dtype=object))
     have = len(data) - header
     if have != want:
         what = "truncated" if have < want else "longer than its header says"
         raise DataError(
-            f"IDX file {source} is {what}: header shape {dims} needs {want} bytes, "
+            f"IDX file {one_line(str(source))} is {what}: header shape {dims} needs {want} bytes, "
             f"file holds {have}"
         )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
@@ -146,12 +154,12 @@ def _load_pair_cached(
     labels = parse_idx(_read_bytes(Path(labels_path)), LABELS_MAGIC, labels_path)
     if labels.shape[0] != images.shape[0]:
         raise DataError(
-            f"{labels_path} has {labels.shape[0]} labels but {images_path} has "
+            f"{one_line(str(labels_path))} has {labels.shape[0]} labels but {one_line(str(images_path))} has "
             f"{images.shape[0]} images"
         )
     if labels.size and int(labels.max()) >= NUM_CLASSES:
         raise DataError(
-            f"IDX file {labels_path} holds label {int(labels.max())}; Fashion-MNIST has "
+            f"IDX file {one_line(str(labels_path))} holds label {int(labels.max())}; Fashion-MNIST has "
             f"{NUM_CLASSES} classes (0-{NUM_CLASSES - 1})"
         )
     # Read-only views into one immutable buffer: cached arrays cannot be altered by callers.
@@ -166,6 +174,6 @@ def load_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.
     try:
         si, sl = os.stat(images_path), os.stat(labels_path)
     except OSError as exc:
-        raise DataError(f"cannot read IDX file: {exc}") from None
+        raise DataError(f"cannot read IDX file: {one_line(str(exc))}") from None
     stamp = (si.st_size, si.st_mtime_ns, sl.st_size, sl.st_mtime_ns)
     return _load_pair_cached(str(images_path), str(labels_path), stamp)

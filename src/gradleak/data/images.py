@@ -14,6 +14,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradleak.errors import ConfigError, DataError
+from gradleak.paths import one_line
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -115,13 +116,13 @@ def load_image_file(
             img.load()  # decode now: truncated files only fail here
             return pil_to_tensor(img, image_size, channels)
     except FileNotFoundError:
-        raise DataError(f"image file not found: {path}") from None
+        raise DataError(f"image file not found: {one_line(str(path))}") from None
     except IsADirectoryError:
-        raise DataError(f"expected an image file but {path} is a folder") from None
+        raise DataError(f"expected an image file but {one_line(str(path))} is a folder") from None
     except Image.DecompressionBombError as exc:
-        raise DataError(f"image {path} is too large to decode safely: {exc}") from None
+        raise DataError(f"image {one_line(str(path))} is too large to decode safely: {one_line(str(exc))}") from None
     except UnidentifiedImageError:
-        raise DataError(f"cannot read image {path}: not a recognised image format") from None
+        raise DataError(f"cannot read image {one_line(str(path))}: not a recognised image format") from None
     except (OSError, ValueError, SyntaxError) as exc:
         # SyntaxError: some PIL plugins raise it for malformed headers.
-        raise DataError(f"cannot read image {path}: {exc}") from None
+        raise DataError(f"cannot read image {one_line(str(path))}: {one_line(str(exc))}") from None

@@ -16,6 +16,7 @@ import importlib.util
 import contextlib
 import os
 import re
+import stat
 from abc import ABC, abstractmethod
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -33,6 +34,7 @@ from gradleak.data.images import (
     pil_to_tensor,
 )
 from gradleak.errors import ConfigError, DataError, UnknownNameError
+from gradleak.paths import one_line
 
 SOURCE_NAMES: tuple[str, ...] = (
     "cifar10-samples",
@@ -166,7 +168,7 @@ class SampleSource(FileListSource):
         try:
             entries = sorted(os.listdir(folder))
         except OSError as exc:
-            raise DataError(f"cannot list sample folder {folder}: {exc}; {_FOOLBOX_HINT}") from None
+            raise DataError(f"cannot list sample folder {one_line(str(folder))}: {one_line(str(exc))}; {_FOOLBOX_HINT}") from None
         files: list[Path] = []
         labels: list[int] = []
         for entry in entries:
@@ -176,12 +178,12 @@ class SampleSource(FileListSource):
             label = int(match.group(2))
             if label >= len(class_names):
                 raise DataError(
-                    f"sample file {folder / entry} has label {label} >= {len(class_names)}"
+                    f"sample file {one_line(str(folder / entry))} has label {label} >= {len(class_names)}"
                 )
             files.append(folder / entry)
             labels.append(label)
         if not files:
-            raise DataError(f"no {prefix}_NN_L images in {folder}; {_FOOLBOX_HINT}")
+            raise DataError(f"no {prefix}_NN_L images in {one_line(str(folder))}; {_FOOLBOX_HINT}")
         super().__init__(name, files, labels, class_names, [f.name for f in files])
         self.native_channels = 3
         self.native_size = native_size
@@ -199,18 +201,27 @@ class ImageFolderSource(FileListSource):
     """
 
     def __init__(self, root: Path, name: str | None = None) -> None:
+        shown = one_line(str(root))
         try:
             class_dirs = sorted(
                 e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")
             )
         except OSError as exc:
-            raise DataError(f"cannot list folder {root}: {exc}") from None
+            raise DataError(f"cannot list folder {shown}: {exc.strerror or exc}") from None
         if not class_dirs:
             loose = any(is_image_file(e) for e in os.listdir(root))
             hint = " (images must sit in one subfolder per class)" if loose else ""
-            raise DataError(f"folder {root} has no class subfolders{hint}")
+            raise DataError(f"folder {shown} has no class subfolders{hint}")
         files: list[Path] = []
         labels: list[int] = []
+        # What cannot be read (a folder or an image this user may not read) is never skipped:
+        # the data would silently be other data (a class missing, fewer images). It is refused,
+        # naming the first such path.
+        unreadable: list[tuple[str, str]] = []
+
+        def cannot_read(exc: OSError) -> None:
+            unreadable.append((str(exc.filename or root), exc.strerror or str(exc)))
+
         # Linked folders are followed (a class folder may be a link), but each real folder is
         # entered once, so a symlink loop ends; the walk is bounded (a folder such as / fails
         # fast with one line instead of walking the whole file system).
@@ -222,10 +233,11 @@ class ImageFolderSource(FileListSource):
                 class_roots[(st.st_dev, st.st_ino)] = cls
         seen_entries = 0
         for index, cls in enumerate(class_dirs):
-            for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+            for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True, onerror=cannot_read):
                 try:
                     st = os.stat(dirpath)
-                except OSError:
+                except OSError as exc:
+                    cannot_read(exc)
                     dirnames[:] = []
                     continue
                 key = (st.st_dev, st.st_ino)
@@ -235,16 +247,26 @@ class ImageFolderSource(FileListSource):
                 visited.add(key)
                 seen_entries += len(dirnames) + len(filenames)
                 if seen_entries > MAX_FOLDER_ENTRIES or len(visited) > MAX_FOLDERS:
-                    raise DataError(f"folder {root} holds more than {MAX_FOLDER_ENTRIES} entries or "
+                    raise DataError(f"folder {shown} holds more than {MAX_FOLDER_ENTRIES} entries or "
                                     f"{MAX_FOLDERS} folders; point --data at a folder of images")
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for fname in sorted(filenames):
                     if is_image_file(fname) and not fname.startswith("."):
-                        files.append(Path(dirpath) / fname)
+                        path = Path(dirpath) / fname
+                        if not os.access(path, os.R_OK):
+                            unreadable.append((str(path), "not readable" if os.path.exists(path)
+                                               else "a link to nothing"))
+                            continue
+                        files.append(path)
                         labels.append(index)
+        if unreadable:
+            first, why = unreadable[0]
+            more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+            raise DataError(f"cannot read {one_line(first)} in image folder {shown}: {why}{more}; the data would "
+                            "be missing it: make it readable or move it out of the folder")
         if not files:
             exts = " ".join(sorted(IMAGE_EXTENSIONS))
-            raise DataError(f"folder {root} has class subfolders but no images ({exts})")
+            raise DataError(f"folder {shown} has class subfolders but no images ({exts})")
         names = [f.relative_to(root).as_posix() for f in files]
         super().__init__(name or str(root), files, labels, tuple(class_dirs), names)
         self.root = root
@@ -259,6 +281,8 @@ class ImageFolderSource(FileListSource):
                 with Image.open(f) as img:  # lazy: parses the header, decodes no pixels
                     sizes.add(img.size)
                     grey = grey and (img.mode in _GREY_MODES or img.mode.startswith("I;16"))
+            except PermissionError as exc:  # never a silent guess from the other files
+                raise DataError(f"cannot read image {one_line(str(f))}: {exc.strerror or exc}") from None
             except Exception:  # noqa: BLE001 - a broken file is reported when it is loaded
                 continue
         (w, h), *others = sorted(sizes) or [(0, 0)]
@@ -288,7 +312,7 @@ class FashionMNISTSource(ImageSource):
         if pair is None:
             stems = " and ".join(f"{s}[.gz]" for s in idx.idx_file_names(split))
             raise DataError(
-                f"no Fashion-MNIST {split} split in {root} (looked for {stems}, also under "
+                f"no Fashion-MNIST {split} split in {one_line(str(root))} (looked for {stems}, also under "
                 f"FashionMNIST/raw); {_FASHION_HINT}"
             )
         self.name = name
@@ -334,7 +358,7 @@ def foolbox_data_dir() -> Path:
         raise DataError(f"the foolbox sample photos are not installed; {_FOOLBOX_HINT}")
     folder = Path(locations[0]) / "data"
     if not folder.is_dir():
-        raise DataError(f"foolbox is installed but {folder} is missing; {_FOOLBOX_HINT}")
+        raise DataError(f"foolbox is installed but {one_line(str(folder))} is missing; {_FOOLBOX_HINT}")
     return folder
 
 
@@ -398,15 +422,19 @@ def open_source(
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     source = _open(name_or_path, root, split)
     if split != "train" and not isinstance(source, FashionMNISTSource):
-        raise ConfigError(f"--split {split} applies to Fashion-MNIST (IDX) sources, not to {source.name}")
+        raise ConfigError(f"--split {split} applies to Fashion-MNIST (IDX) sources, not to {one_line(str(source.name))}")
     return source
 
 
 def _open(name_or_path: str | os.PathLike[str], root: str | os.PathLike[str] | None, split: str) -> ImageSource:
+    for given, what in ((root, "root"), (name_or_path, "data source")):
+        if given is not None and "\0" in os.fspath(given):
+            raise DataError(f"{what} {one_line(os.fspath(given))} holds a NUL byte; no folder has such a name")
     root_path = Path(root).expanduser() if root is not None else None
-    if root_path is not None and not root_path.is_dir():
-        raise DataError(f"no such folder: {root_path} (given as root)")
+    if root_path is not None and not _is_dir(root_path):
+        raise DataError(f"no such folder: {one_line(str(root_path))} (given as root)")
     text = os.fspath(name_or_path)
+    shown = one_line(text)
     key = text.strip().lower()
     if key in SOURCE_NAMES:
         if key == "fashion-mnist":
@@ -418,18 +446,29 @@ def _open(name_or_path: str | os.PathLike[str], root: str | os.PathLike[str] | N
         return _open_samples(key, root_path)
 
     path = Path(text).expanduser()
-    if path.is_dir():
+    if _is_dir(path):
         if idx.has_idx_files(path):
             return FashionMNISTSource(path, split, name=text)
         return ImageFolderSource(path, name=text)
-    if path.exists():
-        raise DataError(f"{text} is a file, not a folder of images or a known source name")
+    if os.path.exists(path):
+        raise DataError(f"{shown} is a file, not a folder of images or a known source name")
     if _looks_like_path(text):
-        raise DataError(f"no such folder: {text}")
+        raise DataError(f"no such folder: {shown}")
     raise UnknownNameError(
-        f"unknown data source {text!r}; known sources: {', '.join(SOURCE_NAMES)}, "
+        f"unknown data source {one_line(repr(text), 80)}; known sources: {', '.join(SOURCE_NAMES)}, "
         "or a path to an image folder"
     )
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, with a folder above it that cannot be searched a DataError naming it
+    (pathlib raises PermissionError there)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except PermissionError as exc:
+        raise DataError(f"cannot read {one_line(str(exc.filename or path))}: {exc.strerror or exc}") from None
+    except (OSError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------
@@ -458,7 +497,7 @@ def sample_batch(
         raise DataError(f"batch size must be a positive integer, got {batch_size!r}")
     n = len(source)
     if n < batch_size:
-        raise DataError(f"batch of {batch_size} asked but {source.name} has only {n} images")
+        raise DataError(f"batch of {batch_size} asked but {one_line(str(source.name))} has only {n} images")
 
     generator = torch.Generator().manual_seed(int(seed))
     order = torch.randperm(n, generator=generator).tolist()
@@ -475,7 +514,7 @@ def sample_batch(
     if len(chosen) < batch_size:
         # The walk covered every item, so `seen` is every class present.
         raise DataError(
-            f"batch of {batch_size} with distinct labels asked but {source.name} has only "
+            f"batch of {batch_size} with distinct labels asked but {one_line(str(source.name))} has only "
             f"{len(seen)} distinct classes; use --allow-repeats to allow repeated labels"
         )
 
@@ -488,7 +527,7 @@ def batch_of(source: ImageSource, indices: list[int], image_size: int, channels:
     n = len(source)
     bad = [i for i in indices if not 0 <= int(i) < n]
     if not indices or bad:
-        raise DataError(f"item {bad[0]} is not in {source.name} (0..{n - 1})" if bad else "no items asked for")
+        raise DataError(f"item {bad[0]} is not in {one_line(str(source.name))} (0..{n - 1})" if bad else "no items asked for")
     images = torch.stack([source.load(int(i), image_size, channels) for i in indices])
     labels = torch.tensor([source.label(int(i)) for i in indices], dtype=torch.int64)
     return Batch(

@@ -20,11 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import config_error
+from ..config import MAX_SEED, check_path_text, config_error
 from ..errors import ConfigError, UnknownNameError
 from .cells import Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
+
+
+# An experiment's cells are seeded --seed, --seed + 1, ... (one per sample or batch, at most
+# 100,000): the base seed leaves room for them below the attack's own bound.
+MAX_EXPERIMENT_SEED = MAX_SEED - 2**20
 
 
 class ExperimentOptions(BaseModel):
@@ -45,7 +50,7 @@ class ExperimentOptions(BaseModel):
     batches: int | None = Field(None, ge=1, le=100_000, description="random batches per setting")
     samples: int | None = Field(None, ge=1, le=100_000, description="samples (batches attacked) per setting")
     iterations: int | None = Field(None, ge=1, le=10_000_000, description="attack iterations")
-    seed: int = Field(0, ge=0, description="base seed")
+    seed: int = Field(0, ge=0, le=MAX_EXPERIMENT_SEED, description="base seed")
     threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads (per cell; default: this "
                                 "process's threads shared by the workers)")
     executor: Literal["local", "ray", "inline"] = Field(
@@ -57,6 +62,13 @@ class ExperimentOptions(BaseModel):
     trained: bool = Field(False, description="attack a victim trained first (SGD, one epoch on the data source's "
                                              "training split) instead of its random initialisation; only the "
                                              "experiments that say so take it")
+
+    @field_validator("out", "data")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_path_text(v)
+        return v
 
 
 @dataclass

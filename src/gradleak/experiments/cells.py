@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, TypeVar
 
-from ..errors import ConfigError
-from ..paths import check_output_dir
+from ..errors import ConfigError, DataError, GradleakError
+from ..paths import check_output_dir, loads_json, one_line
 from ..sweep import ResultStore, cells_spec, run_sweep
 from ..sweep.store import STORE_NAME, FolderLock, check_sweep_folder
 
@@ -78,7 +78,14 @@ class CellResult:
         """reconstruction.safetensors of the run folder: images, labels (and candidates)."""
         from safetensors.torch import load_file
 
-        return load_file(str(self._run_file("reconstruction.safetensors")))
+        path = self._run_file("reconstruction.safetensors")
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+            raise DataError(f"{path}: cannot read the cell's reconstruction: {one_line(str(exc), 120)}") from None
+        if "images" not in tensors or tensors["images"].ndim != 4:
+            raise DataError(f"{path}: the cell's reconstruction holds no [K, C, H, W] images")
+        return tensors
 
     def history(self) -> list[dict[str, Any]]:
         """The observed points of the attack: {"iteration", "loss", "psnr" (None if not observed)},
@@ -86,10 +93,15 @@ class CellResult:
         if isinstance(self.metrics.get("history"), list):
             return [dict(h) for h in self.metrics["history"]]
         rows = []
-        with io.StringIO(self._run_file("history.csv").read_text()) as f:
-            for r in csv.DictReader(f):
-                rows.append({"iteration": int(r["iteration"]), "loss": float(r["loss"]),
-                             "psnr": float(r["psnr"]) if r.get("psnr") else None})
+        path = self._run_file("history.csv")
+        try:
+            with io.StringIO(path.read_text(encoding="utf-8")) as f:
+                for r in csv.DictReader(f):
+                    rows.append({"iteration": int(r["iteration"]), "loss": float(r["loss"]),
+                                 "psnr": float(r["psnr"]) if r.get("psnr") else None})
+        except (OSError, UnicodeDecodeError, csv.Error, KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{path}: the cell's history cannot be read ({one_line(str(exc), 80)}); "
+                            "it was changed outside gradleak") from None
         return rows
 
     def truth(self) -> Any:
@@ -125,6 +137,77 @@ class CellResult:
         if self.run_dir is None:
             raise ConfigError(f"cell {self.key!r} ({self.cell_id}) has no run folder; ask for it with run_folders")
         return self.run_dir / name
+
+
+# --------------------------------------------------------------------------- stored cells
+STORE_CHANGED = "the store was changed outside gradleak; move DIR/cells away to compute the cells again"
+
+
+class StoredDict(dict):
+    """A JSON object read from the cell store (a cell's metrics or config). A key the
+    experiment reads but the stored object lacks raises DataError naming the store, the cell
+    and the key (``__missing__``), not KeyError: a store edited by hand is an input error."""
+
+    def __init__(self, data: dict[str, Any], where: str, path: str):
+        super().__init__((k, stored(v, where, f"{path}.{k}")) for k, v in data.items())
+        self._where, self._path = where, path
+
+    def __missing__(self, key: Any) -> Any:
+        raise DataError(f"{self._where}: the stored {self._path} has no {one_line(repr(key), 60)} ({STORE_CHANGED})")
+
+    def __reduce__(self) -> Any:  # pickled (e.g. to a worker) as the plain dict it holds
+        return (dict, (dict(self),))
+
+
+def stored(value: Any, where: str, path: str) -> Any:
+    """``value`` (parsed JSON) with every object a :class:`StoredDict`."""
+    if isinstance(value, dict):
+        return StoredDict(value, where, path)
+    if isinstance(value, list):
+        return [stored(v, where, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+# metrics.json values the experiments compute with: number (or null) scalars, the per-image rows
+_NUMBERS = ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "wall_seconds", "iterations", "gradient_distance",
+            "lpips_mean", "fft2d_mean", "rpsnr_mean", "iip")
+_IMAGE_NUMBERS = ("psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips")
+_IMAGE_INTEGERS = ("index", "label_true", "label_restored")
+
+
+def check_stored_metrics(metrics: dict[str, Any], where: str) -> None:
+    """DataError when a finished cell's stored metrics hold a value of a type the pipeline never
+    writes where the experiments compute with it (a number that is text, rows that are no list)."""
+    def is_number(v: Any) -> bool:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def bad(name: str, v: Any, want: str) -> DataError:
+        return DataError(f"{where}: the stored metrics.{name} is {one_line(repr(v), 40)}, not {want} ({STORE_CHANGED})")
+
+    for name in _NUMBERS:
+        if name in metrics and not is_number(metrics[name]):
+            raise bad(name, metrics[name], "a number")
+    for name in ("per_image", "history"):
+        rows = metrics.get(name, [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise bad(name, rows, "a list of objects")
+    if metrics.get("per_image"):  # scored against the truth: the pipeline writes these as numbers
+        for name in ("psnr_mean", "ssim_mean", "mse_mean"):
+            if name in metrics and metrics[name] is None:
+                raise bad(name, None, "a number")
+    for i, row in enumerate(metrics.get("per_image", [])):
+        for name in _IMAGE_NUMBERS:
+            if name in row and not is_number(row[name]):
+                raise bad(f"per_image[{i}].{name}", row[name], "a number")
+        for name in ("psnr", "ssim"):
+            if name in row and row[name] is None:
+                raise bad(f"per_image[{i}].{name}", None, "a number")
+        for name in _IMAGE_INTEGERS:
+            if name in row and (isinstance(row[name], bool) or not isinstance(row[name], int)):
+                raise bad(f"per_image[{i}].{name}", row[name], "an integer")
+    for name in ("convergence", "update", "settings"):
+        if name in metrics and not isinstance(metrics[name], dict):
+            raise bad(name, metrics[name], "an object")
 
 
 @dataclass
@@ -196,8 +279,14 @@ class Workspace:
                 res = CellResult(key=k, cell_id=cid, config=dict(spec_config(spec, cid)), status="lost",
                                  error="lost to the infrastructure (its worker died); rerun to compute it")
             else:
-                res = CellResult(key=k, cell_id=cid, config=rec.config, status=rec.status,
-                                 metrics=rec.metrics or {}, error=rec.error,
+                # What the experiment reads of a stored cell is checked: a store changed outside
+                # gradleak is one DataError naming it, never a KeyError/TypeError in a table.
+                where = f"experiment cell store {self.cells_dir / STORE_NAME}: cell {cid}"
+                metrics = stored(rec.metrics or {}, where, "metrics")
+                if rec.status == "ok":
+                    check_stored_metrics(metrics, where)
+                res = CellResult(key=k, cell_id=cid, config=stored(rec.config, where, "config"), status=rec.status,
+                                 metrics=metrics, error=rec.error,
                                  run_dir=(runs / cid) if cid in wanted and (runs / cid).is_dir() else None)
             out[k] = res
             if not res.ok:
@@ -257,14 +346,36 @@ class Trained:
 
 
 def _training_summary(folder: Path) -> dict[str, Any] | None:
+    """The finished training's training.json, or None (not finished, or a file that is not what
+    training writes: the model is then trained again)."""
     path = folder / "training.json"
     if not path.is_file():
         return None
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+        summary = loads_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, GradleakError):
         return None
-    return summary if isinstance(summary, dict) and "final_test_accuracy" in summary else None
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(summary, dict) or not number(summary.get("final_test_accuracy")):
+        return None
+    cps = summary.get("checkpoints", [])
+    if not isinstance(cps, list) or not all(
+            isinstance(c, dict) and number(c.get("fraction")) and number(c.get("test_accuracy"))
+            and isinstance(c.get("path"), str) and c["path"] and "\0" not in c["path"] for c in cps):
+        return None
+    for name in ("privacy", "data"):
+        if not isinstance(summary.get(name) or {}, dict):
+            return None
+    if not isinstance((summary.get("privacy") or {}).get("epsilon", 0.0), (int, float, type(None))):
+        return None
+    if not all(number(v) for v in ((summary.get("data") or {}).get(k, 0) for k in ("train_images", "test_images"))):
+        return None
+    if not number(summary.get("total_steps", 0)) or not number(summary.get("wall_seconds", 0.0)):
+        return None
+    return summary
 
 
 def spec_config(spec: Any, cell_id: str) -> dict[str, Any]:

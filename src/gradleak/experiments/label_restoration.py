@@ -50,7 +50,7 @@ def repeat_batch(source: Any, k: int, seed: int, image_size: int, channels: int)
     flipped copies of ``r`` of them (same class, different pixels), r drawn in 1..k//2 from
     ``seed``. Flipped copies stand in for other photos of the same class because the sample
     sources hold almost no same-class pairs (imagenet-samples: one). Returns (batch, r)."""
-    gen = torch.Generator().manual_seed(10_007 * int(seed) + 3)
+    gen = torch.Generator().manual_seed((10_007 * int(seed) + 3) % 2**64)  # torch takes seeds below 2**64
     r = int(torch.randint(1, k // 2 + 1, (1,), generator=gen))
     base = sample_batch(source, k - r, seed, image_size=image_size, channels=channels)
     pick = torch.randperm(k - r, generator=gen)[:r] if r <= k - r else torch.randint(0, k - r, (r,), generator=gen)

@@ -20,7 +20,7 @@ from safetensors.torch import save
 from ..data.batch import Batch
 from ..errors import ConfigError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError, UpdateFileError
 from ..models import ModelSpec, build_model, model_shapes
-from ..paths import check_input_file
+from ..paths import atomic_write_files, check_input_file, loads_json, one_line
 from .threats import ThreatModel
 from .update import FORMAT, FORMAT_VERSION, SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
 
@@ -30,8 +30,8 @@ _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
 # ---------------------------------------------------------------- writing
-def save_update(update: SharedUpdate, path: str | Path) -> None:
-    """Write ``update`` to ``path`` atomically: tensors under grad/, weights/, bn/; metadata JSON."""
+def update_bytes(update: SharedUpdate) -> bytes:
+    """The safetensors bytes of ``update``: tensors under grad/, weights/, bn/; metadata JSON."""
     tensors: dict[str, torch.Tensor] = {}
     for k, v in update.gradients.items():
         tensors[f"grad/{k}"] = v.detach().cpu().contiguous()
@@ -42,16 +42,42 @@ def save_update(update: SharedUpdate, path: str | Path) -> None:
         tensors[f"bn/{k}/var"] = var.detach().cpu().contiguous()
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
             "meta": json.dumps(update.meta.to_dict(), allow_nan=False)}
-    atomic_write_bytes(path, save(tensors, metadata=meta))
+    return save(tensors, metadata=meta)
 
 
-def save_truth(batch: Batch, path: str | Path) -> None:
-    """Write the client's true batch (for later evaluation only), atomically."""
+def truth_bytes(batch: Batch) -> bytes:
+    """The safetensors bytes of the client's true batch (for later evaluation only)."""
     tensors = {"images": batch.images.detach().cpu().float().contiguous(),
                "labels": batch.labels.detach().cpu().long().contiguous()}
     meta = {"format": TRUTH_FORMAT, "names": json.dumps(list(batch.names)), "source": batch.source,
             "class_names": json.dumps(list(batch.class_names))}
-    atomic_write_bytes(path, save(tensors, metadata=meta))
+    return save(tensors, metadata=meta)
+
+
+def save_update(update: SharedUpdate, path: str | Path) -> None:
+    """Write ``update`` to ``path`` atomically (replacing a file there). To write an update and
+    its truth file together, all or none, see :func:`save_shared`."""
+    atomic_write_bytes(path, update_bytes(update))
+
+
+def save_truth(batch: Batch, path: str | Path) -> None:
+    """Write the client's true batch (for later evaluation only), atomically."""
+    atomic_write_bytes(path, truth_bytes(batch))
+
+
+def save_shared(update_data: bytes, update_path: str | Path, truth_data: bytes | None = None,
+                truth_path: str | Path | None = None, *, force: bool = False,
+                names: tuple[str, str] = ("--out", "--truth")) -> None:
+    """``gradleak share``'s files: the update (and its truth file) written all or none, each
+    through a temporary file beside it, renamed into place with SIGINT/SIGTERM held
+    (paths.atomic_write_files). ``force`` False: an existing file is never replaced (ConfigError
+    "``names[i]`` PATH exists; pass --force to replace it", nothing written)."""
+    files = {Path(update_path): update_data}
+    what = {Path(update_path): names[0]}
+    if truth_path is not None and truth_data is not None:
+        files[Path(truth_path)] = truth_data
+        what[Path(truth_path)] = names[1]
+    atomic_write_files(files, force=force, what=what)
 
 
 # ---------------------------------------------------------------- reading
@@ -102,14 +128,13 @@ def read_update_meta(path: str | Path) -> UpdateMeta:
 def _meta(f: Any, path: Path) -> UpdateMeta:
     md = f.metadata() or {}
     if md.get("format") != FORMAT:
-        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak shared update (format={md.get('format')!r})")
+        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak shared update (format={one_line(repr(md.get('format')), 60)})")
     if md.get("format_version") != str(FORMAT_VERSION):
-        raise UpdateFileError(f"{path}: unsupported update format version {md.get('format_version')!r}")
+        raise UpdateFileError(f"{path}: unsupported update format version {one_line(repr(md.get('format_version')), 60)}")
+    # every JSON failure (syntax, deep nesting, an integer of too many digits) is one line
+    raw = loads_json(md.get("meta", ""), f"{path}: metadata", error=UpdateFileError)
     try:
-        raw = json.loads(md.get("meta", ""))
         meta = TypeAdapter(UpdateMeta).validate_python(raw, strict=False)
-    except json.JSONDecodeError as exc:
-        raise UpdateFileError(f"{path}: metadata is not valid JSON ({exc.msg})") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "meta"
@@ -273,7 +298,7 @@ def open_truth(path: str | Path, fmt: str, keys: set[str], *, kind: str,
     with _open(p, "truth") as f:
         md = f.metadata() or {}
         if md.get("format") != fmt:
-            raise UpdateFileError(f"{p} is not a gradleak {kind} file (format={md.get('format')!r})")
+            raise UpdateFileError(f"{p} is not a gradleak {kind} file (format={one_line(repr(md.get('format')), 60)})")
         if set(f.keys()) != keys:
             raise UpdateFileError(f"{p}: a {kind} file holds exactly {holds}")
         yield p, f, md
@@ -291,11 +316,10 @@ def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
                                      f"{meta.batch_size} x {list(meta.input_shape)}")
         images = _get(f, "images", p).float()
         labels = _get(f, "labels", p).long()
-        try:
-            names = tuple(str(x) for x in json.loads(md.get("names", "[]")))
-            class_names = tuple(str(x) for x in json.loads(md.get("class_names", "[]")))
-        except (json.JSONDecodeError, TypeError):
-            raise UpdateFileError(f"{p}: metadata names are not a JSON list") from None
+        lists = [loads_json(md.get(k, "[]"), f"{p}: metadata {k}", error=UpdateFileError) for k in ("names", "class_names")]
+        if not all(isinstance(v, list) for v in lists):
+            raise UpdateFileError(f"{p}: metadata names are not a JSON list")
+        names, class_names = (tuple(str(x) for x in v) for v in lists)
     if not bool(torch.isfinite(images).all()):
         raise NonFiniteError(f"{p}: truth images hold NaN or Inf")
     if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
@@ -304,4 +328,4 @@ def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
                  class_names=class_names)
 
 
-__all__ = ["save_update", "save_truth", "load_update", "load_truth", "read_update_meta", "GradleakError"]
+__all__ = ["save_update", "save_truth", "save_shared", "update_bytes", "truth_bytes", "load_update", "load_truth", "read_update_meta", "GradleakError"]

@@ -78,7 +78,9 @@ class ThreatModel:
         """The sample indices of each of a FedAvg client's ``local_steps`` steps over its ``k``
         samples, in mini-batches of ``local_batch_size`` (default all k): shuffled each epoch from
         the client's ``private_seed``, or (None) the fixed order 0..k-1 the attacker assumes."""
-        generator = torch.Generator().manual_seed(private_seed) if private_seed is not None else None
+        # torch takes seeds below 2**64; the derived private seeds (seed * 100_003 + 17, + 7919 per
+        # client) of a large --seed are reduced to that range (smaller ones are unchanged)
+        generator = torch.Generator().manual_seed(private_seed % 2**64) if private_seed is not None else None
         return step_assignment(k, self.local_batch_size or k, self.local_steps, generator)
 
     @property

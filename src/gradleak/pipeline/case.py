@@ -62,8 +62,20 @@ class Case(ABC):
         """report.html of the run folder."""
 
     @abstractmethod
-    def save(self, update_path: Path, truth_path: Path | None) -> None:
-        """``gradleak share``: the update file (and the truth file) of this case."""
+    def file_bytes(self) -> tuple[bytes, bytes | None]:
+        """The update file's bytes and the truth file's (None without a truth)."""
+
+    def save(self, update_path: Path, truth_path: Path | None, *, force: bool = False,
+             names: tuple[str, str] = ("--out", "--truth")) -> None:
+        """``gradleak share``: the update file (and the truth file) of this case, written all or
+        none (each through a temporary file, renamed into place with SIGINT/SIGTERM held).
+        ``force`` False: an existing file is refused (ConfigError "``names[i]`` PATH exists; pass
+        --force to replace it") and nothing is written; True replaces them."""
+        from ..fl.files import save_shared
+
+        update_data, truth_data = self.file_bytes()
+        save_shared(update_data, update_path, truth_data if truth_path is not None else None, truth_path,
+                    force=force, names=names)
 
     #: how the update is named in messages ("update", "text update")
     kind: ClassVar[str] = "update"

@@ -17,7 +17,8 @@ from ..attacks.reconstruction import Reconstruction
 from ..config import AttackConfig
 from ..data import SOURCE_NAMES, Batch, batch_of, open_source, sample_batch
 from ..errors import ConfigError, GradleakError
-from ..fl import SharedUpdate, load_truth, load_update, save_truth, save_update
+from ..fl import SharedUpdate, load_truth, load_update
+from ..fl.files import truth_bytes, update_bytes
 from ..fl.threats import client_share, share
 from ..metrics import evaluate, match, psnr
 from ..models import ModelSpec, build_model, default_image_size
@@ -262,10 +263,8 @@ class ImageCase(Case):
 
         render_report(folder)
 
-    def save(self, update_path: Path, truth_path: Path | None) -> None:
-        save_update(self.update, update_path)
-        if truth_path is not None and self.truth is not None:
-            save_truth(self.truth, truth_path)
+    def file_bytes(self) -> tuple[bytes, bytes | None]:
+        return update_bytes(self.update), truth_bytes(self.truth) if self.truth is not None else None
 
 
 __all__ = ["CLIENT_ONLY", "ImageCase", "PSNRObserver", "UPDATE_DECIDES", "build_image_case", "client_batch",

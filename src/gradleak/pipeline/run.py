@@ -13,6 +13,7 @@ worker, the multi-process path once per process); nothing else assembles a run.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig
 from ..errors import ConfigError
-from ..paths import StagedDir, check_output_dir
+from ..paths import StagedDir, check_output_dir, name_max, one_line
 from ..runtime import resolve_device
 from .case import Case, build_case
 from .record import RunResult, default_run_dir, write_run
@@ -76,6 +77,8 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
     state_dir = Path(resume) if resume is not None else state_dir_for(out)
     if write:
         check_output_dir(out)
+        if not spread:  # runs over several processes save no resumable state
+            check_state_name(out, state_dir)
         if resume is None and (state_dir / "state.json").exists():
             raise ConfigError(f"{out} has the saved state of an interrupted run in {state_dir}; continue it with "
                               f"`gradleak attack --resume {out}` or delete that folder")
@@ -106,6 +109,17 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
         if stage is not None:
             stage.discard()
         raise
+
+
+def check_state_name(out: Path, state_dir: Path) -> None:
+    """A run keeps its resumable state in ``.<name>.state`` beside its run folder: a name that
+    leaves no room for it on its file system is refused before the attack (ConfigError)."""
+    limit = name_max(state_dir.parent)
+    if len(os.fsencode(state_dir.name)) > limit:
+        room = limit - (len(os.fsencode(state_dir.name)) - len(os.fsencode(out.name)))
+        raise ConfigError(f"--out {one_line(out.name, 60)!r}: a run folder's name may be at most {room} bytes "
+                          f"here (its resumable state goes to .NAME.state beside it, and names are at most "
+                          f"{limit} bytes on this file system); give a shorter name")
 
 
 def attack_case(cfg: AttackConfig, case: Case, *, session: Session | None = None, shard: SeedShard | None = None,
@@ -189,4 +203,4 @@ def observed_history(case: Case, recon: Any, observer: Any) -> list[dict[str, An
     return history
 
 
-__all__ = ["attack_case", "observed_history", "recorded_config", "run", "run_metrics", "run_name", "run_shard"]
+__all__ = ["attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name", "run_shard"]

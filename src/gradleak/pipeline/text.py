@@ -13,7 +13,7 @@ import torch
 
 from ..config import AttackConfig
 from ..errors import ConfigError
-from ..text.client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
+from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
@@ -90,7 +90,7 @@ def load_text_case(cfg: AttackConfig) -> "TextCase":
     assert cfg.update is not None
     update, model = load_text_update(cfg.update)
     text_file_values(cfg, update.meta)
-    truth = load_text_truth(cfg.truth, update.meta) if cfg.truth else None
+    truth = load_text_truth(cfg.truth, update.meta, vocab_size=model.tokenizer.vocab_size) if cfg.truth else None
     return TextCase(update=defended_file_update(cfg, update), model=model, truth=truth,
                     data=truth.source if truth is not None else "")
 
@@ -184,10 +184,8 @@ class TextCase(Case):
 
         render_text_report(folder)
 
-    def save(self, update_path: Path, truth_path: Path | None) -> None:
-        save_text_update(self.update, update_path)
-        if truth_path is not None and self.truth is not None:
-            save_text_truth(self.truth, truth_path)
+    def file_bytes(self) -> tuple[bytes, bytes | None]:
+        return text_update_bytes(self.update), text_truth_bytes(self.truth) if self.truth is not None else None
 
 
 def share_text_client(cfg: AttackConfig) -> "TextCase":

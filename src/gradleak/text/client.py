@@ -27,12 +27,14 @@ import torch.nn.functional as F
 from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save
 
+from ..config import MAX_SEED
 from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
 from ..fl.files import (_FLOAT_DTYPES, _get, _open, _shape_dtype, check_meta_bounds, check_update_header,
                         open_truth)
 from ..fl.threats import ThreatModel, aggregate
 from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
+from ..paths import loads_json, one_line
 from .data import TextBatch
 from .models import TextModel, build_text_model
 
@@ -171,21 +173,31 @@ def text_share(model: TextModel, batch: TextBatch, threat: ThreatModel, *, defen
 
 
 # --------------------------------------------------------------------------- files
-def save_text_update(update: SharedUpdate, path: str | Path) -> None:
-    """Write a text update atomically (tensors under grad/ and weights/; metadata JSON)."""
+def text_update_bytes(update: SharedUpdate) -> bytes:
+    """The safetensors bytes of a text update (tensors under grad/ and weights/; metadata JSON)."""
     tensors = {f"grad/{k}": v.detach().cpu().contiguous() for k, v in update.gradients.items()}
     tensors.update({f"weights/{k}": v.detach().cpu().contiguous() for k, v in update.global_weights.items()})
     md = {"format": TEXT_FORMAT, "format_version": FORMAT_VERSION,
           "meta": json.dumps(update.meta.to_dict(), allow_nan=False)}
-    atomic_write_bytes(path, save(tensors, metadata=md))
+    return save(tensors, metadata=md)
+
+
+def text_truth_bytes(batch: TextBatch) -> bytes:
+    """The safetensors bytes of the client's true sentences (for later evaluation only)."""
+    tensors = {"input_ids": batch.input_ids.contiguous(), "attention_mask": batch.attention_mask.contiguous(),
+               "labels": batch.labels.contiguous()}
+    md = {"format": TEXT_TRUTH_FORMAT, "sentences": json.dumps(list(batch.sentences)), "source": batch.source}
+    return save(tensors, metadata=md)
+
+
+def save_text_update(update: SharedUpdate, path: str | Path) -> None:
+    """Write a text update atomically (tensors under grad/ and weights/; metadata JSON)."""
+    atomic_write_bytes(path, text_update_bytes(update))
 
 
 def save_text_truth(batch: TextBatch, path: str | Path) -> None:
     """Write the client's true sentences (for later evaluation only), atomically."""
-    tensors = {"input_ids": batch.input_ids.contiguous(), "attention_mask": batch.attention_mask.contiguous(),
-               "labels": batch.labels.contiguous()}
-    md = {"format": TEXT_TRUTH_FORMAT, "sentences": json.dumps(list(batch.sentences)), "source": batch.source}
-    atomic_write_bytes(path, save(tensors, metadata=md))
+    atomic_write_bytes(path, text_truth_bytes(batch))
 
 
 def _text_meta(f, path: Path) -> UpdateMeta:  # noqa: ANN001
@@ -194,13 +206,13 @@ def _text_meta(f, path: Path) -> UpdateMeta:  # noqa: ANN001
     if fmt == "gradleak.shared-update":
         raise UpdateFileError(f"{path} is an image update; attack it without --modality text")
     if fmt != TEXT_FORMAT:
-        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak text update (format={fmt!r})")
+        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak text update (format={one_line(repr(fmt), 60)})")
     if md.get("format_version") != FORMAT_VERSION:
-        raise UpdateFileError(f"{path}: unsupported text update format version {md.get('format_version')!r}")
+        raise UpdateFileError(f"{path}: unsupported text update format version {one_line(repr(md.get('format_version')), 60)}")
+    # every JSON failure (syntax, deep nesting, an integer of too many digits) is one line
+    raw = loads_json(md.get("meta", ""), f"{path}: metadata", error=UpdateFileError)
     try:
-        meta = TypeAdapter(UpdateMeta).validate_python(json.loads(md.get("meta", "")), strict=False)
-    except json.JSONDecodeError as exc:
-        raise UpdateFileError(f"{path}: metadata is not valid JSON ({exc.msg})") from None
+        meta = TypeAdapter(UpdateMeta).validate_python(raw, strict=False)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UpdateFileError(f"{path}: metadata field {'.'.join(str(x) for x in err['loc'])!r}: {err['msg']}") from None
@@ -214,10 +226,11 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
     with _open(p, "update") as f:
         meta = _text_meta(f, p)
         kwargs = meta.model_kwargs
-        try:
-            seed = int(kwargs.get("seed", 0))
-        except (TypeError, ValueError):
-            raise UpdateFileError(f"{p}: metadata model_kwargs.seed is not an integer") from None
+        seed = kwargs.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            shown = f"an integer of {seed.bit_length()} bits" if isinstance(seed, int) and abs(seed) > 10**30 \
+                else one_line(repr(seed), 40)
+            raise UpdateFileError(f"{p}: metadata model_kwargs.seed {shown} is not an integer in 0..{MAX_SEED}")
         model = build_text_model(meta.model, num_classes=meta.num_classes, seed=seed)
         state = model.module.state_dict()
         params = trainable(model)
@@ -233,24 +246,38 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
     return SharedUpdate(gradients=grads, global_weights=weights, meta=meta), model
 
 
-def load_text_truth(path: str | Path, meta: UpdateMeta | None = None) -> TextBatch:
-    """Load a text truth file; if ``meta`` is given, check that it fits that update."""
+def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_size: int | None = None) -> TextBatch:
+    """Load a text truth file; if ``meta`` is given, check that it fits that update; with
+    ``vocab_size`` (the update's model's tokenizer), every token id must be one of its ids."""
     with open_truth(path, TEXT_TRUTH_FORMAT, {"input_ids", "attention_mask", "labels"}, kind="text truth",
                     holds="input_ids, attention_mask and labels") as (p, f, md):
         ishape, idt = _shape_dtype(f, "input_ids")
-        mshape, _ = _shape_dtype(f, "attention_mask")
-        lshape, _ = _shape_dtype(f, "labels")
-        if len(ishape) != 2 or mshape != ishape or lshape != (ishape[0],) or idt in _FLOAT_DTYPES:
+        mshape, mdt = _shape_dtype(f, "attention_mask")
+        lshape, ldt = _shape_dtype(f, "labels")
+        if (len(ishape) != 2 or mshape != ishape or lshape != (ishape[0],)
+                or any(dt in _FLOAT_DTYPES or dt == "BOOL" for dt in (idt, mdt, ldt))):
             raise UpdateFileError(f"{p}: input_ids and attention_mask must be [K, L] integers and labels [K]")
+        if ishape[0] < 1 or ishape[1] < 1:
+            raise UpdateFileError(f"{p}: a text truth file holds at least one sentence of one token")
         if meta is not None and ishape[0] != meta.batch_size:
             raise ModelMismatchError(f"{p}: truth holds {ishape[0]} sentences but the update a batch of {meta.batch_size}")
         ids, mask, labels = (_get(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
-        try:
-            sentences = tuple(str(s) for s in json.loads(md.get("sentences", "[]")))
-        except (json.JSONDecodeError, TypeError):
-            raise UpdateFileError(f"{p}: metadata sentences are not a JSON list") from None
+        sentences = loads_json(md.get("sentences", "[]"), f"{p}: metadata sentences", error=UpdateFileError)
+        if not isinstance(sentences, list):
+            raise UpdateFileError(f"{p}: metadata sentences are not a JSON list")
+        sentences = tuple(str(s) for s in sentences)
     if len(sentences) != ishape[0]:
         raise UpdateFileError(f"{p}: {len(sentences)} sentences for {ishape[0]} token rows")
+    # The ids are decoded by the tokenizer and compared with the attack's: each must be one of
+    # the vocabulary's (a negative id overflows the tokenizer), the mask 1s then 0s per sentence.
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bad = low if low < 0 else high
+        where = f"0..{vocab_size - 1}" if vocab_size is not None else "0 or more"
+        raise UpdateFileError(f"{p}: truth token id {bad} is outside the vocabulary ({where})")
+    if (not bool(((mask == 0) | (mask == 1)).all()) or not bool((mask[:, 1:] <= mask[:, :-1]).all())
+            or not bool((mask[:, 0] == 1).all())):
+        raise UpdateFileError(f"{p}: truth attention_mask must be 1 for each token ([CLS] first) then 0 for padding")
     if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
         raise UpdateFileError(f"{p}: truth labels outside 0..{meta.num_classes - 1}")
     return TextBatch(sentences=sentences, input_ids=ids, attention_mask=mask, labels=labels,
@@ -259,4 +286,5 @@ def load_text_truth(path: str | Path, meta: UpdateMeta | None = None) -> TextBat
 
 __all__ = ["TEXT_FORMAT", "TEXT_TRUTH_FORMAT", "batch_loss", "load_text_truth", "load_text_update",
            "per_sentence_gradients", "save_text_truth", "save_text_update", "text_dpsgd", "text_fedavg",
+           "text_truth_bytes", "text_update_bytes",
            "text_fedsgd", "text_share"]

@@ -36,7 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..config import MAX_SEED
 from ..errors import ConfigError, ModelMismatchError, UnknownNameError
+from ..paths import one_line
 
 TEXT_MODELS = {
     "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
@@ -253,10 +255,15 @@ def _minilm(num_classes: int, seed: int) -> TextModel:
 def build_text_model(name: str, *, num_classes: int | None = None, seed: int = 0) -> TextModel:
     """The named text model with ``num_classes`` outputs (default 2); random parts from ``seed``."""
     if name not in TEXT_MODELS:
-        raise UnknownNameError(f"unknown text model {name!r}; known: {', '.join(TEXT_MODELS)}")
+        raise UnknownNameError(f"unknown text model {one_line(repr(name), 80)}; known: {', '.join(TEXT_MODELS)}")
     n = DEFAULT_TEXT_CLASSES if num_classes is None else int(num_classes)
     if n < 2:
         raise ConfigError(f"num_classes must be >= 2 for a text classifier, got {n}")
+    # torch's generators take seeds below 2**64 (and the config bounds every seed at MAX_SEED)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        shown = f"an integer of {seed.bit_length()} bits" if isinstance(seed, int) and abs(seed) > 10**30 \
+            else one_line(repr(seed), 40)
+        raise ConfigError(f"text model seed {shown} is not an integer in 0..{MAX_SEED}")
     model = _tiny(n, seed) if name == "tiny-transformer" else _minilm(n, seed)
     model.module.train()  # no dropout, so train mode is deterministic (and what a client runs)
     return model
