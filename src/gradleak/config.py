@@ -154,7 +154,7 @@ class AttackConfig(BaseModel):
     @field_validator("server")
     @classmethod
     def _server(cls, v: str) -> str:
-        from .models.server import parse_server
+        from .server_spec import parse_server  # torch-free: a bad --server is answered at once
 
         try:
             parse_server(v)

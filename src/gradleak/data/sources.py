@@ -33,15 +33,11 @@ from gradleak.data.images import (
     load_image_file,
     pil_to_tensor,
 )
-from gradleak.errors import ConfigError, DataError, UnknownNameError
+from gradleak.catalog import SOURCES, unknown
+from gradleak.errors import ConfigError, DataError
 from gradleak.paths import one_line
 
-SOURCE_NAMES: tuple[str, ...] = (
-    "cifar10-samples",
-    "cifar100-samples",
-    "imagenet-samples",
-    "fashion-mnist",
-)
+SOURCE_NAMES: tuple[str, ...] = SOURCES   # the named sources (catalog.py: the CLI checks names without torch)
 SPLITS: tuple[str, ...] = ("train", "test")
 # Bounds of an ImageFolder walk (ImageNet's training set has 1.28 M files in 1000 folders).
 MAX_FOLDER_ENTRIES = 2_000_000
@@ -454,10 +450,7 @@ def _open(name_or_path: str | os.PathLike[str], root: str | os.PathLike[str] | N
         raise DataError(f"{shown} is a file, not a folder of images or a known source name")
     if _looks_like_path(text):
         raise DataError(f"no such folder: {shown}")
-    raise UnknownNameError(
-        f"unknown data source {one_line(repr(text), 80)}; known sources: {', '.join(SOURCE_NAMES)}, "
-        "or a path to an image folder"
-    )
+    raise unknown("data source", text, SOURCE_NAMES, ", or a path to an image folder")
 
 
 def _is_dir(path: Path) -> bool:

@@ -42,7 +42,7 @@ SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_di
 LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_distance_mean", "fft2d", "lpips")
 
 
-@experiment("ablation", "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered")
+@experiment("ablation")
 def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     refuse_attacks(opt, "ablation", "GradInversion with each term added in turn")
     if len(opt.batch_sizes or []) > 1:

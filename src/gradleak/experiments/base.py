@@ -98,10 +98,19 @@ OPT_IN_OPTIONS = ("trained",)
 ACCEPTS: dict[str, frozenset[str]] = {}
 
 
-def experiment(name: str, description: str, *, accepts: tuple[str, ...] = ()) -> Callable[[ExperimentFn], ExperimentFn]:
+def experiment(name: str, description: str | None = None, *,
+               accepts: tuple[str, ...] = ()) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Register an experiment. Its one-line description is catalog.EXPERIMENTS[name] (torch-free,
+    so that `gradleak list` and a misspelt name need no experiment module); ``description``, when
+    given, must be that same text."""
+    from ..catalog import EXPERIMENTS as DESCRIPTIONS
+
     unknown = set(accepts) - set(OPT_IN_OPTIONS)
     if unknown:
         raise ValueError(f"experiment {name}: unknown opt-in options {sorted(unknown)}")
+    if name not in DESCRIPTIONS or description not in (None, DESCRIPTIONS[name]):
+        raise ValueError(f"experiment {name}: add it (its one-line description) to catalog.EXPERIMENTS")
+    description = DESCRIPTIONS[name]
 
     def register(fn: ExperimentFn) -> ExperimentFn:
         EXPERIMENTS[name] = (fn, description)

@@ -58,7 +58,7 @@ INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 ATTACKS = ("idlg", "imprint")
 
 
-@experiment("defenses", "accuracy when trained under a defense vs whether iDLG and a malicious server's imprint still leak (rebuttal Table 3)")
+@experiment("defenses")
 def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     from ..training import TrainConfig
 

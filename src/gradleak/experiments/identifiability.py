@@ -73,9 +73,7 @@ SMOKE_TRAIN_SUBSET = 2000
 SMOKE_TEST_SUBSET = 500
 
 
-@experiment("identifiability", "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality "
-            "(--trained: on a victim trained first)",
-            accepts=("trained",))
+@experiment("identifiability", accepts=("trained",))
 def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     refuse_attacks(opt, "identifiability", "GradInversion")
     model, width, data = victim(opt)

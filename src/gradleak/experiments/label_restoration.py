@@ -61,7 +61,7 @@ def repeat_batch(source: Any, k: int, seed: int, image_size: int, channels: int)
                  class_names=base.class_names), r
 
 
-@experiment("label-restoration", "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)")
+@experiment("label-restoration")
 def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     # It optimises nothing and runs no attack cells: options about attacks or cells would be ignored.
     for name in ("attacks", "iterations", "samples", "executor", "workers", "retry_failed"):

@@ -33,7 +33,7 @@ SMOKE_TRAIN_SUBSET = 5000
 SMOKE_TEST_SUBSET = 1000
 
 
-@experiment("training-stage", "DLG against checkpoints at 0/30/70/100 % of training, held-out test images (rebuttal Table 4)")
+@experiment("training-stage")
 def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     from ..training import TrainConfig
 

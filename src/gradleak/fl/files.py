@@ -167,7 +167,7 @@ def check_meta_bounds(meta: UpdateMeta, path: Path, *, image: bool = True) -> No
         raise UpdateFileError(f"{path}: metadata model_kwargs has unknown key {unknown[0]!r}")
     server = meta.model_kwargs.get("server")
     if image and server is not None:
-        from ..models.server import parse_server  # what the server sent (models/server.py)
+        from ..server_spec import parse_server  # what the server sent (models/server.py builds it)
 
         if not isinstance(server, str):
             raise UpdateFileError(f"{path}: metadata model_kwargs.server {server!r} is not text")

@@ -161,7 +161,7 @@ def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_o
         if given == values[key]:
             return True
         if key == "server":  # "imprint" agrees with the file's resolved "imprint:bins=64,..."
-            from ..models.server import parse_server
+            from ..server_spec import parse_server
 
             a, b = parse_server(given), parse_server(values[key])
             return a.name == b.name and all(getattr(a, f) in (None, getattr(b, f)) for f in ("bins", "mean", "std", "gain"))

