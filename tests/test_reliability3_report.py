@@ -92,3 +92,23 @@ def test_hostile_metadata_value_is_not_echoed_in_full(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) < 2100 and "server" in err, err[:300]
     assert not (tmp_path / "run").exists()
+
+
+def test_image_grid_is_cut_and_says_so(tmp_path):
+    """A row of 4096 images (a batch size an update file states) is drawn as its first
+    MAX_GRID_COLUMNS, and the title says so; rows beyond MAX_GRID_ROWS are not drawn."""
+    import torch
+    from PIL import Image
+
+    from gradleak.report.figures import MAX_GRID_COLUMNS, MAX_GRID_ROWS, _bounded_grid, save_image_grid
+
+    rows = [torch.rand(4096, 3, 8, 8), torch.rand(4096, 3, 8, 8)]
+    path = save_image_grid(tmp_path / "g.png", rows, ["original", "rebuilt"], [["c"] * 4096, ["d"] * 4096])
+    with Image.open(path) as png:
+        assert png.width < (MAX_GRID_COLUMNS + 2) * 110
+    cut_rows, titles, caps = _bounded_grid(rows, ["original", "rebuilt"], [["c"] * 4096, ["d"] * 4096])
+    assert [r.shape[0] for r in cut_rows] == [MAX_GRID_COLUMNS] * 2 and len(caps[0]) == MAX_GRID_COLUMNS
+    assert titles == [f"original (first {MAX_GRID_COLUMNS} of 4096)", f"rebuilt (first {MAX_GRID_COLUMNS} of 4096)"]
+    many = [torch.rand(2, 3, 8, 8)] * (MAX_GRID_ROWS + 5)
+    cut_rows, titles, _ = _bounded_grid(many, [f"seed {i}" for i in range(len(many))], None)
+    assert len(cut_rows) == MAX_GRID_ROWS and titles[-1].endswith("5 more rows not drawn")

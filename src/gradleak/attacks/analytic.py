@@ -25,8 +25,9 @@ unchanged). Several local steps move W between the steps: refused.
 
 Labels: iDLG's sign rule for one sample, the label multiset ("counts") for a batch, each label then
 given to the image it belongs to: the pure rows of sample k hold K db_i = dL_k/dy_ik, which the
-attacker recomputes for the recovered x_k and each class c (one backward pass each); the multiset is
-assigned to the slots by the Hungarian solver (scipy) on the misfit. The verdict's
+attacker recomputes for the recovered x_k and each class c of the multiset (one forward pass per
+slot, the classes' backward passes batched: the cost does not grow with the model's classes); the
+multiset is assigned to the slots by the Hungarian solver (scipy) on the misfit. The verdict's
 evidence is the attacker's own: the relative distance between the update the answer would
 produce and the shared one (verdict.py), so a noised update is judged against its noise floor.
 """
@@ -40,7 +41,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from ..errors import ConfigError, ModelMismatchError
+from ..errors import ConfigError, ModelMismatchError, NonFiniteError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
@@ -119,41 +120,69 @@ def _clusters(cand: torch.Tensor, strength: torch.Tensor) -> list[torch.Tensor]:
     return groups
 
 
+# Values of one chunk of the batched vector-Jacobian products in _slot_labels ([classes, logits]).
+SLOT_CHUNK_VALUES = 1 << 22
+
+
 def _slot_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Tensor, slot_rows: list[torch.Tensor],
                  target: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
     """The restored label multiset assigned to the slots: the misfit of class c on slot k is
     ||dL(x_k, c)/dy_k - K db||^2 / ||K db||^2 over the slot's pure rows (slots without pure rows
-    fit every class alike)."""
+    fit every class alike).
+
+    Only the multiset's distinct classes are scored (the assignment reads no other column), each
+    slot with one forward pass and batched vector-Jacobian products: dL(x_k, c)/dz = softmax(z) -
+    onehot(c) for the logits z, pulled back to the layer's output y. The work is one forward pass
+    per slot and the multiset's classes (at most K) per slot, whatever the number of classes of
+    the model (before: one forward and backward pass per slot and class)."""
     k = x.shape[0]
+    classes, column = torch.unique(multiset, return_inverse=True)
+    misfit = torch.ones(k, len(classes), dtype=torch.float64)
+    if all(rows is None or len(rows) == 0 for rows in slot_rows):
+        return _assign(misfit[:, column], multiset)
     module = copy.deepcopy(model.module).double()
     module.load_state_dict({n: t.double() if t.is_floating_point() else t for n, t in update.global_weights.items()})
     module.train()
     layer = dict(module.named_modules())[name]
     captured: list[torch.Tensor] = []
-
-    def keep(m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-        out.retain_grad()
-        captured.append(out)
-
-    hook = layer.register_forward_hook(keep)
-    classes = model.num_classes
-    misfit = torch.ones(k, classes, dtype=torch.float64)
+    hook = layer.register_forward_hook(lambda m, inp, out: captured.append(out))
     try:
         for slot, rows in enumerate(slot_rows):
             if rows is None or len(rows) == 0:
                 continue
             want = k * target[rows]
-            for c in range(classes):
-                captured.clear()
-                logits = module(x[slot:slot + 1])
-                nn.functional.cross_entropy(logits, torch.tensor([c])).backward()
-                got = captured[0].grad[0, rows]
-                misfit[slot, c] = float((got - want).pow(2).sum() / want.pow(2).sum().clamp_min(1e-300))
+            scale = want.pow(2).sum().clamp_min(1e-300)
+            captured.clear()
+            logits = module(x[slot:slot + 1])  # [1, C]
+            y = captured[0]
+            p = torch.softmax(logits.detach(), dim=-1)[0]
+            step = max(1, SLOT_CHUNK_VALUES // max(1, logits.shape[-1]))
+            for s in range(0, len(classes), step):
+                chunk = classes[s:s + step]
+                v = p.expand(len(chunk), -1).clone()
+                v[torch.arange(len(chunk)), chunk] -= 1.0  # dCE(z, c)/dz per class c
+                got = _pullback(logits, y, v)[:, rows]  # [chunk, rows]
+                misfit[slot, s:s + len(chunk)] = (got - want).pow(2).sum(1) / scale
     finally:
         hook.remove()
-    # Hungarian assignment of the multiset's labels to the slots
-    cost = misfit[:, multiset].numpy()
-    r, col = linear_sum_assignment(cost)
+    return _assign(misfit[:, column], multiset)
+
+
+def _pullback(logits: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """v [m, C] (each a gradient w.r.t. the one sample's logits) -> [m, H] the gradients w.r.t. y,
+    batched (one vmapped backward); one backward per row where an operation cannot be vmapped."""
+    try:
+        g = torch.autograd.grad(logits, y, grad_outputs=v[:, None, :], retain_graph=True, is_grads_batched=True)[0]
+        return g.reshape(v.shape[0], -1)
+    except RuntimeError:
+        return torch.stack([torch.autograd.grad(logits, y, grad_outputs=row[None], retain_graph=True)[0].reshape(-1)
+                            for row in v])
+
+
+def _assign(cost_matrix: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
+    """Hungarian assignment of the multiset's labels to the slots (cost [slots, multiset])."""
+    k = cost_matrix.shape[0]
+    r, col = linear_sum_assignment(cost_matrix.numpy())
     labels = torch.empty(k, dtype=torch.long)
     labels[torch.as_tensor(r)] = multiset[torch.as_tensor(col)]
     return labels
@@ -166,6 +195,8 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
     k = int(update.meta.batch_size)
     dw = update.gradients[f"{name}.weight"].detach().double()
     db = update.gradients[f"{name}.bias"].detach().double()
+    if not (bool(torch.isfinite(dw).all()) and bool(torch.isfinite(db).all())):
+        raise NonFiniteError(f"analytic: the gradient of the first layer {name} holds NaN or Inf")
     active = db.abs() > ACTIVE_ABOVE * float(db.abs().max()) if float(db.abs().max()) > 0 else db != 0
     if not bool(active.any()):
         raise ConfigError("analytic: the first layer's bias gradient is zero: the update reveals no input")

@@ -14,6 +14,12 @@ whichever answer explains the update best by the attacker's own objective (a con
 first; the imprint answer before an optimisation that did not converge, since the inputs it
 separated are read off the update). ``extra["auto"]``
 records every attack tried, why the others did not apply, and which was used.
+
+A member that refuses the update (any typed GradleakError: its check, a cost over its stated
+bound such as R-GAP's ``MAX_SOLVE_BYTES``, or an error while it runs, e.g. the analytic attack on
+a zero bias gradient, imprint on NaN/Inf) is recorded as not applicable with the error's one-line
+reason, and the next member is tried; only the fallback's own error ends the run, and only when
+no closed-form answer is left to keep.
 """
 
 from __future__ import annotations
@@ -22,16 +28,18 @@ import math
 from typing import Any, Callable
 
 from ..defenses.floor import noise_floor
-from ..errors import ConfigError, ModelMismatchError
+from ..errors import GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
+from ..paths import one_line
 from .analytic import analytic, check_analytic
 from .configs import CLOSED_FORM, AnalyticConfig, AutoConfig, ImprintConfig, RGAPConfig
 from .engine import Engine, register_attack
 from .imprint import check_imprint, imprint_attack
 from .reconstruction import Reconstruction
 from .rgap import check_rgap, rgap
+from .state import StateFileError
 from .verdict import verdict
 
 
@@ -75,11 +83,17 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
     best: tuple[str, Reconstruction] | None = None
     for name in CLOSED_FORM:
         try:
-            CHECKS[name](update, model)
-        except (ConfigError, ModelMismatchError) as exc:
-            tried.append({"attack": name, "applies": False, "why": str(exc)})
+            CHECKS[name](update, model)  # the typed refusals, a cost over its bound (rgap) included
+        except GradleakError as exc:
+            tried.append({"attack": name, "applies": False, "why": one_line(str(exc))})
             continue
-        rec = engine.run(CONFIGS[name](seed=cfg.seed), update, model)
+        try:
+            rec = engine.run(CONFIGS[name](seed=cfg.seed), update, model)
+        except StateFileError:
+            raise
+        except GradleakError as exc:  # the member refused this update at run time: the next one
+            tried.append({"attack": name, "applies": False, "why": one_line(str(exc)), "error": type(exc).__name__})
+            continue
         spent += rec.wall_seconds
         conv = verdict(name, rec.extra, floor)
         tried.append({"attack": name, "applies": True, "converged": conv.converged,
@@ -92,7 +106,15 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
         if conv.converged:
             return _chosen(name, rec, tried, f"{name} applies and its answer explains the update", spent)
     fallback = cfg.fallback.attack
-    rec = engine.run(cfg.fallback, update, model)
+    try:
+        rec = engine.run(cfg.fallback, update, model)
+    except StateFileError:
+        raise
+    except GradleakError as exc:
+        if best is None:
+            raise  # nothing else to report: the fallback's own error
+        tried.append({"attack": fallback, "applies": False, "why": one_line(str(exc)), "error": type(exc).__name__})
+        return _chosen(best[0], best[1], tried, f"{fallback} failed; {best[0]} is kept (no attack converged)", spent)
     spent += rec.wall_seconds
     conv = verdict(fallback, rec.extra, floor)
     tried.append({"attack": fallback, "applies": True, "converged": conv.converged,

@@ -25,7 +25,7 @@ from ..runtime import attack_precision
 from .base import AttackSettings, Observer, initial_images, to_pixels
 from .labels import gradinversion_labels, idlg_label
 from .engine import Engine
-from .loop import LoopResult, LoopSettings
+from .loop import LoopResult, LoopSettings, check_optimizer_memory
 from .objectives import squared_l2
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
@@ -207,6 +207,9 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     label_method = "soft"
     if restore_labels:
         fc = label_evidence(update, model.classifier_name)
+        if k > fc.shape[0]:
+            raise ConfigError(f"{name}: the batch of {k} is larger than the model's {fc.shape[0]} classes; {name} "
+                              "restores distinct labels (use dlg, whose soft labels may repeat)")
         if k == 1:
             labels, label_method = torch.tensor([idlg_label(fc)]), "idlg"
         else:  # iDLG is defined for one sample; for batches use the batch rule (GradInversion Eq. 8)
@@ -228,6 +231,10 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         prior_loop = replace(loop, iterations=prior_steps, description=f"{name} (prior)",
                              lbfgs_line_search="strong_wolfe")
         loop = replace(loop, iterations=int(s.iterations) - prior_steps)
+    # The variables (K images, and DLG's K x classes soft labels) sized from the metadata: their
+    # optimiser state is checked before anything is allocated (loop.MAX_OPTIMIZER_BYTES)
+    values = k * math.prod(model.input_shape) + (0 if restore_labels else k * model.num_classes)
+    check_optimizer_memory(values, torch.finfo(dtype).bits // 8, loop)
     # Everything outside the current trial (the attack's resumable state): earlier trials'
     # history, steps and time, the best trial so far (the trial index is the phase "trial-<r>").
     outer = DLGTrials(images_shape=(k, *model.input_shape))
@@ -324,7 +331,10 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     history, done, wall, trials = outer.history, outer.done, outer.wall, outer.trials
     assert outer.best_images is not None and outer.best_labels is not None and outer.best_distance is not None
     dist, x_best, labels_best = outer.best_distance, outer.best_images.to(device, dtype), outer.best_labels.to(device)
-    extra = {"gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
+    # "iterations" (metrics.json, Reconstruction.iterations) is every L-BFGS step run over all the
+    # starts; the budget each start was given is iterations_per_start (the --iterations asked for)
+    extra = {"iterations_per_start": int(s.iterations),
+             "gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
              "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > max(STALL_FAR, explained)),
              "restarts_used": trials - 1, "trials": trials, "best_trial": outer.best_trial,
              "trial_inits": list(outer.inits)}

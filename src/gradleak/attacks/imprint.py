@@ -98,7 +98,9 @@ def check_imprint(update: SharedUpdate, model: ModelSpec) -> None:
     """Refuse an update the imprint attack cannot read (typed errors, one line each):
     ModelMismatchError without the server's imprint block or with a block of another structure or
     shape; NonFiniteError for NaN/Inf in the block's tensors; ConfigError for a malformed threat
-    record or FedAvg with more than one local step."""
+    record or FedAvg with more than one local step. A batch larger than the bins is attacked: n
+    bins separate at most n inputs (the rest are filler slots, and ``separated`` says how many were
+    read off), whatever the metadata's batch size says."""
     if W0 not in update.gradients:
         raise ModelMismatchError(MISSING_BLOCK)
     for key, where in ((B0, update.gradients), (W0, update.global_weights), (B0, update.global_weights),

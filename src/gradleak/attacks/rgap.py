@@ -58,7 +58,10 @@ logits. The chain is read from the module's leaves in registration order and con
 forward pass (the chain must reproduce the module's output). Anything else (BatchNorm, ReLU,
 pooling, dropout, residual connections) raises ModelMismatchError; updates that are not one
 gradient of one sample (batch > 1, FedAvg over several local steps, an aggregate) raise
-ConfigError. A one-step FedAvg update W_1 - W_0 = -lr * gradient is divided by -lr.
+ConfigError. A one-step FedAvg update W_1 - W_0 = -lr * gradient is divided by -lr. A layer whose
+solve would need more memory than MAX_SOLVE_BYTES (estimated from its shapes: dense n x n
+float64 matrices, n its input size; a 64 px RGB image's first layers) raises ConfigError naming
+the estimate, before anything is allocated: ``auto`` then records R-GAP as not applicable.
 
 The attacker's own check (verdict.py): ``relative_gradient_distance`` = ||u(x') - u||^2 / ||u||^2,
 the update the answer (pixels clamped to [0, 1]) and its label would produce against the shared
@@ -266,9 +269,28 @@ def _check_threat(update: SharedUpdate) -> ThreatModel:
     return threat
 
 
-# The largest layer input R-GAP solves for: its normal matrix is n x n float64 (12288: 1.1 GiB, a
-# 64 px RGB image); larger inputs are refused before anything is allocated.
-MAX_UNKNOWNS = 12288
+# What one layer's solve costs, estimated from the layer shapes before anything is allocated. Its
+# normal matrix is n x n float64 (n = the layer's input size) and is held up to PEAK_MATRICES times
+# at once: the matrix, a block's Gram matrix while it is added, the Cholesky factor, and for a
+# rank-deficient layer eigh's eigenvectors and LAPACK's workspace. Measured on LeNet (one core):
+# 32 px (n = 3072, 72 MiB each): 330 MiB peak, 1.9 s; 40 px (n = 4800, 176 MiB each, one layer
+# rank deficient): 936 MiB peak, 35 s, i.e. 4.6-5.3 matrices. The time grows as n^3 (the
+# factorisation, ~10 n^3 flops for the whole spectrum). The gradient block also holds the
+# convolution's [P, P] matrix delta^T delta (P output positions). A layer whose estimate is above
+# MAX_SOLVE_BYTES is refused (ConfigError, naming what it would need): n <= 5287, a 41 px RGB image;
+# a 64 px image (n = 12288) would need 6.8 GiB and minutes of eigensolver.
+PEAK_MATRICES = 6
+MAX_SOLVE_BYTES = 5 * 2**28  # 1.25 GiB
+
+
+def solve_bytes(n: int, positions: int) -> int:
+    """The estimated peak memory of one layer's solve: ``n`` unknowns, ``positions`` output
+    positions (1 for a Linear layer); see PEAK_MATRICES."""
+    return 8 * (PEAK_MATRICES * n * n + positions * positions)
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.3g} GiB" if b >= 2**30 / 10 else f"{b / 2**20:.0f} MiB"
 
 
 def _plan(update: SharedUpdate, model: ModelSpec, device: torch.device) -> tuple[ThreatModel, list[_Layer]]:
@@ -301,9 +323,12 @@ def _plan(update: SharedUpdate, model: ModelSpec, device: torch.device) -> tuple
                                      "gradient")
     for layer in chain:
         n = math.prod(layer.in_shape)
-        if n > MAX_UNKNOWNS:
-            raise ConfigError(f"rgap: layer {layer.name or 'input'} has {n} unknowns, more than {MAX_UNKNOWNS} (its "
-                              f"dense normal matrix would need {n * n * 8 / 2**30:.1f} GiB); use smaller images")
+        positions = math.prod(layer.out_shape[1:]) if isinstance(layer.module, nn.Conv2d) else 1
+        need = solve_bytes(n, positions)
+        if need > MAX_SOLVE_BYTES:
+            raise ConfigError(f"rgap: layer {layer.name or 'input'} has {n} unknowns: its least-squares solve (dense "
+                              f"{n} x {n} float64 normal matrices) would need {_gib(need)}, more than the bound of "
+                              f"{_gib(MAX_SOLVE_BYTES)}; use smaller images or another attack")
     last = chain[-1]
     key = f"{last.name}.bias" if last.name else "bias"
     if key not in update.gradients:
@@ -578,4 +603,4 @@ def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device =
                           iterations=0, wall_seconds=wall, label_method="rgap", extra=extra)
 
 
-__all__ = ["EPS", "RANK_RTOL", "check_rgap", "rgap"]
+__all__ = ["EPS", "MAX_SOLVE_BYTES", "RANK_RTOL", "check_rgap", "rgap", "solve_bytes"]

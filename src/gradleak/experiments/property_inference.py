@@ -62,6 +62,7 @@ from ..data import idx as idx_files
 from ..errors import ConfigError, DataError
 from ..fl import fedsgd
 from ..models import ModelSpec, build_model
+from ..paths import one_line
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import CellResult, Workspace
 from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, setting,
@@ -77,6 +78,7 @@ MAX_AUX = 10_000           # each auxiliary update is a feature vector of the wh
 BOOTSTRAP = 2000           # resamples of the target batches for the AUC intervals
 FIGURE_TARGETS = 4         # targets shown in reconstructions.png (half with the property)
 MAX_DRAWS = 100_000        # rejection sampling of a batch with / without the property
+MAX_ITEM_DRAWS = 1_000_000  # items drawn for one batch, all its attempts together (~3 s)
 C_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)   # the classifier's inverse L2 strength, chosen by CV
 CV_FOLDS = 5
 # The rebuttal's Table 2 (LFW): property -> (property inference [Melis et al.], DLG).
@@ -143,12 +145,21 @@ def has_property(values: np.ndarray, labels: np.ndarray, thresholds: np.ndarray)
 def draw_batch(labels: np.ndarray, bright: np.ndarray, k: int, want: bool, rng: np.random.Generator) -> list[int]:
     """A random batch of ``k`` items with distinct labels (items drawn uniformly, a repeated label
     skipped, as the project's batches are drawn), redrawn until it holds an image with the
-    property (``want``) or none (not ``want``)."""
+    property (``want``) or none (not ``want``). At most MAX_DRAWS batches and MAX_ITEM_DRAWS items
+    are drawn (DataError past either: data too unbalanced to draw such batches by rejection);
+    plan_batches first refuses data that cannot hold such a batch at all."""
     n = len(labels)
+    if n == 0 or k < 1:
+        raise DataError(f"cannot draw a batch of {k} from {n} images")
+    items = 0
     for _ in range(MAX_DRAWS):
         chosen: list[int] = []
         seen: set[int] = set()
         while len(chosen) < k:
+            items += 1
+            if items > MAX_ITEM_DRAWS:
+                raise DataError(f"no batch of {k} images with distinct labels {'with' if want else 'without'} the "
+                                f"property in {MAX_ITEM_DRAWS} random draws: the labels are too unbalanced")
             i = int(rng.integers(n))
             if int(labels[i]) in seen:
                 continue
@@ -159,10 +170,30 @@ def draw_batch(labels: np.ndarray, bright: np.ndarray, k: int, want: bool, rng: 
     raise DataError(f"no batch of {k} {'with' if want else 'without'} the property in {MAX_DRAWS} draws")
 
 
+def check_drawable(labels: np.ndarray, bright: np.ndarray, k: int, what: str = "the data") -> None:
+    """DataError unless ``labels``/``bright`` can hold a batch of ``k`` distinct labels both with
+    and without the property (a split of one label, or without a dark image of k labels, would
+    make the rejection sampling draw forever)."""
+    labels, bright = np.asarray(labels), np.asarray(bright, dtype=bool)
+    present = np.unique(labels)
+    if present.size < k:
+        shown = ", ".join(str(int(v)) for v in present[:10]) + (", ..." if present.size > 10 else "")
+        raise DataError(f"{what} holds {present.size} distinct label(s) ({shown or 'no image'}); a batch of {k} "
+                        f"needs {k} distinct labels")
+    if not bright.any():
+        raise DataError(f"{what} holds no image with the property: no batch with it can be drawn")
+    dark = np.unique(labels[~bright])
+    if dark.size < k:
+        raise DataError(f"{what}: the images without the property carry {dark.size} distinct label(s); a batch of "
+                        f"{k} without the property needs {k}")
+
+
 def plan_batches(labels: np.ndarray, bright: np.ndarray, k: int, count: int, seed: int,
-                 stream: int) -> list[tuple[list[int], bool]]:
+                 stream: int, what: str = "the data") -> list[tuple[list[int], bool]]:
     """``count`` batches, batch i with the property iff i is odd (half of them), each drawn from
-    its own random stream (seed, stream, i): growing ``count`` keeps the earlier batches."""
+    its own random stream (seed, stream, i): growing ``count`` keeps the earlier batches.
+    ``what`` names the data in a refusal (check_drawable)."""
+    check_drawable(labels, bright, k, what)
     return [(draw_batch(labels, bright, k, i % 2 == 1, np.random.default_rng([seed, stream, i])), i % 2 == 1)
             for i in range(count)]
 
@@ -305,11 +336,13 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
     spec = build_model(st.model, num_classes=train.num_classes, channels=train.native_channels, image_size=size,
                        seed=0, width=st.width)
     targets = []
-    for t, (ids, has) in enumerate(plan_batches(labels_te, bright_te, k, n_targets, opt.seed, 0)):
+    where = one_line(st.data, 120)
+    planned = plan_batches(labels_te, bright_te, k, n_targets, opt.seed, 0, f"the test split of {where}")
+    for t, (ids, has) in enumerate(planned):
         batch = batch_of(test, ids, size, train.native_channels)
         feats, loss = update_features(spec, batch)
         targets.append(Target(t, ids, has, batch, feats, loss))
-    aux = plan_batches(labels_tr, bright_tr, k, n_aux, opt.seed, 1)
+    aux = plan_batches(labels_tr, bright_tr, k, n_aux, opt.seed, 1, f"the train split of {where}")
     x_aux = np.stack([update_features(spec, batch_of(train, ids, size, train.native_channels))[0] for ids, _ in aux])
     y_aux = np.asarray([has for _, has in aux], dtype=bool)
     classifier = fit_classifier(x_aux, y_aux, opt.seed)

@@ -83,6 +83,24 @@ def _wrap(caption: str, width_px: int) -> list[str]:
     return lines
 
 
+MAX_GRID_COLUMNS = 64   # images drawn per row
+MAX_GRID_ROWS = 32      # rows drawn
+
+
+def _bounded_grid(rows: Sequence[torch.Tensor], titles: Sequence[str], captions: Sequence[Sequence[str]] | None
+                  ) -> tuple[list[torch.Tensor], list[str], list[list[str]] | None]:
+    """The rows, titles and captions cut to MAX_GRID_ROWS x MAX_GRID_COLUMNS, each cut said."""
+    out_rows, out_titles = [], []
+    for row, title in zip(rows[:MAX_GRID_ROWS], titles[:MAX_GRID_ROWS], strict=True):
+        k = int(row.shape[0]) if row.ndim >= 1 else 0
+        out_rows.append(row[:MAX_GRID_COLUMNS])
+        out_titles.append(f"{title} (first {MAX_GRID_COLUMNS} of {k})" if k > MAX_GRID_COLUMNS else str(title))
+    if len(rows) > MAX_GRID_ROWS:
+        out_titles[-1] += f"; {len(rows) - MAX_GRID_ROWS} more rows not drawn"
+    cut = None if captions is None else [list(c)[:MAX_GRID_COLUMNS] for c in captions[:MAX_GRID_ROWS]]
+    return out_rows, out_titles, cut
+
+
 def save_image_grid(
     path: str | os.PathLike[str],
     rows: Sequence[torch.Tensor],
@@ -99,7 +117,9 @@ def save_image_grid(
 
     Images are upscaled by an integer factor with nearest neighbour (about 96 px per cell) so
     28-32 px images stay crisp, and placed pixel-exact (``figimage``, no resampling).
-    Returns ``path``.
+    At most MAX_GRID_ROWS rows of MAX_GRID_COLUMNS images are drawn (a row's title then says
+    "first N of K"): a batch size that an update file's metadata states, or 256 seeds, must not
+    become a picture of gigabytes. Returns ``path``.
     """
     if len(rows) == 0:
         raise ValueError("save_image_grid needs at least one row")
@@ -107,6 +127,7 @@ def save_image_grid(
         raise ValueError(f"got {len(rows)} rows but {len(row_titles)} row titles")
     if captions is not None and len(captions) != len(rows):
         raise ValueError(f"got {len(rows)} rows but {len(captions)} caption lists")
+    rows, row_titles, captions = _bounded_grid(rows, row_titles, captions)
     height = width = None
     for r, row in enumerate(rows):
         if row.ndim != 4 or row.shape[1] not in (1, 3):

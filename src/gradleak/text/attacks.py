@@ -29,10 +29,13 @@ truth it holds; nothing flows back).
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -284,6 +287,71 @@ KICK_MOVES = 2  # random moves that perturb a local minimum before the next desc
 EXACT = 1e-9  # relative gradient distance below which the sentences explain the update exactly
 
 
+class MoveList(Sequence):
+    """OrderSearch's moves in their fixed order (swaps, moves of a run, replacements, labels,
+    lengths: the order of the search's cyclic scan), each decoded from its index when it is
+    asked for. Memory O(K n), whatever the count: the list itself, (K n)^2 / 2 swaps alone, held
+    800 M tuples for 4096 sentences of 10 positions."""
+
+    def __init__(self, candidates: list[list[int]], k: int, n: int, num_classes: int, lengths: bool):
+        self.candidates, self.k, self.n, self.num_classes = candidates, k, n, num_classes
+        self.slots = k * n
+        # the runs of m = 1..MAX_BLOCK tokens: per m, the (p, q) pairs' counts per p in order
+        self.blocks: list[tuple[int, int, np.ndarray]] = []  # (m, pairs per sentence, prefix counts per p)
+        for m in range(1, min(MAX_BLOCK, n - 1) + 1):
+            w = n - m + 1
+            per_p = [sum(1 for q in (p - 1, p, p + 1) if 0 <= q < w) if m == 1 else 1 for p in range(w)]
+            prefix = np.concatenate([[0], np.cumsum([w - e for e in per_p])]).astype(np.int64)
+            self.blocks.append((m, int(prefix[-1]), prefix))
+        self.offsets = np.concatenate([[0], np.cumsum([len(c) for c in candidates])]).astype(np.int64)
+        sizes = [self.slots * (self.slots - 1) // 2, sum(k * c for _, c, _ in self.blocks), int(self.offsets[-1]),
+                 k * num_classes, k * n if lengths else 0]
+        self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> Move:  # type: ignore[override]
+        i = int(index)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("move index out of range")
+        kind = next(j for j in range(5) if i < self.starts[j + 1])
+        t = i - self.starts[kind]
+        n = self.n
+        if kind == 0:  # swap slots u < v: row u holds S - 1 - u pairs
+            s = self.slots
+
+            def row(u: int) -> int:  # the index of row u's first pair
+                return u * (2 * s - u - 1) // 2
+            u = max(0, ((2 * s - 1) - math.isqrt(max(0, (2 * s - 1) ** 2 - 8 * t))) // 2)
+            while u > 0 and row(u) > t:
+                u -= 1
+            while row(u + 1) <= t:
+                u += 1
+            v = u + 1 + (t - row(u))
+            return ("swap", *divmod(u, n), *divmod(v, n))
+        if kind == 1:  # move a run of m tokens of sentence a from p to q
+            for m, count, prefix in self.blocks:
+                if t < self.k * count:
+                    a, r = divmod(t, count)
+                    p = int(np.searchsorted(prefix, r, side="right")) - 1
+                    q = r - int(prefix[p])
+                    for e in sorted({p - 1, p, p + 1} if m == 1 else {p}):  # skip the excluded targets
+                        if 0 <= e <= q:
+                            q += 1
+                    return ("move", a, p, m, q)
+                t -= self.k * count
+        if kind == 2:  # replace the token at slot (a, p) by one of its candidates
+            slot = int(np.searchsorted(self.offsets, t, side="right")) - 1
+            return ("replace", *divmod(slot, n), self.candidates[slot][t - int(self.offsets[slot])])
+        if kind == 3:
+            return ("label", *divmod(t, self.num_classes))
+        a, m = divmod(t, n)
+        return ("length", a, m + 1)
+
+
 class OrderSearch:
     """Greedy search over discrete sentences that lowers the gradient distance.
 
@@ -300,15 +368,7 @@ class OrderSearch:
                  candidates: list[list[int]], k: int, n: int, num_classes: int, budget: int, lengths: bool):
         self.score, self.candidates, self.budget, self.evaluations = score, candidates, budget, 0
         self.n = n
-        slots = [(a, p) for a in range(k) for p in range(n)]
-        moves: list[Move] = [("swap", *slots[i], *slots[j]) for i in range(len(slots)) for j in range(i + 1, len(slots))]
-        moves += [("move", a, p, m, q) for m in range(1, min(MAX_BLOCK, n - 1) + 1) for a in range(k)
-                  for p in range(n - m + 1) for q in range(n - m + 1) if q != p and not (m == 1 and abs(p - q) == 1)]
-        moves += [("replace", a, p, c) for a in range(k) for p in range(n) for c in candidates[a * n + p]]
-        moves += [("label", a, c) for a in range(k) for c in range(num_classes)]
-        if lengths:
-            moves += [("length", a, m) for a in range(k) for m in range(1, n + 1)]
-        self.moves = moves
+        self.moves = MoveList(candidates, k, n, num_classes, lengths)
 
     def apply(self, st: _State, move: Move) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
         """The sentences after ``move``, or None where it is not applicable or changes nothing."""
@@ -412,6 +472,32 @@ def _progress(description: str, total: int, enabled: bool):  # noqa: ANN202
                     TextColumn("loss {task.fields[loss]:.3e}"), TimeElapsedColumn(), disable=not enabled)
 
 
+# What one step of DLG for text simulates: K dummy sentences of the leaked length L, their graph
+# kept for the second-order step (measured: ~0.08 MiB per token on tiny-transformer, ~0.7 MiB on
+# minilm); each scored sentence of the order search runs the same K x L tokens forward and back.
+# The metadata's batch size is not evidence: a one-sentence update whose metadata says 4096
+# made the search enumerate (K L)^2 / 2 swaps. Above MAX_TEXT_TOKENS tokens per simulated batch
+# (~1.4 GiB on minilm) or MAX_LABEL_VALUES dummy soft-label logits (K x classes) the attack is
+# refused with the numbers (ConfigError) before anything is allocated.
+MAX_TEXT_TOKENS = 2048
+MAX_LABEL_VALUES = 1 << 24
+
+
+def check_text_batch(k: int, length: int, num_classes: int, content_tokens: int, exact: bool) -> None:
+    """ConfigError when the dummy batch DLG for text would simulate (``k`` sentences of ``length``
+    tokens, soft labels over ``num_classes``; 0 for the bias rule) is over the bounds above; the
+    message names what the update's tensors show (``content_tokens`` distinct content tokens)."""
+    shown = (f"its word-embedding gradient names {content_tokens} distinct content token(s)"
+             f"{'' if exact else ' (under noise)'} and its position gradient sentences of {length} tokens")
+    if k * length > MAX_TEXT_TOKENS:
+        raise ConfigError(f"text attack: the update's metadata says a batch of {k} sentences and {shown}: "
+                          f"{k} x {length} = {k * length} tokens to simulate per step, more than the bound of "
+                          f"{MAX_TEXT_TOKENS}; attack a smaller batch (or use --attack bow)")
+    if k * num_classes > MAX_LABEL_VALUES:
+        raise ConfigError(f"text attack: {k} sentences x {num_classes} classes = {k * num_classes} dummy label "
+                          f"logits, more than the bound of {MAX_LABEL_VALUES}; attack a smaller batch")
+
+
 @attack_precision
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
              observer: TextObserver | None = None, *, restrict: bool = True,
@@ -445,6 +531,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     label_mode = s.labels or ("bias" if k == 1 else "soft")
     if label_mode == "bias" and k != 1:
         raise ConfigError("labels 'bias' restores the label of one sentence; use soft labels for batches")
+    check_text_batch(k, length, model.num_classes if label_mode != "bias" else 0, len(content_ids), bag.exact)
     gen = torch.Generator().manual_seed(s.seed)
     mask = torch.ones((k, length), dtype=torch.long, device=device)
     fixed_labels = bias_labels(update, model).to(device) if label_mode == "bias" else None
@@ -622,5 +709,6 @@ def run_text_attack(name: str, update: SharedUpdate, model: TextModel, settings:
     raise UnknownNameError(f"unknown text attack {name!r}; known: {', '.join(TEXT_ATTACKS)}")
 
 
-__all__ = ["BagOfWords", "TEXT_ATTACKS", "TextAttackSettings", "TextReconstruction", "TextSimulator",
-           "bag_of_words", "bias_labels", "dlg_text", "leaked_length", "run_text_attack", "text_attack_names"]
+__all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "TEXT_ATTACKS", "TextAttackSettings", "TextReconstruction",
+           "TextSimulator", "bag_of_words", "bias_labels", "check_text_batch", "dlg_text", "leaked_length",
+           "run_text_attack", "text_attack_names"]
