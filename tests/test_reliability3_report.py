@@ -112,3 +112,18 @@ def test_image_grid_is_cut_and_says_so(tmp_path):
     many = [torch.rand(2, 3, 8, 8)] * (MAX_GRID_ROWS + 5)
     cut_rows, titles, _ = _bounded_grid(many, [f"seed {i}" for i in range(len(many))], None)
     assert len(cut_rows) == MAX_GRID_ROWS and titles[-1].endswith("5 more rows not drawn")
+
+
+def test_dlg_summary_gives_the_budget_per_start_and_the_total(tmp_path, capsys):
+    """`--attack dlg --iterations 150` printed "iterations 300" (issue 43): the summary now gives the
+    total over the starts and the budget per start."""
+    import json
+
+    out = tmp_path / "run"
+    assert main(["attack", "--attack", "dlg", "--iterations", "5", "--stall-restarts", "1", "--no-progress",
+                 "--threads", "1", "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["iterations_per_start"] == 5 and 5 <= m["iterations"] <= 5 * m["trials"]
+    printed = " ".join(capsys.readouterr().out.split())
+    starts = f"{m['trials']} start" + ("s" if m["trials"] != 1 else "")
+    assert f"{m['iterations']} in all (5 per start, {starts})" in printed, printed

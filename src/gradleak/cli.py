@@ -633,7 +633,12 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     for key in SUMMARY_KEYS["text" if text else "image"]:
         if key == "lpips_mean" and metrics.get(key) is None:
             continue  # metrics.json's lpips_notice says why (and the notice below, once)
-        if key in metrics:
+        if key == "iterations" and isinstance(metrics.get("iterations_per_start"), int):
+            # DLG/iDLG: --iterations is each start's budget; the total counts every start's steps
+            starts = metrics.get("trials")
+            rows.append(("iterations", f"{metrics['iterations']} in all ({metrics['iterations_per_start']} per start"
+                         + (f", {starts} start{'s' if starts != 1 else ''})" if isinstance(starts, int) else ")")))
+        elif key in metrics:
             rows.append((key, fmt(metrics[key])))
     if metrics.get("defenses"):
         rows.append(("defenses", ", ".join(metrics["defenses"])))
