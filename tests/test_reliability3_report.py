@@ -127,3 +127,33 @@ def test_dlg_summary_gives_the_budget_per_start_and_the_total(tmp_path, capsys):
     printed = " ".join(capsys.readouterr().out.split())
     starts = f"{m['trials']} start" + ("s" if m["trials"] != 1 else "")
     assert f"{m['iterations']} in all (5 per start, {starts})" in printed, printed
+
+
+def test_nproc_children_start_with_a_safe_path(monkeypatch):
+    """--nproc spawns `python -c` children, whose import path starts with the working folder
+    unless PYTHONSAFEPATH is set while they start (issue 43's planted-module family)."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    from gradleak.config import make_config
+    from gradleak.pipeline import distributed
+
+    seen = {}
+    before = os.environ.get("PYTHONSAFEPATH")
+
+    class Stop(Exception):
+        pass
+
+    def fake_start(*args, **kwargs):
+        seen["safe"] = os.environ.get("PYTHONSAFEPATH")
+        raise Stop
+
+    monkeypatch.setattr(mp, "start_processes", fake_start)
+    cfg = make_config(attack="gradinversion", model="convnet", batch_size=2, nproc=2, iterations=1, seeds=2)
+    import pytest
+
+    with pytest.raises(Stop):
+        distributed.spawn(cfg, None, write=False)
+    assert seen["safe"] == "1"
+    assert os.environ.get("PYTHONSAFEPATH") == before  # given back after the start

@@ -809,17 +809,6 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return subs.fill(name)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (or SIGHUP) during a command, raised where the program was, like Ctrl-C's
-    KeyboardInterrupt: staging folders and temporary files are removed on the way out by the
-    same code that handles Ctrl-C, instead of the process dying where it stood."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__()
-        self.signum = signum
-        self.exit_code = 128 + signum
-
-
 @contextlib.contextmanager
 def _signals_interrupt() -> typing.Iterator[None]:
     """For the command's duration, SIGTERM and SIGHUP raise :class:`Terminated` (the attack loop
@@ -831,6 +820,8 @@ def _signals_interrupt() -> typing.Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+
+    from .errors import Terminated
 
     def raise_terminated(signum: int, frame: Any) -> None:
         raise Terminated(signum)

@@ -34,3 +34,26 @@ class ConfigError(GradleakError):
 
 class InputFileError(GradleakError):
     """A path given as a file to read that is absent, a folder, a device, too large or unreadable."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) during a command, raised where the program was (a KeyboardInterrupt, so
+    that it unwinds the way Ctrl-C does: staging folders and temporary files are removed on the
+    way out); the CLI prints ``interrupted (SIGTERM)`` and exits with 128 + the signal number."""
+
+    def __init__(self, signum: int = 15) -> None:
+        super().__init__()
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:   # what gradleak.cli.main prints after "gradleak: "
+        import signal
+
+        try:
+            name = signal.Signals(self.signum).name
+        except ValueError:
+            name = f"signal {self.signum}"
+        return f"interrupted ({name})"

@@ -23,6 +23,16 @@ gRPC ignores proxies). The environment is set for the block only: Ray's processe
 when they start, the caller's environment is restored on exit. ``tests/test_loopback.py``
 traces both users (the Ray sweep executor, the Flower audit) with strace: every AF_INET/AF_INET6
 ``bind`` is to loopback and every ``connect``/``sendto`` goes to loopback.
+
+The workers' import path. A driver's ``ray.init`` (Ray 2.55, ``ray._private.worker.connect``)
+records its working folder, and its script's folder when that is on its own path, in the job
+config (``py_driver_sys_path``); every worker of the job puts them at the head of its
+``sys.path`` before it loads the first task's code. A ``click.py`` (or any module name a worker
+imports: ``gradleak``, ``torch`` ...) in the folder where ``gradleak`` was started then ran in
+every Ray task and Flower client. :func:`init_ray` gives Ray a job config that records no folder
+(:func:`job_config`); the workers find gradleak where it is installed, as the driver does.
+:func:`safe_path_children` does the same for processes started with ``python -c`` (the sweep's
+process pool: multiprocessing's spawn), whose path starts with their working folder.
 """
 
 from __future__ import annotations
@@ -99,7 +109,9 @@ def local_ray(num_cpus: int, *, verbose: bool = False, keep_signals: bool = Fals
 
 def init_ray(*, keep_signals: bool = True, **kwargs: Any) -> None:
     """``ray.init(**kwargs)``, then (``keep_signals``) the caller's SIGINT and SIGTERM handlers
-    put back.
+    put back. The job's workers do not import from the driver's working folder (nor its script's
+    folder): the job config is :func:`job_config`'s unless the caller gives one (or connects as a
+    Ray Client, ``ray://``, whose workers never get the driver's folders).
 
     ray.init makes SIGTERM call ``sys.exit`` and Ray's core worker adds a C-level failure
     handler that prints a crash-style stack trace ("*** SIGTERM received ... PC: @ ...") and
@@ -111,10 +123,44 @@ def init_ray(*, keep_signals: bool = True, **kwargs: Any) -> None:
 
     main = keep_signals and threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    if kwargs.get("job_config") is None and not str(kwargs.get("address") or "").startswith("ray://"):
+        kwargs["job_config"] = job_config()
     ray.init(**kwargs)
     for sig, handler in saved.items():
         if handler is not None:   # None: not installed from Python; nothing to put back
             signal.signal(sig, handler)
+
+
+def job_config() -> Any:
+    """A ``ray.job_config.JobConfig`` that gives the job's workers no folder of the driver's:
+    ``ray.init`` adds the driver's working folder (and script folder) to the job's
+    ``py_driver_sys_path`` after the caller built the config, and every worker prepends that
+    list to its ``sys.path`` before loading task code; this config leaves the list empty when
+    Ray serialises it for the workers."""
+    from ray.job_config import JobConfig
+
+    class NoDriverFolders(JobConfig):
+        def _get_proto_job_config(self) -> Any:
+            self._py_driver_sys_path = []
+            return super()._get_proto_job_config()
+
+    return NoDriverFolders()
+
+
+# Python >= 3.11: no working folder (nor script folder) at the head of sys.path (python -P).
+SAFE_PATH = {"PYTHONSAFEPATH": "1"}
+
+
+@contextmanager
+def safe_path_children() -> Iterator[None]:
+    """Python processes started in the block put neither their working folder nor their script's
+    folder at the head of ``sys.path`` (``PYTHONSAFEPATH=1``, Python >= 3.11, inherited by what
+    they start in turn). For multiprocessing's spawn and forkserver children: they start as
+    ``python -c ...``, whose ``sys.path[0]`` is the working folder until the parent's path
+    replaces it, after ``multiprocessing`` and its imports (``pickle``, ``socket`` ...) were
+    loaded; Python 3.10 has no such switch (its children keep that behaviour)."""
+    with environment(SAFE_PATH):
+        yield
 
 
 @contextmanager

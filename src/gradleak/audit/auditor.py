@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import math
+import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes
 from ..models import ModelSpec
+from ..paths import one_line
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
@@ -103,6 +105,8 @@ class LeakageAuditor:
         self.out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._stopped: int | None = None      # stop(): the signal number it was given
+        self._sessions: dict[int, Any] = {}   # the attacks running now: id -> their Session
         self.param_names = [n for n, p in model.module.named_parameters() if p.requires_grad]
         self.write_csv()
 
@@ -143,16 +147,37 @@ class LeakageAuditor:
     def should_audit(self, server_round: int) -> bool:
         return (server_round - 1) % self.settings.every == 0
 
+    # ------------------------------------------------------------------ stopping
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop auditing (the federation is ending: Ctrl-C, SIGTERM, an error): every attack in
+        progress ends after the step it is in, and :meth:`audit` then raises
+        :class:`AuditStopped` (in whichever thread it runs); no row, file or picture is written
+        any more. Thread-safe; for a caller that discards the audit's folder next."""
+        with self._lock:
+            self._stopped = int(signum)
+            for session in self._sessions.values():
+                session.interrupted = int(signum)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped is not None
+
+    def _check_running(self) -> None:
+        if self._stopped is not None:
+            raise AuditStopped("the audit was stopped")
+
     # ------------------------------------------------------------------ one client
     def audit(self, server_round: int, client: str, global_weights: Mapping[str, torch.Tensor],
               client_weights: Mapping[str, torch.Tensor], *, num_examples: int, threat: ThreatModel,
               loss: float = float("nan"), node_id: int | str = "") -> dict[str, Any]:
         """Attack one client's update of one round; append and return its row. Never raises for a
         failed attack (the row says why): an audit must not stop the federation."""
+        from ..attacks.state import Session
         from ..metrics import evaluate
         from ..pipeline.image import ImageCase
         from ..pipeline.run import attack_case
 
+        self._check_running()
         row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
                                "num_examples": num_examples, "local_steps": threat.local_steps,
                                "local_batch_size": threat.local_batch_size or num_examples,
@@ -167,7 +192,17 @@ class LeakageAuditor:
             # the one pipeline, as the server sees it: the update and the model, no truth
             case = ImageCase(update=update, model=self.model, truth=None)
             t0 = time.perf_counter()
-            result, _ = attack_case(self.cfg, case, device=self.device)
+            # the in-memory session attack_case would make, kept so that stop() can end the attack
+            session = Session(every=0, retries=self.cfg.divergence_retries)
+            with self._lock:
+                self._check_running()
+                self._sessions[id(session)] = session
+            try:
+                result, _ = attack_case(self.cfg, case, session=session, device=self.device)
+            finally:
+                with self._lock:
+                    self._sessions.pop(id(session), None)
+            self._check_running()
             recon = result.reconstruction
             conv = result.metrics["convergence"]
             row.update(status="ok", attack=result.metrics.get("attack", self.cfg.attack),  # auto: the one it used
@@ -186,7 +221,14 @@ class LeakageAuditor:
                            label_accuracy=m["label_accuracy"], labels_true=" ".join(str(int(y)) for y in truth.labels))
                 scores = evaluate(recon, truth)
             if self.settings.save_reconstructions:
+                self._check_running()
                 row["reconstruction"] = self._save(server_round, client, recon, scores, truth)
+        except AuditStopped:
+            raise
+        except KeyboardInterrupt:
+            if self._stopped is not None:   # the attack's loop, ended by stop()
+                raise AuditStopped("the audit was stopped") from None
+            raise
         except GradleakError as exc:
             row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - numerical trouble, a model that does not fit: logged
@@ -238,6 +280,7 @@ class LeakageAuditor:
                                attack=row.get("attack"), noise_floor=row.get("noise_floor", 0.0),
                                unmodelled=[d for d in str(row.get("unmodelled_defenses") or "").split(";") if d]).label
         with self._lock:
+            self._check_running()
             self.rows.append(row)
             self.write_csv()
         return row
@@ -248,19 +291,29 @@ class LeakageAuditor:
         w = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for row in self.rows:
-            w.writerow({k: _csv(row.get(k)) for k in CSV_COLUMNS})
+            w.writerow({k: _csv(row.get(k)) for k in CSV_COLUMNS} | {"error": _error_cell(row.get("error"))})
         path = self.out / "audit.csv"
         atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
         return path
 
-    def write_summary(self, extra: Mapping[str, Any] | None = None) -> Path:
-        """DIR/audit.json: the settings, the attack config and every row."""
+    def write_summary(self, extra: Mapping[str, Any] | None = None, *, out: str | Path | None = None) -> Path:
+        """DIR/audit.json: the settings, the attack config and every row. ``out``: the folder
+        the settings name as the audit's (default: the one it writes to; a caller that renames
+        a staging folder into place names the final one)."""
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.settings.__dict__.items()}
+        if out is not None:
+            settings["out"] = str(out)
         doc = {"attack_config": self.cfg.model_dump(mode="json"), "model": self.model.name,
-               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in self.settings.__dict__.items()},
-               "rows": self.rows, **dict(extra or {})}
+               "settings": settings, "rows": self.rows, **dict(extra or {})}
         path = self.out / "audit.json"
         atomic_write_bytes(path, (json.dumps(doc, indent=2, default=str) + "\n").encode("utf-8"))
         return path
+
+
+class AuditStopped(Exception):
+    """:meth:`LeakageAuditor.stop` was called: the audit writes nothing more. An Exception (not a
+    GradleakError: never logged as a failed row), so that the thread running the audit (Flower's
+    ServerApp thread) ends quietly."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +324,15 @@ class FedAvgKeys:
     local_steps: str = "local-steps"
     local_batch_size: str = "batch-size"
     local_lr: str = "lr"
+
+
+# A failed update's error in audit.csv: one line of at most this many characters (audit.csv is
+# rewritten after every update; audit.json keeps the error whole).
+CSV_ERROR_CHARS = 1000
+
+
+def _error_cell(error: Any) -> str:
+    return one_line(str(error), CSV_ERROR_CHARS) if error else ""
 
 
 def _csv(v: Any) -> str:

@@ -58,10 +58,13 @@ def add_audit_flower_parser(sub: Any) -> None:
 def cmd_audit_flower(args: argparse.Namespace) -> int:
     from .example import FederationSettings, run_federation
 
-    from ..paths import check_output_dir
+    from ..paths import StagedDir, check_output_dir
+    from ..sweep.engine import sigterm_as_interrupt
 
-    # The audit writes audit.csv as rounds finish (a live folder, not staged): its path is
-    # checked here and the folder created just before the federation starts.
+    # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
+    # hidden staging folder beside it (.<out>.partial-..., where audit.csv grows as rounds
+    # finish) created just before the federation starts, renamed to --out once the audit is
+    # complete; a failed or interrupted audit leaves nothing (its rerun is the same command).
     out = check_output_dir(args.out)
     attack: dict[str, Any] = {"attack": args.attack, "seed": args.attack_seed, "device": args.device}
     for key, value in (("iterations", args.iterations), ("lr", args.attack_lr), ("optimizer", args.optimizer),
@@ -90,18 +93,18 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
 
     resolve_attack(cfg.model_dump(), bn_statistics_shared=True)  # the name; options the attack ignores
     resolve_device(cfg.device)
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
-    try:
-        with contextlib.nullcontext() if args.verbose else _without_known_flower_warnings():
-            result = run_federation(settings, attack, out, save_reconstructions=args.save_reconstructions)
-    except BaseException:
-        if created and not any(out.iterdir()):
-            out.rmdir()  # nothing was audited: leave no empty folder behind
-        raise
+    # SIGTERM stops the audit like Ctrl-C (exit 143): the federation and its thread are stopped
+    # (run_federation), the staging folder removed.
+    with sigterm_as_interrupt():
+        stage = StagedDir(out)
+        try:
+            with contextlib.nullcontext() if args.verbose else _without_known_flower_warnings():
+                result = run_federation(settings, attack, stage.path, save_reconstructions=args.save_reconstructions,
+                                        recorded_out=out)
+            stage.commit()
+        except BaseException:
+            stage.discard()
+            raise
     _print_rows(result["rows"], out, result.get("wall_seconds"))
     return 0
 

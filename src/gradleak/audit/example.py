@@ -32,6 +32,7 @@ import functools  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
@@ -44,6 +45,8 @@ import torch.nn.functional as F  # noqa: E402
 from ..data import Batch, open_source  # noqa: E402
 from ..errors import ConfigError, GradleakError  # noqa: E402
 from ..models import ModelSpec, build_model  # noqa: E402
+from ..paths import one_line  # noqa: E402
+from .auditor import AuditStopped  # noqa: E402
 
 
 @dataclass
@@ -220,7 +223,42 @@ def client_app(s: FederationSettings):  # noqa: ANN201 - flwr.clientapp.ClientAp
     return app
 
 
-def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any]):  # noqa: ANN201
+class StoppableGrid:
+    """The Grid Flower hands the ServerApp, whose wait for the clients' replies ends when ``stop``
+    is set (raising :class:`AuditStopped`). Without it the ServerApp's thread, which the
+    interpreter waits for at exit, would wait out the round's timeout (600 s) for replies that
+    the stopped simulation never sends. Everything else is the grid's own."""
+
+    def __init__(self, grid: Any, stop: threading.Event):
+        self._grid = grid
+        self._stop = stop
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_grid", "_stop"):
+            raise AttributeError(name)
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
+        """flwr's InMemoryGrid.send_and_receive (push, then pull until every reply is in or
+        ``timeout`` seconds passed), checking ``stop`` between pulls."""
+        if self._stop.is_set():
+            raise AuditStopped("the audit was stopped")
+        waiting = set(self._grid.push_messages(messages))
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Any] = []
+        while waiting and (end is None or time.monotonic() < end):
+            got = list(self._grid.pull_messages(waiting))
+            replies.extend(got)
+            waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+            if waiting and self._stop.wait(float(getattr(self._grid, "pull_interval", 0.1))):
+                raise AuditStopped("the audit was stopped")
+        return replies
+
+
+def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any],  # noqa: ANN201
+               stop: threading.Event | None = None):
+    """The ServerApp: FedAvg wrapped in the audit. ``stop``: set, it ends the app's waits
+    (:class:`StoppableGrid`); ``result["server_thread"]`` is the thread the app runs in."""
     from flwr.app import ArrayRecord, ConfigRecord, Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -231,6 +269,9 @@ def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any]):  # 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        result["server_thread"] = threading.current_thread()
+        if stop is not None:
+            grid = StoppableGrid(grid, stop)
         torch.set_num_threads(1)
         model = build_example_model(s)
         strategy = AuditedStrategy(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=s.clients,
@@ -242,16 +283,23 @@ def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any]):  # 
                                  num_rounds=s.rounds, train_config=train_config, timeout=600)
             result["train_metrics"] = {int(r): dict(m) for r, m in out.train_metrics_clientapp.items()}
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, the simulation ends
-            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["error"] = one_line(f"{type(exc).__name__}: {exc}")
             raise
 
     return app
 
 
 def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Path, *,
-                   save_reconstructions: bool = False) -> dict[str, Any]:
+                   save_reconstructions: bool = False, recorded_out: str | Path | None = None) -> dict[str, Any]:
     """Run the example federation with the audit on; write DIR/audit.csv and DIR/audit.json.
-    Returns {"rows": [...], "train_metrics": {...}, "wall_seconds": ...}."""
+    Returns {"rows": [...], "train_metrics": {...}, "wall_seconds": ...}. ``recorded_out``: the
+    folder audit.json names as the audit's (default ``out``; `gradleak audit-flower` writes into a
+    staging folder renamed to --out when the audit is complete).
+
+    Ray keeps no SIGINT/SIGTERM handler of its own (the caller's stay in charge: the CLI turns
+    SIGTERM into an interrupt). When the simulation stops by an exception (Ctrl-C, SIGTERM, an
+    error), the ServerApp's thread is stopped too: its attack in progress ends after the step
+    it is in, its wait for replies at once, and the auditor writes nothing more."""
     from .auditor import AuditSettings, LeakageAuditor
 
     s.check()
@@ -274,20 +322,27 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
         for name in levels:
             logging.getLogger(name).setLevel(logging.WARNING)
     cpus = s.ray_cpus or max(1, min(s.clients, _available_cpus()))
+    stop = threading.Event()
     t0 = time.perf_counter()
     try:
         # Flower's simulation engine uses the Ray instance running in this process (and shuts it
         # down at the end): gradleak's, on loopback only and probing nothing.
-        with local_ray(cpus, verbose=s.verbose), _flower_offline():
-            run_simulation(server_app=server_app(s, auditor, result), client_app=client_app(s),
-                           num_supernodes=s.clients,
-                           backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0}},
-                           verbose_logging=s.verbose)
+        with local_ray(cpus, verbose=s.verbose, keep_signals=True), _flower_offline():
+            try:
+                run_simulation(server_app=server_app(s, auditor, result, stop=stop), client_app=client_app(s),
+                               num_supernodes=s.clients,
+                               backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0}},
+                               verbose_logging=s.verbose)
+            except BaseException:
+                _stop_server(stop, auditor, result.get("server_thread"))
+                raise
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+    result.pop("server_thread", None)
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    auditor.write_summary({"federation": asdict(s), "train_metrics": result.get("train_metrics", {})})
+    auditor.write_summary({"federation": asdict(s), "train_metrics": result.get("train_metrics", {})},
+                          out=recorded_out if recorded_out is not None else out)
     if "error" in result:
         raise GradleakError(f"the federation stopped: {result['error']}")
     expected = {(r, str(c)) for r in range(1, s.rounds + 1) for c in range(s.clients)}
@@ -298,6 +353,19 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
                             f"(missing round/client {missing}); rerun with --verbose to see Flower's log")
     result["rows"] = auditor.rows
     return result
+
+
+# How long a stopped audit waits for the ServerApp's thread (an attack step, a pull of replies).
+STOP_WAIT_SECONDS = 30.0
+
+
+def _stop_server(stop: threading.Event, auditor: Any, thread: threading.Thread | None) -> None:
+    """Stop the ServerApp's thread (see run_federation) and wait for it (at most
+    :data:`STOP_WAIT_SECONDS`): nothing of the audit runs, or writes, after this returns."""
+    stop.set()
+    auditor.stop()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(STOP_WAIT_SECONDS)
 
 
 def _available_cpus() -> int:

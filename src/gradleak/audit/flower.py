@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import GradleakError
+from ..paths import one_line
 from .auditor import FedAvgKeys, LeakageAuditor
 
 try:
@@ -36,12 +37,17 @@ except ImportError as exc:  # pragma: no cover - the fl extra is missing
 CLIENT_INFO = "client-info"
 
 
+# A client's name as the rows give it: what a client reports is cut to one line of this many characters.
+CLIENT_NAME_CHARS = 100
+
+
 def client_name(msg: Message) -> str:
-    """The client's name for the audit rows: its partition id if it reports one, else its node id."""
+    """The client's name for the audit rows: its partition id if it reports one (one line of at
+    most :data:`CLIENT_NAME_CHARS` characters: a client chooses it), else its node id."""
     content = msg.content
     info = content.config_records.get(CLIENT_INFO) if hasattr(content, "config_records") else None
     if info is not None and "partition-id" in info:
-        return str(info["partition-id"])
+        return one_line(str(info["partition-id"]), CLIENT_NAME_CHARS)
     for rec in content.metric_records.values():
         if "partition-id" in rec:
             return str(int(rec["partition-id"]))

@@ -179,15 +179,23 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    from ..paths import atomic_write_bytes
+
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def write_result(result: ExperimentResult, out: Path) -> None:
     """Write results.csv (one row per sample), summary.csv (per setting, if the experiment has a
     summary), results.md and experiment.json into ``out`` (figures already there)."""
     from .common import MEANS_NOTE
 
-    (out / "results.csv").write_text(_csv_text(result.columns, result.rows))
+    # each file is written whole or not at all (an experiment's --out is reused by its reruns, so a
+    # file cut short by a signal would stay there)
+    atomic_write_text(out / "results.csv", _csv_text(result.columns, result.rows))
     summary_md = ""
     if result.summary_columns:
-        (out / "summary.csv").write_text(_csv_text(result.summary_columns, result.summary))
+        atomic_write_text(out / "summary.csv", _csv_text(result.summary_columns, result.summary))
         summary_md = (f"## Summary per setting (summary.csv)\n\n{markdown_table(result.summary_columns, result.summary)}"
                       f"\n\n{MEANS_NOTE}\n\n")
     setup = "\n".join(f"- **{k}**: {_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)}"
@@ -198,14 +206,11 @@ def write_result(result: ExperimentResult, out: Path) -> None:
           f"{result.wall_seconds:.0f} s.\n\n## Setup\n\n{setup}\n\n## Results\n\n"
           f"{markdown_table(result.columns, result.rows)}\n\n" + summary_md
           + (f"## Notes\n\n{notes}\n\n" if notes else "") + figs + "\n")
-    (out / "results.md").write_text(md)
-    (out / "experiment.json").write_text(json.dumps({"name": result.name, "title": result.title,
-                                                      "setup": result.setup, "rows": result.rows,
-                                                      "summary": result.summary,
-                                                      "notes": result.notes, "figures": result.figures,
-                                                      "wall_seconds": result.wall_seconds, "cells": result.cells,
-                                                      "machine": machine()},
-                                                     indent=2, default=str))
+    atomic_write_text(out / "results.md", md)
+    record = {"name": result.name, "title": result.title, "setup": result.setup, "rows": result.rows,
+              "summary": result.summary, "notes": result.notes, "figures": result.figures,
+              "wall_seconds": result.wall_seconds, "cells": result.cells, "machine": machine()}
+    atomic_write_text(out / "experiment.json", json.dumps(record, indent=2, default=str))
 
 
 def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentResult, Path]:

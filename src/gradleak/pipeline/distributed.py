@@ -38,6 +38,7 @@ import torch
 from ..attacks.shard import SeedShard
 from ..config import AttackConfig
 from ..errors import ConfigError, GradleakError
+from ..localray import safe_path_children
 from ..paths import check_output_dir
 from .record import RunResult, default_run_dir, jsonable
 
@@ -202,8 +203,12 @@ def spawn(cfg: AttackConfig, rank_run: RankRun, *, write: bool) -> RunResult:
 
     world = cfg.nproc
     with tempfile.TemporaryDirectory(prefix="gradleak-nproc-") as folder:
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), cfg.model_dump(mode="json"), write, folder, rank_run),
-                                 nprocs=world, join=False, daemon=True, start_method="spawn")
+        # spawn's children start as `python -c`: without PYTHONSAFEPATH they would import modules
+        # from the working folder first (a planted torch.py, pickle.py ...)
+        with safe_path_children():
+            ctx = mp.start_processes(_worker, args=(world, _free_port(), cfg.model_dump(mode="json"), write, folder,
+                                                    rank_run), nprocs=world, join=False, daemon=True,
+                                     start_method="spawn")
         try:
             while not ctx.join():
                 pass

@@ -14,18 +14,29 @@ Like the run report (gradleak.report.html) the page embeds its figures and pictu
 URIs, loads nothing, forbids loading anything with a Content-Security-Policy, and escapes every
 string read from the folder (configs hold user-chosen names: data folders, model callables,
 defense specs; audit rows hold client names).
+
+The page is written atomically (:func:`write_dashboard_page`): a hidden temporary file beside it,
+``.<page>.<host>-<pid>-<random>.tmp``, renamed onto the page when complete. SIGTERM stops the
+command like Ctrl-C does (exit 143) and removes the temporary file; what a killed writer left
+(SIGKILL, a power cut) is removed by the next dashboard written to the same page: temporary
+files of processes of this host that no longer run, and those of the older unnamed form
+(``.<page>.<random>.tmp``) untouched for an hour.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import tempfile
+import time
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from ..paths import _HOST, _alive, one_line
 from ..report.html import check_folder, display_name
-from ..report.page import html_page, write_page
+from ..report.page import html_page
 from ..report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED
 from .dashboard_compare import compare_body
 from .dashboard_data import EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Source, cell_verdict, load_source, read_audit
@@ -43,7 +54,7 @@ DEFAULT_COMPARISON = "comparison.html"
 _OWN_FILES = ("audit.csv", "audit.json", "experiment.json", "results.md", "summary.csv")
 
 __all__ = ["GENERATOR", "LEAKED_DB", "MAX_AUDIT_BYTES", "MAX_TABLE_ROWS", "add_dashboard_parser",
-           "check_dashboard_target", "render_dashboard", "read_audit"]
+           "check_dashboard_target", "render_dashboard", "read_audit", "stale_page_temps", "write_dashboard_page"]
 
 
 def _rebuilt(r: CellRecord) -> bool:
@@ -127,11 +138,91 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     if other is None:
         title, subtitle = _title(src)
         body = audit_body(src) if src.kind == "audit" else sweep_body(src)
-        return write_page(target, _page(title, subtitle, body))
+        return write_dashboard_page(target, _page(title, subtitle, body))
     b = load_source(other)
     body = compare_body(src, b)
     title = f"Comparison: {display_name(src.folder)} (A) vs {display_name(b.folder)} (B)"
-    return write_page(target, _page(title, "gradleak dashboard · A = DIR, B = --compare; Δ = B − A", body))
+    return write_dashboard_page(target, _page(title, "gradleak dashboard · A = DIR, B = --compare; Δ = B − A", body))
+
+
+# ------------------------------------------------------------------ writing the page
+# A temporary file older than this, of the unnamed form (no process id), was abandoned: writing
+# a page takes well under a second.
+ABANDONED_SECONDS = 3600
+_NAME_MAX = 255
+_OURS = re.compile(r"(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]{8}\.tmp")
+_UNNAMED = re.compile(r"[a-z0-9_]{8}\.tmp")
+
+
+def _temp_stem(target: Path) -> str:
+    """``.<page name>.``, the name cut (whole UTF-8 characters) so that the temporary file's
+    name fits a 255-byte name limit with the host, the process id and mkstemp's 8 characters."""
+    room = _NAME_MAX - len(f"..{_HOST}-{2**22}-12345678.tmp")
+    data = target.name.encode("utf-8", "surrogateescape")
+    name = target.name if len(data) <= room else data[:room].decode("utf-8", "ignore")
+    return f".{name}."
+
+
+def stale_page_temps(target: Path) -> list[Path]:
+    """Temporary files of the page ``target`` that no running writer owns: ``.<page>.<host>-
+    <pid>-<random>.tmp`` of a process of this host that no longer runs, and the unnamed
+    ``.<page>.<random>.tmp`` (gradleak.paths.atomic_write_bytes, older dashboards) untouched
+    for :data:`ABANDONED_SECONDS`."""
+    stem = _temp_stem(target)
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return []
+    stale = []
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(stem) or not entry.is_file(follow_symlinks=False):
+            continue
+        rest = entry.name[len(stem):]
+        ours = _OURS.fullmatch(rest)
+        if ours is not None:
+            if ours["host"] == _HOST and not _alive(int(ours["pid"])):
+                stale.append(Path(entry.path))
+        elif _UNNAMED.fullmatch(rest):
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime > ABANDONED_SECONDS:
+                    stale.append(Path(entry.path))
+            except OSError:
+                pass
+    return stale
+
+
+def write_dashboard_page(target: Path, page: str) -> Path:
+    """Write the page atomically (a temporary file beside it, renamed onto it when complete; a
+    link planted next to it is never followed): a failure, Ctrl-C or SIGTERM (under
+    :func:`~gradleak.sweep.engine.sigterm_as_interrupt`) leaves the previous page (or none) and
+    no temporary file. First removes the temporary files killed writers left (:func:`stale_page_temps`)."""
+    for stale in stale_page_temps(target):
+        try:
+            stale.unlink()
+        except OSError:
+            pass
+    data = page.encode("utf-8")
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{_temp_stem(target)}{_HOST}-{os.getpid()}-",
+                                   suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise DataError(f"{one_line(str(target))} cannot be written: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return target
 
 
 def add_dashboard_parser(sub: Any) -> None:
@@ -149,6 +240,9 @@ def add_dashboard_parser(sub: Any) -> None:
 
 
 def cmd_dashboard(args: Any) -> int:
-    path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None))
+    from .engine import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():   # SIGTERM: the page is left as it was, no temporary file (exit 143)
+        path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None))
     print(f"wrote {display_name(path, full=True)}")
     return 0

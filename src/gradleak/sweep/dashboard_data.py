@@ -35,6 +35,10 @@ EXPERIMENT_CELLS = "cells"
 # run_folders): originals above the paired reconstructions, with PSNR and labels.
 RUN_IMAGE = "reconstruction.png"
 
+# An error as a page shows it: one line of at most this many characters (a store keeps a cell's
+# error whole, up to store.MAX_COLUMN_CHARS; shown whole, a few such rows made pages of 50 MB).
+ERROR_CHARS = 300
+
 # Config fields that say how a cell ran, not what it attacked: never an axis, ignored when two
 # runs are matched.
 RUN_ONLY_FIELDS = frozenset({"out", "progress", "threads", "log_every", "checkpoint_every", "paper_metrics", "device",
@@ -182,6 +186,12 @@ def cell_verdict(r: CellRecord) -> Verdict:
                  unmodelled=_unmodelled(conv))
 
 
+def shown_error(error: str | None) -> str | None:
+    """An error as a page shows it: one line (control characters escaped) of at most
+    :data:`ERROR_CHARS` characters; None for none."""
+    return one_line(error, ERROR_CHARS) if error else None
+
+
 def cell_item(r: CellRecord, root: Path) -> Item:
     m = r.metrics if isinstance(r.metrics, dict) else {}
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
@@ -191,7 +201,7 @@ def cell_item(r: CellRecord, root: Path) -> Item:
         else None
     return Item(key=r.cell_id, verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None, rel=finite(rel),
                 status=r.status, fields=r.config, metrics=m, image=image,
-                error=r.error)
+                error=shown_error(r.error))
 
 
 def store_folder(folder: Path) -> tuple[str, Path] | None:
@@ -290,7 +300,7 @@ def audit_item(row: dict[str, str]) -> Item:
                 psnr=psnr_of(row.get("psnr_mean") or None) if v.truth else None,
                 rel=finite(row.get("relative_gradient_distance") or None), status=row.get("status", "ok") or "ok",
                 fields=dict(row), metrics=dict(row), image=row.get("reconstruction") or None,
-                error=row.get("error") or None)
+                error=shown_error(row.get("error")))
 
 
 def load_audit(folder: Path) -> Source:

@@ -317,20 +317,25 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     names = {"psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP"}
     cols = ["verdict", "cell", *axes, *reps, *[names[m] for m in metrics], "rel. distance", "why"]
     keys = ["verdict", "cell_id", *axes, *reps, *metrics, "rel", "why"]
+    failed = [it for it in src.items if it.status != "ok"]
+    # each failed cell's error is said once, in "Failed cells" (cut to one line: dashboard_data.shown_error)
+    listed = {it.key for it in failed[:MAX_TABLE_ROWS]}
     rows = []
     for it in items[:MAX_TABLE_ROWS]:
+        why = it.verdict.reason if it.status == "ok" else (
+            "failed: error under Failed cells" if it.key in listed else (it.error or it.verdict.reason))
         rows.append([badge(it.verdict), it.key, *[field_text(a, it.fields.get(a)) for a in [*axes, *reps]],
-                     *[it.metrics.get(k) for k in metrics], it.rel,
-                     it.verdict.reason if it.status == "ok" else (it.error or "")])
+                     *[it.metrics.get(k) for k in metrics], it.rel, why])
     more = (f'<p class="muted">{len(items) - MAX_TABLE_ROWS} more cells in results.csv</p>'
             if len(items) > MAX_TABLE_ROWS else "")
-    failed = [it for it in src.items if it.status != "ok"]
     fail_html = ""
     if failed:
         fail_html = "<h2>Failed cells</h2>" + table(
             ["cell_id", *axes, *reps, "error"],
             [[it.key, *[field_text(a, it.fields.get(a)) for a in [*axes, *reps]], it.error]
              for it in failed[:MAX_TABLE_ROWS]])
+        if len(failed) > MAX_TABLE_ROWS:
+            fail_html += f'<p class="muted">{len(failed) - MAX_TABLE_ROWS} more failed cells in results.csv</p>'
     return ("<h2>All cells (worst first)</h2>" + table(cols, rows, keys=keys, row_verdicts=[it.label for it in items],
                                                        cls="cells")
             + more + fail_html)

@@ -11,10 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Terminated
+from ..paths import one_line
 from .executors import EXECUTORS, available_cpus, run_cells
 from .spec import SweepSpec
-from .store import STORE_NAME, FolderLock, ResultStore, check_sweep_folder
+from .store import STORE_NAME, FolderLock, ResultStore, check_sweep_folder, remove_csv_temps
+
+
+# A failed cell's error as the console shows it (--no-progress): one line of at most this many
+# characters (the store keeps it whole).
+ERROR_CHARS = 300
 
 
 @dataclass
@@ -34,19 +40,6 @@ class SweepSummary:
     @property
     def done(self) -> int:
         return self.skipped + len(self.computed)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM stopped the sweep (a KeyboardInterrupt, so that it unwinds like Ctrl-C does);
-    the CLI exits with 128 + the signal number, 143."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__()
-        self.signum = int(signum)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 @contextlib.contextmanager
@@ -128,6 +121,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
     with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():
+        remove_csv_temps(out)                   # what a killed sweep left (the lock is ours)
         ids = [c.cell_id for c in spec.cells]   # results.csv: this spec's cells, in grid order
         finished = store.finished(include_failed=not retry_failed) - set(redo)
         pending = [c for c in spec.cells if c.cell_id not in finished]
@@ -165,9 +159,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
                 bar.update(task, advance=1, eta=_eta(eta), note=note)
                 if not progress:
                     psnr = (result.get("metrics") or {}).get("psnr_mean")
-                    shown = f"psnr {psnr:.2f} dB" if isinstance(psnr, (int, float)) else result.get("error") or ""
+                    shown = f"psnr {psnr:.2f} dB" if isinstance(psnr, (int, float)) \
+                        else one_line(str(result.get("error") or ""), ERROR_CHARS)
                     console.print(f"[{summary.done}/{summary.total}] {cell.cell_id} "
-                                  + " ".join(f"{k}={v}" for k, v in cell.grid.items()) + f": {shown} {_eta(eta)}",
+                                  + " ".join(f"{k}={one_line(str(v), 80)}" for k, v in cell.grid.items())
+                                  + f": {shown} {_eta(eta)}",
                                   highlight=False, markup=False)
     summary.wall_seconds = time.perf_counter() - t0
     return summary

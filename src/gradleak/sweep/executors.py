@@ -1,7 +1,9 @@
 """Executors: run cells somewhere and hand back (cell, result) as each finishes.
 
 * ``local``:  a process pool (concurrent.futures, spawn context) of ``workers`` processes, one
-              torch thread each; default workers = the CPUs this process may use.
+              torch thread each; default workers = the CPUs this process may use. The children
+              start with ``PYTHONSAFEPATH=1`` (gradleak.localray.safe_path_children): a spawned
+              child runs ``python -c``, whose import path starts with the working folder.
 * ``ray``:    Ray tasks (``ray.remote(num_cpus=1)``) on a local Ray instance started for the
               sweep (``num_cpus=workers``; loopback only, no probes: :mod:`gradleak.localray`),
               or on the cluster at ``address``; a Ray instance that is already initialised in
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import ConfigError, GradleakError
+from ..paths import one_line
 from .spec import Cell
 from .worker import init_worker, run_cell
 
@@ -57,6 +60,14 @@ def _inline(cells: Iterable[Cell], run_dirs: dict[str, str]) -> Iterator[tuple[C
 
 
 def _local(cells: Iterable[Cell], workers: int, run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
+    from ..localray import safe_path_children
+
+    # set for the pool's life: it starts its processes as cells are submitted
+    with safe_path_children():
+        yield from _pool(cells, workers, run_dirs)
+
+
+def _pool(cells: Iterable[Cell], workers: int, run_dirs: dict[str, str]) -> Iterator[tuple[Cell, Result | None]]:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -120,7 +131,8 @@ def _ray(cells: Iterable[Cell], workers: int | None, address: str | None,
             try:
                 init_ray(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: {exc}") from None
+                raise ConfigError(f"--address {one_line(address, 200)}: cannot connect to a Ray cluster: "
+                                  f"{one_line(str(exc))}") from None
             stack.callback(ray.shutdown)
         else:                              # a local Ray on loopback only, probing nothing
             stack.enter_context(local_ray(workers or available_cpus(), keep_signals=True))
@@ -172,8 +184,9 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"--address {address!r}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
+        raise ConfigError(f"--address {one_line(repr(address), 200)}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
+        raise ConfigError(f"--address {one_line(address, 200)}: no Ray cluster answers there "
+                          f"({one_line(str(exc.strerror or exc))})") from None

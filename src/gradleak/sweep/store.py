@@ -88,6 +88,9 @@ CREATE TABLE IF NOT EXISTS sweeps(
 );
 """
 
+# A failed cell's error in results.csv: one line of at most this many characters (the store keeps
+# it whole; results.csv is rewritten after every cell).
+CSV_ERROR_CHARS = 1000
 # Scalar metrics shown first in results.csv (when present), then the others in first-seen order.
 PREFERRED_METRICS = ("converged", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean",
                      "lpips_mean", "iip", "gradient_distance", "iterations", "wall_seconds")
@@ -347,7 +350,8 @@ class ResultStore:
     # ------------------------------------------------------------------ results.csv
     def csv_text(self, cell_ids: list[str] | None = None) -> str:
         """One row per stored cell: cell_id, cell_status (ok | failed), the grid fields, the scalar
-        metrics, cell_error (the failure's one-line message). With ``cell_ids`` (a sweep's cells),
+        metrics, cell_error (the failure's message as one line of at most :data:`CSV_ERROR_CHARS`
+        characters; the store keeps it whole). With ``cell_ids`` (a sweep's cells),
         only those that finished, in that order; else every stored cell in the order they finished."""
         records = list(self.records())
         if cell_ids is not None:
@@ -373,7 +377,7 @@ class ResultStore:
             row = [r.cell_id, r.status]
             row += [_csv_value(r.config.get(k, r.grid.get(k))) for k in grid_cols]
             row += [_csv_value((r.metrics or {}).get(k)) for k in metric_cols]
-            row.append(r.error or "")
+            row.append(one_line(r.error, CSV_ERROR_CHARS) if r.error else "")
             w.writerow(row)
         return buf.getvalue()
 
@@ -389,6 +393,26 @@ class ResultStore:
             raise DataError(f"{path} cannot be written: {exc.strerror or exc} "
                             f"(every finished cell is in {self.path})") from None
         return path
+
+
+def remove_csv_temps(folder: Path) -> list[Path]:
+    """Remove the temporary files of results.csv (``.results.csv.<random>.tmp``, from
+    gradleak.paths.atomic_write_bytes) that a killed sweep left in ``folder``. Only for a caller
+    that holds the folder's :class:`FolderLock`: no other sweep can be writing one then."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(f".{CSV_NAME}.") and entry.name.endswith(".tmp") \
+                and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                continue
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _csv_value(v: Any) -> str:
