@@ -68,6 +68,10 @@ MISTAKES = [
     (["train", "--model", "resnet", "--out", "/tmp/never-written"], "did you mean"),
     (["train", "--defense", "prun:0.5", "--out", "/tmp/never-written"], "did you mean 'prune'"),
     (["report", "/nonexistent/never-written-run"], "does not exist"),
+    (["dashboard", "/nonexistent/never-written-sweep"], "does not exist"),
+    (["audit-flower", "--rounds", "0", "--out", "/tmp/never-written"], "--rounds must be in 1..10000"),
+    (["audit-flower", "--attack", "dlgg", "--out", "/tmp/never-written"], "did you mean 'dlg'"),
+    (["audit-flower", "--defense", "gausian:1", "--out", "/tmp/never-written"], "did you mean 'gaussian'"),
 ]
 
 

@@ -100,7 +100,7 @@ def test_lazily_added_commands_keep_their_modules_help():
     """audit-flower's and dashboard's one-line help is written in cli.py (so that `gradleak
     --help` does not import their modules): it must be what the modules themselves say."""
     from gradleak.audit.command import add_audit_flower_parser
-    from gradleak.sweep.dashboard import add_dashboard_parser
+    from gradleak.sweep.dashboard_cli import add_dashboard_parser
 
     class Recorder:
         def add_parser(self, name, **kwargs):

@@ -772,13 +772,13 @@ def _fill_sweep(w: argparse.ArgumentParser) -> None:
 
 
 def _fill_audit_flower(f: argparse.ArgumentParser) -> None:
-    from .audit.command import add_audit_flower_parser  # imports torch (not flwr) when it runs
+    from .audit.command import add_audit_flower_parser  # torch and flwr only when it runs, after its checks
 
     add_audit_flower_parser(_Registered(f))
 
 
 def _fill_dashboard(d: argparse.ArgumentParser) -> None:
-    from .sweep.dashboard import add_dashboard_parser
+    from .sweep.dashboard_cli import add_dashboard_parser
 
     add_dashboard_parser(_Registered(d))
 

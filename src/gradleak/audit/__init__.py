@@ -7,14 +7,17 @@
 * :mod:`gradleak.audit.example`: a runnable Fashion-MNIST federation (``gradleak audit-flower``).
 """
 
-from .auditor import CSV_COLUMNS, AuditSettings, FedAvgKeys, LeakageAuditor
+# Imported on first use (PEP 562): the auditor needs torch and AuditedStrategy needs flwr, while
+# `gradleak audit-flower` checks its flags (audit.command, audit.settings) before loading either.
+_LAZY = {"CSV_COLUMNS": "auditor", "AuditSettings": "auditor", "FedAvgKeys": "auditor", "LeakageAuditor": "auditor",
+         "AuditedStrategy": "flower"}
 
 
-def __getattr__(name: str):  # noqa: ANN202 - AuditedStrategy needs flwr; import it lazily
-    if name == "AuditedStrategy":
-        from .flower import AuditedStrategy
+def __getattr__(name: str):  # noqa: ANN202
+    if name in _LAZY:
+        import importlib
 
-        return AuditedStrategy
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(name)
 
 

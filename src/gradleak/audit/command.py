@@ -56,10 +56,10 @@ def add_audit_flower_parser(sub: Any) -> None:
 
 
 def cmd_audit_flower(args: argparse.Namespace) -> int:
-    from .example import FederationSettings, run_federation
-
+    from ..catalog import DEFENSES, check, unknown
     from ..paths import StagedDir, check_output_dir
     from ..sweep.engine import sigterm_as_interrupt
+    from .settings import FederationSettings
 
     # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
     # hidden staging folder beside it (.<out>.partial-..., where audit.csv grows as rounds
@@ -78,15 +78,25 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
                                   data_root=args.data_root, seed=args.seed, defense=list(args.defense),
                                   verbose=args.verbose)
     # Validate everything (attack name and options included) before anything starts: each bad
-    # value is one line and exit status 2, with no Ray started and no output written.
-    from .auditor import AuditSettings
-
-    settings.check()
+    # value is one line and exit status 2, with no Ray started and no output written. Names and
+    # numbers first, from torch-free tables (a mistake is answered in a fraction of a second).
+    check("attack", args.attack)
+    if ":" not in args.model:
+        check("model", args.model, " or package.module:callable")
+    for spec in settings.defense:
+        name = str(spec).strip().partition(":")[0].strip().lower()
+        if name not in DEFENSES:
+            raise unknown("defense", name, DEFENSES)
+    settings.check(with_defenses=False)
     if not 0 <= args.attack_seed <= FederationSettings.MAX_SEED:
         raise ConfigError(f"audit-flower: --attack-seed must be in 0..{FederationSettings.MAX_SEED} "
                           f"(got {args.attack_seed})")
     if args.attack_lr is not None and not (math.isfinite(args.attack_lr) and args.attack_lr > 0):
         raise ConfigError(f"audit-flower: --attack-lr must be a positive finite number (got {args.attack_lr})")
+    from .auditor import AuditSettings
+    from .example import run_federation
+
+    settings.check()   # the defenses parsed too (torch)
     cfg = AuditSettings(attack=attack, out=out).attack_config()
     from ..attacks import resolve_attack
     from ..runtime import resolve_device

@@ -30,12 +30,11 @@ os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 import contextlib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -47,81 +46,9 @@ from ..errors import ConfigError, GradleakError  # noqa: E402
 from ..models import ModelSpec, build_model  # noqa: E402
 from ..paths import one_line  # noqa: E402
 from .auditor import AuditStopped  # noqa: E402
+from .settings import FederationSettings  # noqa: E402,F401  (re-exported: the example's settings)
 
 
-@dataclass
-class FederationSettings:
-    """The example federation. Everything here is plain data (it travels to the client actors)."""
-
-    rounds: int = 3
-    clients: int = 3
-    examples: int = 1            # images per client per round (the batch the attack faces)
-    local_steps: int = 1
-    batch_size: int | None = None   # local mini-batch size (default: all ``examples``)
-    lr: float = 0.01
-    model: str = "lenet-dlg"
-    width: int | None = None
-    image_size: int = 28
-    data: str = "fashion-mnist"
-    data_root: str | None = None
-    seed: int = 0
-    defense: list[str] = field(default_factory=list)
-    client_cpus: float = 1.0
-    ray_cpus: int | None = None     # CPUs of the local Ray instance (default: min(clients, available))
-    verbose: bool = False
-
-    # Bounds of the flags (those shared with `gradleak attack` are AttackConfig's): beyond them a
-    # run cannot work (an image of 0 pixels, a seed torch cannot take) or is not an example any more.
-    MAX_ROUNDS = 10_000
-    MAX_CLIENTS = 1024
-    MAX_EXAMPLES = 4096
-    MAX_LOCAL_STEPS = 10_000
-    MAX_SEED = 2**32 - 1
-
-    def check(self) -> None:
-        """Refuse settings the federation cannot run with: one ConfigError naming the flag,
-        raised before anything starts (no data read, no Ray, no output)."""
-        self._int("rounds", 1, self.MAX_ROUNDS)
-        if isinstance(self.clients, int) and not isinstance(self.clients, bool) and self.clients < 2:
-            raise ConfigError(f"audit-flower: --clients must be >= 2 (FedAvg averages at least two clients; "
-                              f"got {self.clients})")
-        self._int("clients", 2, self.MAX_CLIENTS)
-        self._int("examples", 1, self.MAX_EXAMPLES)
-        self._int("local_steps", 1, self.MAX_LOCAL_STEPS)
-        if self.batch_size is not None:
-            self._int("batch_size", 1, self.examples, "--examples, the images a client trains on")
-        self._positive("lr")
-        self._int("image_size", 4, 1024)
-        if self.width is not None:
-            self._int("width", 1, 4096)
-        self._int("seed", 0, self.MAX_SEED)
-        self._positive("client_cpus", flag="client_cpus")
-        if self.ray_cpus is not None:
-            self._int("ray_cpus", 1, 4096, flag="ray_cpus")
-        if self.defense:
-            from ..defenses import parse_defenses
-
-            if any(d.client_side for d in parse_defenses(self.defense)):
-                raise ConfigError("audit-flower: client-side defenses (dpsgd) act on FedSGD gradients; the example "
-                                  "clients run FedAvg, so use update-level defenses (gaussian, prune, quantize)")
-
-    def _int(self, name: str, lo: int, hi: int, hi_is: str | None = None, *, flag: str | None = None) -> None:
-        value = getattr(self, name)
-        flag = flag or "--" + name.replace("_", "-")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"audit-flower: {flag} must be an integer (got {value!r})")
-        if not lo <= value <= hi:
-            upper = f"{hi} ({hi_is})" if hi_is else str(hi)
-            raise ConfigError(f"audit-flower: {flag} must be in {lo}..{upper} (got {value})")
-
-    def _positive(self, name: str, *, flag: str | None = None) -> None:
-        value = getattr(self, name)
-        flag = flag or "--" + name.replace("_", "-")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"audit-flower: {flag} must be a positive finite number (got {value!r})")
-
-
-# ---------------------------------------------------------------- shared by clients and the truth oracle
 @functools.lru_cache(maxsize=4)
 def _source(data: str, root: str | None):  # noqa: ANN202 - one decoded copy per process
     return open_source(data, root=root, split="train")

@@ -31,7 +31,6 @@ import tempfile
 import time
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError, DataError
 from ..paths import _HOST, _alive, one_line
@@ -53,7 +52,7 @@ DEFAULT_COMPARISON = "comparison.html"
 # Files of a data folder a page may never replace (besides the store's): audits' and experiments'.
 _OWN_FILES = ("audit.csv", "audit.json", "experiment.json", "results.md", "summary.csv")
 
-__all__ = ["GENERATOR", "LEAKED_DB", "MAX_AUDIT_BYTES", "MAX_TABLE_ROWS", "add_dashboard_parser",
+__all__ = ["GENERATOR", "LEAKED_DB", "MAX_AUDIT_BYTES", "MAX_TABLE_ROWS",
            "check_dashboard_target", "render_dashboard", "read_audit", "stale_page_temps", "write_dashboard_page"]
 
 
@@ -225,24 +224,3 @@ def write_dashboard_page(target: Path, page: str) -> Path:
     return target
 
 
-def add_dashboard_parser(sub: Any) -> None:
-    d = sub.add_parser("dashboard", help="one self-contained HTML risk report of a sweep, an experiment or a Flower "
-                                         "audit (or a comparison of two)")
-    d.add_argument("dir", help="sweep --out folder (results.sqlite), experiment --out folder (cells/) or "
-                               "audit-flower --out folder (audit.csv)")
-    d.add_argument("--compare", default=None, metavar="OTHER",
-                   help="compare DIR (A, e.g. before a defense) with this folder of the same kind (B, after): one "
-                        "page of matched cells or client updates, verdict changes and PSNR deltas "
-                        "(default page DIR/comparison.html)")
-    d.add_argument("--out", default=None, help="page to write (default DIR/dashboard.html); an existing file "
-                                               "is replaced only if it is an earlier dashboard page")
-    d.set_defaults(func=cmd_dashboard)
-
-
-def cmd_dashboard(args: Any) -> int:
-    from .engine import sigterm_as_interrupt
-
-    with sigterm_as_interrupt():   # SIGTERM: the page is left as it was, no temporary file (exit 143)
-        path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None))
-    print(f"wrote {display_name(path, full=True)}")
-    return 0

@@ -1,0 +1,42 @@
+"""`gradleak dashboard`'s flags and command, importable without torch: a folder that is not
+there is answered before the dashboard's modules (the report's, which load torch) are imported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..paths import one_line
+
+
+def add_dashboard_parser(sub: Any) -> None:
+    d = sub.add_parser("dashboard", help="one self-contained HTML risk report of a sweep, an experiment or a Flower "
+                                         "audit (or a comparison of two)")
+    d.add_argument("dir", help="sweep --out folder (results.sqlite), experiment --out folder (cells/) or "
+                               "audit-flower --out folder (audit.csv)")
+    d.add_argument("--compare", default=None, metavar="OTHER",
+                   help="compare DIR (A, e.g. before a defense) with this folder of the same kind (B, after): one "
+                        "page of matched cells or client updates, verdict changes and PSNR deltas "
+                        "(default page DIR/comparison.html)")
+    d.add_argument("--out", default=None, help="page to write (default DIR/dashboard.html); an existing file "
+                                               "is replaced only if it is an earlier dashboard page")
+    d.set_defaults(func=cmd_dashboard)
+
+
+def cmd_dashboard(args: Any) -> int:
+    for folder in (args.dir, getattr(args, "compare", None)):
+        if folder is not None and not os.path.lexists(folder):   # the common mistake, answered at once
+            raise DataError(f"sweep folder {one_line(str(Path(folder)))} does not exist")
+    from ..report.html import display_name
+    from .dashboard import render_dashboard
+    from .engine import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():   # SIGTERM: the page is left as it was, no temporary file (exit 143)
+        path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None))
+    print(f"wrote {display_name(path, full=True)}")
+    return 0
+
+
+__all__ = ["add_dashboard_parser", "cmd_dashboard"]
