@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UnknownNameError
+from ..catalog import unknown
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from . import auto, configs  # noqa: F401  (register each attack with the engine)
@@ -43,7 +43,7 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
     The same path as a pipeline run: ``settings`` become the attack's typed config, resolved on
     this update (GradInversion's BN prior follows what the update carries), then Engine.run."""
     if name not in IMAGE_ATTACK_CONFIGS:
-        raise UnknownNameError(f"unknown attack {name!r}; known: {', '.join(attack_names())}")
+        raise unknown("attack", name, attack_names())
     s = settings or AttackSettings()
     shared = bool(update.meta.bn_statistics_shared) or not _has_batchnorm(model)
     if name in CLOSED_FORM:  # no optimisation: no constants

@@ -21,7 +21,8 @@ from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ConfigError, UnknownNameError
+from ..catalog import unknown
+from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import AttackSettings
@@ -214,7 +215,7 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     None: the reference model."""
     attack = str(values.get("attack"))
     if attack not in IMAGE_ATTACK_CONFIGS:
-        raise UnknownNameError(f"unknown attack {attack!r}; known: {', '.join(sorted(IMAGE_ATTACK_CONFIGS))}")
+        raise unknown("attack", attack, IMAGE_ATTACK_CONFIGS)
     if values.get("fallback") is not None and attack != "auto":
         raise ConfigError(f"option --fallback applies to attack 'auto', not to {attack!r}")
     if attack == "auto":

@@ -55,7 +55,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
-from ..errors import ConfigError, UnknownNameError
+from ..catalog import unknown
+from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from ..runtime import attack_precision
@@ -123,7 +124,7 @@ class GradInversionSettings:
         try:
             return replace(PRESETS[name])
         except KeyError:
-            raise UnknownNameError(f"unknown GradInversion preset {name!r}; known: {', '.join(PRESETS)}") from None
+            raise unknown("GradInversion preset", name, PRESETS) from None
 
     def validate(self) -> "GradInversionSettings":
         if self.group not in GROUP_MODES:

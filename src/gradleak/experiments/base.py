@@ -23,7 +23,8 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..config import MAX_SEED, check_path_text, config_error
-from ..errors import ConfigError, UnknownNameError
+from ..catalog import unknown
+from ..errors import ConfigError
 from .cells import Workspace, commit_outputs, folder_lock, open_folder, remove_new_folder, stage_outputs
 
 
@@ -221,7 +222,7 @@ def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentRes
     stderr."""
     _load_all()
     if name not in EXPERIMENTS:
-        raise UnknownNameError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+        raise unknown("experiment", name, EXPERIMENTS)
     if options.threads:
         import torch
 

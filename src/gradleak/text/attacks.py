@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from ..attacks.engine import Engine
 from ..attacks.loop import LoopSettings
 from ..attacks.objectives import squared_l2
-from ..errors import ConfigError, GradleakError, UnknownNameError
+from ..catalog import unknown
+from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate
@@ -706,7 +707,7 @@ def run_text_attack(name: str, update: SharedUpdate, model: TextModel, settings:
         return dlg_text(update, model, settings, observer, restrict=True, engine=engine)
     if name == "dlg-free":
         return dlg_text(update, model, settings, observer, restrict=False, engine=engine)
-    raise UnknownNameError(f"unknown text attack {name!r}; known: {', '.join(TEXT_ATTACKS)}")
+    raise unknown("text attack", name, TEXT_ATTACKS)
 
 
 __all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "TEXT_ATTACKS", "TextAttackSettings", "TextReconstruction",
