@@ -8,6 +8,7 @@ visible, nothing is loaded or refused, and the screenshot is not blank."""
 import base64
 import csv
 import io
+import math
 import os
 import re
 from pathlib import Path
@@ -34,10 +35,18 @@ def picture(path: Path, seed: int = 0, k: int = 1) -> Path:
     return save_image_grid(path, [x, x.flip(-1)], ["original", "reconstruction"])
 
 
-def metrics(psnr, converged, *, rel=None, floor=0.0, **extra):
+def metrics(psnr, converged, *, rel=None, floor=None, **extra):
+    """A stored cell's metrics. A converged cell with ground truth carries the evidence "defended"
+    needs (outcome.py: a defense whose noise floor exceeds the attack's line, the truth's own
+    distance to the update, a control that leaked), so that one below 20 dB is defended; the
+    tests of the rule itself pass their own (tests/test_outcome.py)."""
     rel = rel if rel is not None else (1e-9 if converged else 0.3)
+    floor = floor if floor is not None else (1.0 if converged and psnr is not None else 0.0)
+    evidence = {"defenses": ["gaussian:0.1"], "truth_relative_distance": rel, "relative_gradient_distance": rel,
+                "control": {"verdict": "leaked"}} if converged else {}
     return {"attack": "idlg", "psnr_mean": psnr, "ssim_mean": 0.5, "label_accuracy": 1.0, "converged": converged,
-            "convergence": {"converged": converged, "relative_gradient_distance": rel, "noise_floor": floor}, **extra}
+            "convergence": {"converged": converged, "relative_gradient_distance": rel, "noise_floor": floor},
+            **evidence, **extra}
 
 
 def make_sweep(folder: Path, grid: dict, score, *, base=None, pictures=False, experiment=None):
@@ -80,19 +89,26 @@ def run_cli(args, capsys):
 
 
 # ------------------------------------------------------------------ the verdict
-def test_verdict_rule_is_the_experiments_rule():
-    """leaked / defended / inconclusive are the experiments' leaked / not rebuilt / inconclusive
-    (experiments/common.py verdict_of) at the same threshold (the defenses experiment's too)."""
+def test_verdict_rule_is_the_outcome_rule():
+    """The dashboard judges with gradleak.outcome (one rule, one threshold, the experiments' too).
+    From a PSNR and a convergence verdict alone nothing is "defended" (issue 37: a failed attack
+    on an undefended update was called defended): it needs a defense, the truth's fit and a
+    control, which only a run's metrics carry."""
     from gradleak.experiments import common, defense_tradeoff
+    from gradleak.outcome import LEAK_PSNR_DB
     from gradleak.sweep.dashboard import LEAKED_DB
 
-    assert LEAK_THRESHOLD_DB == LEAKED_DB == common.THRESHOLD_DB == defense_tradeoff.THRESHOLD_DB == 20.0
-    names = {LEAKED: common.LEAKED, DEFENDED: common.NOT_REBUILT, INCONCLUSIVE: common.INCONCLUSIVE}
+    assert LEAK_THRESHOLD_DB == LEAKED_DB == common.THRESHOLD_DB == defense_tradeoff.THRESHOLD_DB == LEAK_PSNR_DB == 20.0
     for psnr in (-3.0, 5.0, 19.99, 20.0, 20.01, 84.0, float("inf")):
         for converged in (True, False, None):
-            v = judge("ok", psnr, converged)
-            assert v.truth
-            assert names[v.label] == common.verdict_of(converged, psnr >= common.THRESHOLD_DB), (psnr, converged)
+            for defenses in ((), ("gaussian:0.1",)):
+                v = judge("ok", psnr, converged, defenses=defenses)
+                assert v.truth
+                assert v.label == (LEAKED if psnr >= 20.0 else INCONCLUSIVE), (psnr, converged, defenses)
+    full = metrics(5.0, True)
+    assert judge("ok", 5.0, True, metrics=full).label == DEFENDED
+    assert judge("ok", 5.0, True, metrics={**full, "defenses": []}).label == INCONCLUSIVE
+    assert judge("ok", 5.0, True, metrics={**full, "control": {"verdict": "inconclusive"}}).label == INCONCLUSIVE
     assert judge("failed", 90.0, True).label == FAILED and judge("skipped", None, None).label == SKIPPED
 
 
@@ -328,7 +344,8 @@ def test_compare_two_audits_and_refuse_mixed_kinds(tmp_path, capsys):
     assert code == 0, lines
     page = out.read_text()
     assert "matched by round and client" in page and "<b>4</b> pairs; 0 updates only in A, 2 only in B" in page
-    assert "9: leaked in A" not in page and "4: leaked in A, defended in B" in page
+    # an audit runs no positive control: B's unrebuilt updates are inconclusive, never defended
+    assert "9: leaked in A" not in page and "4: no leak seen in B, but no evidence of protection" in page
     make_sweep(tmp_path / "s", {"seed": [0]}, lambda c, i: metrics(30.0, True))
     for args, message in ((["dashboard", a, "--compare", tmp_path / "s"], "cannot compare"),
                           (["dashboard", a, "--compare", b, "--out", b / "audit.csv"], "audit.csv"),
@@ -437,7 +454,10 @@ def test_extreme_numbers_render_on_every_page(tmp_path):
     values = [1.7976931348623157e308, -1e308, 10**400, float("inf"), 5e-324]
     for side in ("a", "b"):
         make_sweep(tmp_path / side, {"seed": list(range(len(values)))},
-                   lambda c, i: metrics(values[c["seed"]], True, rel=values[-c["seed"] - 1]))
+                   lambda c, i: metrics(values[c["seed"]], True, rel=values[-c["seed"] - 1],
+                                        # a PSNR the store keeps as null is no ground truth: floor 0
+                                        floor=None if isinstance(values[c["seed"]], float)
+                                        and math.isfinite(values[c["seed"]]) else 0.0))
         _audit_csv(tmp_path / f"audit-{side}", [{"round": 1, "client": str(i), "psnr_mean": v, "converged": True,
                                                  "relative_gradient_distance": v}
                                                 for i, v in enumerate(["1e308", "-1e308", "inf", "nan", "3"])])
@@ -449,9 +469,11 @@ def test_extreme_numbers_render_on_every_page(tmp_path):
     # converged attack is a presumed leak (*); audit.csv's "inf" is read as a perfect rebuild. The
     # two differ only on hand-made data: gradleak's own PSNRs are capped at 100 dB.
     sweep = _row_verdicts(render_dashboard(tmp_path / "a").read_text(), key=2)
-    assert sweep == {"0": "leaked", "1": "defended", "2": "leaked*", "3": "leaked*", "4": "defended"}
+    # cell 1's distances are inf, stored as null: the truth's fit is not recorded, so not defended
+    assert sweep == {"0": "leaked", "1": "inconclusive", "2": "leaked*", "3": "leaked*", "4": "defended"}
     audit = _row_verdicts(render_dashboard(tmp_path / "audit-a").read_text(), key=0)
-    assert audit == {"0": "leaked", "1": "defended", "2": "leaked", "3": "leaked*", "4": "defended"}
+    # an audit runs no positive control: what it does not see leak is inconclusive, never defended
+    assert audit == {"0": "leaked", "1": "inconclusive", "2": "leaked", "3": "leaked*", "4": "inconclusive"}
 
 
 def _row_verdicts(html: str, key: int) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Issue 17: an experiment's numbers must never show a failed attack as a protected client.
 
 Every row of results.csv carries the attack's own verdict (``converged``, from the run's
-metrics.json) and a ``verdict``: leaked / not rebuilt / inconclusive; a summary per setting gives
-mean, spread and the non-converged count; the defenses table's ``defended`` needs a converged
-attack; the defaults run at least 3 samples per setting outside --smoke. Stubbed cells (no attack
+metrics.json) and a ``verdict``: leaked / defended / inconclusive (gradleak/outcome.py); a summary
+per setting gives mean, spread and the non-converged count; the defenses table's ``defended`` needs
+outcome.py's positive evidence; the defaults run at least 3 samples per setting outside --smoke. Stubbed cells (no attack
 runs) except for one 2-iteration attack.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from gradleak.experiments import make_options, run_experiment
 from gradleak.experiments.cells import CellResult, Checkpoint, Trained, Workspace
-from gradleak.experiments.common import (INCONCLUSIVE, LEAKED, NOT_REBUILT, converged_of, summarize, trend_notes,
+from gradleak.experiments.common import (DEFENDED, INCONCLUSIVE, LEAKED, converged_of, summarize, trend_notes,
                                          verdict_of)
 
 ATTACKING = ("ablation", "batch-size", "comparison", "defenses", "identifiability", "local-iterations", "model-size",
@@ -40,7 +40,8 @@ def _fake_trained(self: Workspace, cfg: Any, name: str = "model") -> Trained:
                    total_steps=1, wall_seconds=0.0)
 
 
-def _metrics(psnr: float, converged: bool | None) -> dict[str, Any]:
+def _metrics(psnr: float, converged: bool | None, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A stubbed cell's metrics; ``evidence``: what outcome.py needs beyond them for "defended"."""
     m: dict[str, Any] = {"psnr_mean": psnr, "ssim_mean": 0.5, "mse_mean": 10 ** (-psnr / 10), "label_accuracy": 1.0,
                          "iterations": 2, "wall_seconds": 0.1, "update": {"loss": 1.0},
                          "per_image": [{"index": 0, "psnr": psnr, "ssim": 0.5, "label_true": 0, "label_restored": 0}]}
@@ -48,16 +49,26 @@ def _metrics(psnr: float, converged: bool | None) -> dict[str, Any]:
         m["converged"] = converged
         m["convergence"] = {"converged": converged, "relative_gradient_distance": 1e-9 if converged else 0.3,
                             "threshold": 1e-4, "plateau": not converged, "restarts_used": 0, "reason": "stub"}
-    return m
+    return {**m, **(evidence or {})}
+
+
+# outcome.py's positive evidence for "defended": a defense whose noise floor exceeds the attack's
+# line, an answer that fits like the truth, nothing identified, a control that leaked
+DEFENDED_EVIDENCE = {"defenses": ["laplace:0.1"], "relative_gradient_distance": 0.9, "truth_relative_distance": 0.9,
+                     "control": {"verdict": "leaked"}}
 
 
 # --------------------------------------------------------------------------- the rules
-def test_verdict_needs_a_converged_attack_to_say_not_rebuilt():
-    assert verdict_of(True, True) == verdict_of(False, True) == verdict_of(None, True) == LEAKED  # rebuilt: a leak
-    assert verdict_of(True, False) == NOT_REBUILT
-    assert verdict_of(False, False) == INCONCLUSIVE
-    assert verdict_of(None, False) == INCONCLUSIVE   # no verdict recorded: never read as protection
-    assert verdict_of(True, None) == INCONCLUSIVE
+def test_verdict_needs_positive_evidence_to_say_defended():
+    for conv in (True, False, None):   # rebuilt by the experiment's rule: a leak, whatever else
+        assert verdict_of(_metrics(5.0, conv), True) == LEAKED
+    assert verdict_of(_metrics(5.0, True), False) == INCONCLUSIVE      # converged, but no defense / evidence
+    assert verdict_of(_metrics(5.0, False), False) == INCONCLUSIVE
+    assert verdict_of(_metrics(5.0, None), False) == INCONCLUSIVE       # no verdict recorded: never protection
+    assert verdict_of(_metrics(5.0, True), None) == INCONCLUSIVE
+    conv = {"convergence": {"converged": True, "relative_gradient_distance": 0.9, "noise_floor": 0.9}}
+    assert verdict_of(_metrics(5.0, True, {**DEFENDED_EVIDENCE, **conv}), False) == DEFENDED
+    assert verdict_of(_metrics(25.0, True, {**DEFENDED_EVIDENCE, **conv}), False) == LEAKED   # outcome's 20 dB
     assert converged_of({}) is None
     assert converged_of({"converged": False}) is False
     assert converged_of({"convergence": {"converged": True}}) is True
@@ -67,7 +78,7 @@ def test_summary_gives_mean_spread_and_non_converged_over_every_sample():
     rows = [{"k": 1, "sample": 0, "psnr": 40.0, "converged": True, "verdict": LEAKED},
             {"k": 1, "sample": 1, "psnr": 30.0, "converged": True, "verdict": LEAKED},
             {"k": 1, "sample": 2, "psnr": 5.0, "converged": False, "verdict": INCONCLUSIVE},
-            {"k": 2, "sample": 0, "psnr": 10.0, "converged": True, "verdict": NOT_REBUILT},
+            {"k": 2, "sample": 0, "psnr": 10.0, "converged": True, "verdict": DEFENDED},
             {"k": 2, "sample": 1, "psnr": 12.0, "converged": None, "verdict": INCONCLUSIVE}]
     s1, s2 = summarize(rows, ["k"])
     assert (s1["k"], s1["samples"], s1["non_converged"]) == (1, 3, 1)
@@ -75,8 +86,8 @@ def test_summary_gives_mean_spread_and_non_converged_over_every_sample():
     assert s1["psnr_mean_converged"] == pytest.approx(35.0)         # the converged ones only
     assert s1["psnr_std"] == pytest.approx(math.sqrt(((15) ** 2 + 5 ** 2 + 20 ** 2) / 2))  # n - 1
     assert (s1["psnr_min"], s1["psnr_max"]) == (5.0, 40.0)
-    assert (s1["leaked"], s1["not_rebuilt"], s1["inconclusive"]) == (2, 0, 1)
-    assert (s2["samples"], s2["non_converged"], s2["inconclusive"], s2["not_rebuilt"]) == (2, 0, 1, 1)
+    assert (s1["leaked"], s1["defended"], s1["inconclusive"]) == (2, 0, 1)
+    assert (s2["samples"], s2["non_converged"], s2["inconclusive"], s2["defended"]) == (2, 0, 1, 1)
     assert s2["psnr_mean_converged"] == pytest.approx(10.0)
     # A trend that should fall: K=1 -> K=2 falls, nothing flagged; a rise is flagged with its numbers.
     assert "No neighbouring settings contradict" in trend_notes([s1, s2], "k", falls=True, claim="falls")[0]
@@ -89,7 +100,7 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
     """Stubbed cells (no training, no attack): per defense spec, the PSNR and the run's verdict."""
     outcome = {None: (50.0, True), "gaussian:0.0001": (48.0, False),   # rebuilt although not converged: leaked
                "gaussian:0.1": (5.0, False),                           # failed attack: inconclusive
-               "laplace:0.1": (6.0, True),                             # converged, not rebuilt: defended
+               "laplace:0.1": (6.0, True),                             # with outcome.py's evidence: defended
                "prune:0.9": (4.0, None)}                               # no verdict recorded: inconclusive
 
     def fake_run(self, cells, *, run_folders=()):
@@ -97,7 +108,12 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
         for i, (key, cfg) in enumerate(cells.items()):
             spec = (cfg.get("defense") or [None])[0]
             psnr, conv = outcome.get(spec, (45.0, True))
-            out[key] = CellResult(key=key, cell_id=f"c{i}", config=dict(cfg), status="ok", metrics=_metrics(psnr, conv))
+            evidence = None
+            if spec == "laplace:0.1":
+                evidence = {**DEFENDED_EVIDENCE, "convergence": {"converged": True, "relative_gradient_distance": 0.9,
+                                                                 "noise_floor": 0.9}}
+            out[key] = CellResult(key=key, cell_id=f"c{i}", config=dict(cfg), status="ok",
+                                  metrics=_metrics(psnr, conv, evidence))
         self.report.total += len(out)
         return out
 
@@ -113,10 +129,10 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
     assert (by_spec["gaussian:0.0001"]["verdict"], by_spec["gaussian:0.0001"]["defended"]) == (LEAKED, "False")
     assert by_spec["gaussian:0.1"]["verdict"] == INCONCLUSIVE and by_spec["gaussian:0.1"]["defended"] == "False"
     assert by_spec["gaussian:0.1"]["converged"] == "False"
-    assert by_spec["laplace:0.1"]["verdict"] == NOT_REBUILT and by_spec["laplace:0.1"]["defended"] == "True"
+    assert by_spec["laplace:0.1"]["verdict"] == DEFENDED and by_spec["laplace:0.1"]["defended"] == "True"
     assert by_spec["prune:0.9"]["verdict"] == INCONCLUSIVE and by_spec["prune:0.9"]["converged"] == ""
-    for r in rows:  # defended is exactly "converged and below the threshold"
-        assert r["defended"] == str(r["converged"] == "True" and float(r["psnr"]) < 20.0)
+    for r in rows:  # defended is exactly outcome.py's verdict
+        assert r["defended"] == str(r["verdict"] == DEFENDED)
     summary = {r["spec"]: r for r in _csv(out / "summary.csv")}
     assert summary["gaussian:0.1"]["verdict"] == INCONCLUSIVE and summary["gaussian:0.1"]["defended"] == "False"
     assert summary["gaussian:0.1"]["non_converged"] == "3" and summary["gaussian:0.1"]["inconclusive"] == "3"
@@ -254,5 +270,6 @@ def test_optimizers_verdict_uses_the_common_leak_line_not_its_time_target(tmp_pa
     run_experiment("optimizers", make_options(out=str(out), smoke=True, progress=False, samples=2, executor="inline"))
     rows = {(r["optimizer"], r["sample"]): r for r in _csv(out / "results.csv")}
     assert rows[("lbfgs", "0")]["verdict"] == LEAKED and rows[("lbfgs", "0")]["reached"] == "False"
-    assert rows[("adam", "0")]["verdict"] == NOT_REBUILT and rows[("adam", "1")]["verdict"] == INCONCLUSIVE
+    # adam below the line: converged or not, no defense was applied, so nothing is "defended"
+    assert rows[("adam", "0")]["verdict"] == INCONCLUSIVE and rows[("adam", "1")]["verdict"] == INCONCLUSIVE
     assert rows[("sgd", "1")]["verdict"] == LEAKED

@@ -642,12 +642,14 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
             rows.append((key, fmt(metrics[key])))
     if metrics.get("defenses"):
         rows.append(("defenses", ", ".join(metrics["defenses"])))
+    if isinstance(metrics.get("dp_epsilon"), (int, float)):
+        rows.append(("DP-SGD epsilon", f"{metrics['dp_epsilon']:.3g} (this one update, delta {metrics.get('dp_delta')})"))
     if isinstance(metrics.get("separated"), int):  # the closed-form attacks on a batch
         rows.append(("inputs separated", f"{metrics['separated']} of {metrics['batch_size']}"))
     conv = metrics.get("convergence") or {}
     if "converged" in metrics:
         rel = conv.get("relative_gradient_distance")
-        rows.append(("converged", ("yes" if metrics["converged"] else "NO: inconclusive")
+        rows.append(("attack converged", ("yes" if metrics["converged"] else "no")
                      + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else "")))
     console = Console()
     print_table(console, ["metric", "value"], rows,
@@ -658,8 +660,16 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
                           else f"{t['attack']} (does not apply)" for t in auto.get("tried", []))
         console.print(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried}", markup=False,
                       highlight=False)
-    if metrics.get("converged") is False:
-        console.print(f"verdict: inconclusive. {conv.get('reason', '')}", markup=False, highlight=False)
+    if isinstance(metrics.get("control"), dict):   # the positive control outcome.py asked for
+        c = metrics["control"]
+        console.print(f"control (the same attack without the defenses): {c.get('verdict')}"
+                      + (f", PSNR {c['psnr_mean']:.1f} dB" if isinstance(c.get("psnr_mean"), (int, float)) else ""),
+                      markup=False, highlight=False)
+    if metrics.get("verdict"):   # every run: the verdict on the client (outcome.py), and what would decide it
+        line = f"verdict: {metrics['verdict']}: {metrics.get('verdict_reason', '')}"
+        if metrics.get("next_step") and metrics["verdict"] != "leaked":
+            line += f". Next: {metrics['next_step']}"
+        console.print(line, markup=False, highlight=False)
     if metrics.get("bn_prior_note"):
         console.print(f"note: {metrics['bn_prior_note']}", markup=False, highlight=False)
     if text:

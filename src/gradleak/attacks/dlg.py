@@ -251,6 +251,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         return can_restart and _stalled(recent)
 
     first = 0
+    best_ended = ""   # how the best start ended early, if it did (not saved with a resumable state)
     resuming = engine.resume_phase()
     if resuming is not None:
         match = re.fullmatch(r"trial-(\d+)(-prior)?", resuming)
@@ -313,11 +314,19 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
             rel = relative_distance(victim(answer, target_labels.detach(), create_graph=False), victim.target)
         dist = float(squared_l2(simulated, victim.target))
         stalled = _stalled(relative(res.history))
+        ended = ""   # why this start ended before its budget (the verdict says it, not "out of budget")
+        if res.diverged is None and res.iterations < loop.iterations:
+            tail = relative(res.history[-(max(STALL_PATIENCE, SETTLE_PATIENCE) + 1) * 8:])
+            why = ("its objective settled (improving less than 1 % over its last steps)"
+                   if stop == "settled" and _settled(tail, settled_below) else
+                   "it stalled" if stalled else "L-BFGS made no further progress (its line search found no descent)")
+            ended = f"stopped after {res.iterations} of {loop.iterations} iterations: {why}"
         trial_labels = y_soft.detach().argmax(dim=-1) if y_soft is not None else target_labels
         better = math.isfinite(rel) and (outer.best_relative is None or rel < outer.best_relative)
         if outer.best_distance is None or better:
             outer.best_distance, outer.best_relative, outer.best_images = dist, rel, x.detach().clone()
             outer.best_labels, outer.best_stalled, outer.best_trial = trial_labels.clone(), stalled, trial
+            best_ended = ended
         if diverged or res.diverged is not None:
             break  # the loop gave up on this trial: the run stops here (the pipeline reports it)
         if trial + 1 < len(assignments):
@@ -340,6 +349,8 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
              "trial_inits": list(outer.inits)}
     if len(assignments) > 1:
         extra["label_assignments"] = len(assignments)
+    if best_ended:
+        extra["stop_reason"] = best_ended
     return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
                           iterations=done, wall_seconds=wall, label_method=label_method, extra=extra)
 

@@ -51,10 +51,10 @@ from typing import Any, Sequence
 import torch
 
 from ..defenses.floor import NoiseFloor
+from ..outcome import CONVERGED_BELOW
 
-# relative squared distance at or below which the attack's answer explains the update
-CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-5, "idlg": 1e-5, "ig": 0.4, "gradinversion": 0.4,
-                                     "text": 1e-4, "analytic": 1e-4, "rgap": 1e-4, "imprint": 1e-4}
+# relative squared distance at or below which the attack's answer explains the update: declared
+# with the other verdict lines in gradleak/outcome.py (the one place every surface reads them)
 
 
 def relative_distance(simulated: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> float:
@@ -148,7 +148,9 @@ def _verdict(attack_family: str, extra: dict[str, Any], threshold: float) -> Con
     if rel <= threshold:
         return Convergence(True, float(rel), threshold, plateau, restarts,
                            f"the answer explains the shared update (relative distance {rel:.2e} <= {threshold:g})")
-    why = "stalled on a plateau" if plateau else "did not get close enough within its budget"
+    stop = extra.get("stop_reason")
+    why = ("stalled on a plateau" if plateau else f"{stop} without getting close enough" if isinstance(stop, str) and stop
+           else "did not get close enough within its budget")
     return Convergence(False, float(rel), threshold, plateau, restarts,
                        f"the attack {why}: relative distance {rel:.2e} > {threshold:g}; a low PSNR here is "
                        f"inconclusive, not evidence that the client is safe")

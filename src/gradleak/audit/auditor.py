@@ -274,11 +274,13 @@ class LeakageAuditor:
     def _add(self, row: dict[str, Any]) -> dict[str, Any]:
         from ..report.risk import judge
 
-        # the dashboard's verdict (gradleak.report.risk.judge): leaked / defended / inconclusive /
-        # failed / skipped, from the PSNR when there is ground truth, else from convergence
+        # the dashboard's verdict (gradleak.report.risk.judge, i.e. gradleak.outcome.judge): leaked /
+        # defended / inconclusive / failed / skipped. The audit runs no positive control, so an
+        # update it does not see leak is inconclusive, never defended
         row["verdict"] = judge(row.get("status", "failed"), row.get("psnr_mean"), row.get("converged"),
                                attack=row.get("attack"), noise_floor=row.get("noise_floor", 0.0),
-                               unmodelled=[d for d in str(row.get("unmodelled_defenses") or "").split(";") if d]).label
+                               unmodelled=[d for d in str(row.get("unmodelled_defenses") or "").split(";") if d],
+                               defenses=_defense_list(row.get("defenses"))).label
         with self._lock:
             self._check_running()
             self.rows.append(row)
@@ -341,3 +343,10 @@ def _csv(v: Any) -> str:
     if isinstance(v, float):
         return "" if not math.isfinite(v) else repr(v)
     return str(v)
+
+
+def _defense_list(value: object) -> list[str]:
+    """A row's defenses, a list or audit.csv's ';'-joined text."""
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [d for d in str(value or "").split(";") if d]

@@ -21,7 +21,7 @@ from ..report import save_line_plot
 from ..errors import ConfigError
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (refuse_attacks, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, refuse_attacks, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 # Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
@@ -94,8 +94,8 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
         summary_columns=summary_columns(["step"], ("psnr", "rpsnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
-               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB; not rebuilt = below it after "
-                                    "a converged attack (attacks/verdict.py); else inconclusive",
+               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
+                                    f"{VERDICT_RULE}",
                "budget": f"{iterations} iterations x {seeds} seeds for every step (noise: 0 iterations)",
                "settings": settings_of(c for (step, _), c in cells.items() if step == "+group registered"),
                "steps": {s: STEP_TEXT[s] for s in STEPS},

@@ -11,7 +11,7 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
                      save_grids, scored_title, series, summarize, summary_columns, trend_notes)
 
 BATCH_SIZES = (1, 2, 4, 8)
@@ -94,8 +94,7 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                          "its BN batch statistics",
                "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn and attack start)",
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch)",
-               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
-                          "= not recovered and the attack did not converge",
+               "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
                "smoke": opt.smoke},
         notes=["psnr/ssim/mse are means over the K images of a batch after optimal pairing; psnr_min is its worst "
                "image.", "Every batch attacked is a row; reconstructions.png shows the first batch of each K (the "

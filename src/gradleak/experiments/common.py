@@ -12,6 +12,10 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..errors import ConfigError
+from ..outcome import DEFENDED as OUTCOME_DEFENDED
+from ..outcome import INCONCLUSIVE as OUTCOME_INCONCLUSIVE
+from ..outcome import LEAKED as OUTCOME_LEAKED
+from ..outcome import PRESUMED_LEAKED, evidence_from_metrics, judge
 from .base import ExperimentOptions
 from .cells import CellResult
 
@@ -273,22 +277,25 @@ def settings_of(cells: Iterable[CellResult]) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- verdicts and summaries
-# What a sample's numbers say about the client (issue 17). The attack's own verdict (did its answer
-# explain the shared update? attacks/verdict.py, metrics.json "converged") is judged from the
-# attacker's side; "rebuilt" compares with the ground truth (the experiment's success rule):
-#   leaked        the data was rebuilt (a leak, whatever the attacker's own verdict says);
-#   not rebuilt   the attack converged to the shared update and still did not rebuild the data:
-#                 the only evidence that the client is protected;
-#   inconclusive  not rebuilt, and the attack did not converge (or recorded no verdict): a failed
-#                 attack, which says nothing about the client.
-LEAKED, NOT_REBUILT, INCONCLUSIVE = "leaked", "not rebuilt", "inconclusive"
-VERDICTS = (LEAKED, NOT_REBUILT, INCONCLUSIVE)
+# What a sample's numbers say about the client: gradleak.outcome's verdict (issue 37: one
+# vocabulary and one rule for every surface), worsened to "leaked" when the experiment's own
+# success rule says the data came back (a stricter target, e.g. identification):
+#   leaked        the data came back (a leak, whatever the attacker's own verdict says);
+#   defended      positive evidence that a defense stopped a capable attack (outcome.py: a defense,
+#                 an answer that fits the defended update as well as the truth, nothing identified,
+#                 a positive control that leaked);
+#   inconclusive  everything else (a failed attack, no defense, an answer the truth fits better).
+LEAKED, DEFENDED, INCONCLUSIVE = OUTCOME_LEAKED, OUTCOME_DEFENDED, OUTCOME_INCONCLUSIVE
+VERDICTS = (LEAKED, INCONCLUSIVE, DEFENDED)
 VERDICT_COLUMNS = ["converged", "verdict", "relative_gradient_distance"]
+#: How the verdict column is decided, as results.md's setup states it (after the experiment's leak rule).
+VERDICT_RULE = ("defended = gradleak/outcome.py's positive evidence (a defense, an answer that fits the defended "
+                "update as well as the truth, nothing identified, a positive control that leaked); else inconclusive")
 MEANS_NOTE = ("Summary per setting: `<metric>_mean`, `_std` (sample standard deviation, n - 1), `_min`, `_max` "
               "are over ALL samples, the inconclusive ones included (a failed attack lowers the mean: it is not "
               "evidence of protection); `<metric>_mean_converged` is over the samples whose attack converged only. "
               "`non_converged`: samples whose attack did not converge (attacks/verdict.py); `leaked`, "
-              "`not_rebuilt`, `inconclusive`: the verdicts of results.csv's rows.")
+              "`inconclusive`, `defended`: the verdicts of results.csv's rows (gradleak/outcome.py).")
 
 
 def converged_of(metrics: dict[str, Any]) -> bool | None:
@@ -300,21 +307,20 @@ def converged_of(metrics: dict[str, Any]) -> bool | None:
     return None if value is None else bool(value)
 
 
-def verdict_of(converged: bool | None, rebuilt: bool | None) -> str:
-    """leaked / not rebuilt / inconclusive (see above): "not rebuilt" needs a converged attack."""
+def verdict_of(metrics: dict[str, Any], rebuilt: bool | None) -> str:
+    """The sample's verdict: leaked when the experiment's own rule says rebuilt, else the outcome
+    module's verdict on the cell's evidence ("presumed leaked" cannot occur: cells have the truth)."""
     if rebuilt:
         return LEAKED
-    if rebuilt is False and converged is True:
-        return NOT_REBUILT
-    return INCONCLUSIVE
+    verdict = judge(evidence_from_metrics(metrics)).verdict
+    return LEAKED if verdict == PRESUMED_LEAKED else verdict
 
 
 def verdict_fields(cell: CellResult, rebuilt: bool | None) -> dict[str, Any]:
     """The verdict columns of a row of ``cell`` (VERDICT_COLUMNS)."""
     m = cell.metrics
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
-    converged = converged_of(m)
-    return {"converged": converged, "verdict": verdict_of(converged, rebuilt),
+    return {"converged": converged_of(m), "verdict": verdict_of(m, rebuilt),
             "relative_gradient_distance": conv.get("relative_gradient_distance")}
 
 
@@ -336,7 +342,7 @@ def summary_columns(by: Sequence[str], values: Sequence[str] = ("psnr",), images
     cols = list(by) + ["samples"] + (["images"] if images else [])
     for v in values:
         cols += [f"{v}_mean", f"{v}_std", f"{v}_min", f"{v}_max", f"{v}_mean_converged"]
-    return cols + ["non_converged", "leaked", "not_rebuilt", "inconclusive"]
+    return cols + ["non_converged", "leaked", "inconclusive", "defended"]
 
 
 def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str], values: Sequence[str] = ("psnr",),
@@ -359,8 +365,8 @@ def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str], values: Sequenc
             s[f"{v}_mean_converged"] = spread([r.get(v) for r in sel if r.get("converged") is True], v)[f"{v}_mean"]
         s["non_converged"] = sum(c is False for c in samples.values())
         s["leaked"] = sum(r.get("verdict") == LEAKED for r in sel)
-        s["not_rebuilt"] = sum(r.get("verdict") == NOT_REBUILT for r in sel)
         s["inconclusive"] = sum(r.get("verdict") == INCONCLUSIVE for r in sel)
+        s["defended"] = sum(r.get("verdict") == DEFENDED for r in sel)
         out.append(s)
     return out
 

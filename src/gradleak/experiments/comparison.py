@@ -17,7 +17,7 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
 
 METHODS = ("dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact")
@@ -92,8 +92,8 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
         summary_columns=summary_columns(["method"], ("psnr", "rpsnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
-               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB; not rebuilt = below it after "
-                                    "a converged attack (attacks/verdict.py); else inconclusive",
+               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
+                                    f"{VERDICT_RULE}",
                "budget": f"{iterations} iterations x {seeds} seeds/restarts; "
                          f"DLG {dlg_steps(iterations, seeds)} "
                          "L-BFGS steps (<= 20 evaluations each)",

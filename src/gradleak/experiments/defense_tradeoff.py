@@ -9,10 +9,12 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
 - leakage: iDLG against the defended FedSGD update of one real held-out Fashion-MNIST test image
   (per sample), and the closed-form imprint attack of a malicious server (Fowl et al. 2022:
   ``--server imprint``, the same image, the same defended update of the imprinted model): a defense
-  that stops the optimisation attack but not the imprint module shows it. Each sample's verdict: "leaked" (PSNR >= THRESHOLD_DB), "not rebuilt" (the attack
-  converged to the shared update, attacks/verdict.py, and still stayed below THRESHOLD_DB) or
-  "inconclusive" (below it, and the attack did not converge: a failed attack, not a defense).
-  ``defended`` means "not rebuilt": per sample, and for a setting only when every sample is.
+  that stops the optimisation attack but not the imprint module shows it. Each sample's verdict is
+  gradleak.outcome's: "leaked" (PSNR >= THRESHOLD_DB or a recognisable image), "defended" (the
+  answer explains the defended update as well as the true image does, nothing is identified, and
+  the same attack without the defense, run as the cell's positive control, leaked) or
+  "inconclusive" (anything else: a failed attack is not a defense). ``defended`` per sample, and
+  for a setting only when every sample is.
 
 Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused with the
 :mod:`gradleak.defenses` package; the experiment's name is ``defenses``.
@@ -29,7 +31,7 @@ from ..errors import ConfigError
 from ..models.server import DEFAULT_BINS
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (INCONCLUSIVE, LBFGS_INIT, LEAKED, NOT_REBUILT, VERDICT_COLUMNS, convergence_notes, converged_of,
+from .common import (DEFENDED, INCONCLUSIVE, LBFGS_INIT, LEAKED, VERDICT_COLUMNS, convergence_notes, converged_of,
                      lbfgs_cell, save_paired_rows, setting, summarize, summary_columns, verdict_fields)
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
@@ -93,7 +95,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         rebuilt = m["psnr_mean"] >= THRESHOLD_DB
         v = verdict_fields(cell, rebuilt)
         rows.append({"attack": a, "defense": name, "strength": strength, "accuracy": trained[i].final_accuracy,
-                     "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == NOT_REBUILT,
+                     "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == DEFENDED,
                      **v, "sample": s, "seed": opt.seed + s, "mse": m["mse_mean"],
                      "label_accuracy": m["label_accuracy"],
                      "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
@@ -131,9 +133,10 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                           f"imprint: {DEFAULT_BINS} bins, the public brightness prior); the client computes the same "
                           "defended update on it; the attack is closed-form (no iterations)",
                "samples": samples, "seeds": f"{st.seed_text} (test image drawn, attack start, defense noise)",
-               "success threshold": f"defended = the attack converged (attacks/verdict.py) and PSNR < "
-                                    f"{THRESHOLD_DB} dB; leaked = PSNR >= {THRESHOLD_DB} dB; a non-converged attack "
-                                    "below it is inconclusive (not defended, not leaked)",
+               "success threshold": f"leaked = PSNR >= {THRESHOLD_DB} dB or a recognisable image; defended = PSNR < "
+                                    f"{THRESHOLD_DB} dB, the answer fits the defended update as well as the truth, "
+                                    "nothing identified and the positive control (the attack without the defense) "
+                                    "leaked (gradleak/outcome.py); else inconclusive (not defended, not leaked)",
                "setting verdict": "leaked if any sample leaked; defended if every sample is defended; else "
                                   "inconclusive",
                "strength": "sigma (gaussian), b (laplace), fraction zeroed per layer (prune), bits (fp16, int8), "
@@ -162,7 +165,7 @@ def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for s in summarize(rows, ["attack", "defense", "strength", "spec"]):
         first = next(r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"])
-        defended = s["samples"] > 0 and s["not_rebuilt"] == s["samples"]
+        defended = s["samples"] > 0 and s["defended"] == s["samples"]
         out.append({**s, "accuracy": first["accuracy"], "epsilon": first["epsilon"], "defended": defended,
                     "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE)})
     return out

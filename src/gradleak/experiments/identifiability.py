@@ -32,7 +32,7 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grids, summarize, summary_columns, trend_notes, verdict_fields, victim)
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
@@ -173,8 +173,8 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "vulnerable batches": f"batch sizes {vulnerable_sizes}: per class the image with the largest "
                                      "per-sample gradient norm, then the K largest of those; attacked once per "
                                      "seed (the same batch, another start)",
-               "success threshold": "leaked = identified (IIP hit); not rebuilt = not identified after a converged "
-                                    "attack (attacks/verdict.py); else inconclusive; identified_mean = IIP",
+               "success threshold": f"leaked = identified (IIP hit), or PSNR >= 20 dB; {VERDICT_RULE}; "
+                                    "identified_mean = IIP",
                "iip feature space": feature_space, "iip candidates": pool_size,
                "iip pool": "the data source's real images (up to 256, evenly spaced; originals de-duplicated)",
                "grad norm": "||d CE(f(x_k), y_k) / d W||_2 per image, eval-mode BN (per_sample_gradient_norms)",

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, save_grids,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, save_grids,
                      scored_title, series, setting, summarize, summary_columns, trend_notes)
 
 # THRESHOLD_DB (common.py), the PSNR at which a reconstruction counts as recovered: MSE 0.01 on
@@ -106,8 +106,7 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "samples": samples,
                "seeds": f"{st.seed_text} (batch drawn, client's shuffling, attack start)",
                "success threshold": f"recovered = mean PSNR >= {THRESHOLD_DB} dB",
-               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
-                          "= not recovered and the attack did not converge",
+               "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
                "smoke": opt.smoke},
         notes=["Every sample attacked is a row; the figures show means.",
                "psnr, ssim, mse are means over the batch's photos after optimal pairing; psnr_min is the worst photo.",

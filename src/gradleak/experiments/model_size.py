@@ -18,7 +18,7 @@ from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
                      save_grids, scored_title, series, summarize, summary_columns, trend_notes)
 
 WIDTHS = (4, 8, 16, 32, 64)
@@ -79,8 +79,7 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "threat": "fedsgd, batch 1 (one gradient of one photo)",
                "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (photo drawn and attack start)",
                "success threshold": f"recovered = PSNR >= {THRESHOLD_DB} dB",
-               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
-                          "= not recovered and the attack did not converge",
+               "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
                "smoke": opt.smoke},
         notes=["parameters: trainable parameters of the model as built for this data.",
                "Every sample attacked is a row; the line figure shows means; reconstructions.png shows the "

@@ -12,7 +12,7 @@ from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_note
                      scored_title, summarize, summary_columns, verdict_fields)
 
 # The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
-# verdict (leaked / not rebuilt / inconclusive) uses the experiments' common 20 dB line (LEAK_DB),
+# verdict (leaked / defended / inconclusive, gradleak/outcome.py) uses the common 20 dB line (LEAK_DB),
 # as every other experiment does: a converged answer at 22 dB has rebuilt the photo, although it
 # has not reached this experiment's 30 dB target (it read "not rebuilt" here before 2026-11-25).
 THRESHOLD_DB = 30.0
@@ -67,7 +67,8 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         summary_columns=summary_columns(["optimizer"], ("psnr", "wall_seconds")),
         notes=[f"Every sample attacked is a row; reached = the observed PSNR reached {THRESHOLD_DB:g} dB at some "
                f"point, verdict = the final answer's (leaked: final PSNR >= {LEAK_DB:g} dB, the experiments' common "
-               "line; not rebuilt: converged and below it)."] + convergence_notes(cells.values()),
+               "line; otherwise gradleak/outcome.py's verdict: inconclusive here, since no defense is "
+               "applied)."] + convergence_notes(cells.values()),
         setup={"data": data, "model": model, "attack": "dlg (float64, batch 1)", "samples": samples,
                "seeds": f"{opt.seed}..{opt.seed + samples - 1} (one photo per seed)",
                "success threshold": f"reached = PSNR >= {THRESHOLD_DB} dB; leaked = final PSNR >= {LEAK_DB} dB",

@@ -65,7 +65,7 @@ from ..models import ModelSpec, build_model
 from ..paths import one_line
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import CellResult, Workspace
-from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, setting,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, setting,
                      verdict_fields)
 
 NAME = "property-inference"
@@ -89,7 +89,7 @@ COLUMNS = ["target", "property", "bright_images", "labels", "images", "truth_sco
            "dlg_score", "labels_restored", "psnr", "ssim", "label_accuracy", "recovered", *VERDICT_COLUMNS,
            "iterations", "wall_seconds", "seed", "attack_status"]
 SUMMARY_COLUMNS = ["method", "targets", "with_property", "auc", "auc_ci_low", "auc_ci_high", "accuracy",
-                   "psnr_mean", "psnr_min", "non_converged", "leaked", "not_rebuilt", "inconclusive"]
+                   "psnr_mean", "psnr_min", "non_converged", "leaked", "inconclusive", "defended"]
 
 
 # --------------------------------------------------------------------------- the property
@@ -423,8 +423,8 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
                "accuracy": "classifier: P > 0.5; dlg and truth: score > 0",
                "seeds": f"{opt.seed}: target batch i from numpy stream ({opt.seed}, 0, i), auxiliary batch i from "
                         f"({opt.seed}, 1, i); the attack's start seed {opt.seed} + i",
-               "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch): leaked; else not rebuilt "
-                                    "(the attack converged) or inconclusive (it did not)",
+               "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch) or a recognisable image: "
+                                    f"leaked; {VERDICT_RULE}",
                "rebuttal": "; ".join(f"{p}: property inference {a:.2f}, DLG {b:.2f}" for p, (a, b) in REBUTTAL.items())
                            + " (AUC on LFW)",
                "classifier C": chosen_c,
@@ -514,7 +514,7 @@ def _summary(rows: list[dict[str, Any]], y: np.ndarray, seed: int,
                         "psnr_min": float(np.min(psnrs)) if psnrs else None,
                         "non_converged": sum(r["converged"] is False for r in sel),
                         "leaked": sum(r["verdict"] == "leaked" for r in sel),
-                        "not_rebuilt": sum(r["verdict"] == "not rebuilt" for r in sel),
+                        "defended": sum(r["verdict"] == "defended" for r in sel),
                         "inconclusive": sum(r["verdict"] == "inconclusive" for r in sel)})
         out.append(row)
     return out, boot if len(scored) == len(rows) else {}
@@ -634,7 +634,7 @@ def _roc_figure(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, 
     ax_clf.set_title("Property classifier on the target updates", fontsize=10)
     ax_clf.grid(True, alpha=0.3)
 
-    colors = {"leaked": "#d62728", "not rebuilt": "#2ca02c", "inconclusive": "#7f7f7f"}
+    colors = {"leaked": "#d62728", "defended": "#2ca02c", "inconclusive": "#7f7f7f"}
     for verdict, color in colors.items():
         sel = [r for r in rows if r["dlg_score"] is not None and r["verdict"] == verdict]
         if sel:

@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, quality, save_grids,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, quality, save_grids,
                      scored_title, series, setting, summarize, summary_columns, verdict_fields)
 
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
@@ -105,8 +105,7 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                "gradient at the checkpoint's weights"),
                "samples": samples, "seeds": f"{st.seed_text} (test image drawn and attack start)",
                "success threshold": f"PSNR >= {THRESHOLD_DB} dB",
-               "verdict": "leaked = recovered; not rebuilt = the attack converged and did not recover; inconclusive "
-                          "= not recovered and the attack did not converge",
+               "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
                "smoke": opt.smoke},
         notes=["test_accuracy is the checkpoint's accuracy on the test images scored by training (the attacked "
                "images are drawn from the same test split).",
@@ -124,7 +123,7 @@ def stage_notes(summary: list[dict[str, Any]]) -> list[str]:
     for s in sorted(summary, key=lambda s: s["fraction"]):
         if s["leaked"] < s["samples"]:
             notes.append(f"CONTRADICTS the stated claim ({CLAIM}) at {s['fraction']:.0%} of training: "
-                         f"{s['leaked']} of {s['samples']} samples leaked ({s['not_rebuilt']} not rebuilt by a "
+                         f"{s['leaked']} of {s['samples']} samples leaked ({s['defended']} defended by a "
                          f"converged attack, {s['inconclusive']} inconclusive); mean PSNR {_num(s['psnr_mean'])} dB "
                          f"(std {_num(s['psnr_std'])}, {_num(s['psnr_min'])}..{_num(s['psnr_max'])}; over the "
                          f"converged samples {_num(s['psnr_mean_converged'])}).")

@@ -153,6 +153,25 @@ def _has_batchnorm(model: ModelSpec) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.module.modules())
 
 
+def truth_distance(model: ModelSpec, update: SharedUpdate, truth: Batch, device: torch.device) -> float | None:
+    """The true batch's relative gradient distance to the shared update, as the attacks measure
+    their answers' (attacks/verdict.py, under the same threat model: attacks/simulate.py), in
+    float64; None when the update cannot be simulated from it (e.g. a model without double)."""
+    import copy
+
+    from ..attacks.simulate import UpdateSimulator
+    from ..attacks.verdict import relative_distance
+
+    try:
+        victim = copy.deepcopy(model)
+        sim = UpdateSimulator(victim, update, dtype=torch.float64, device=device)
+        with torch.enable_grad():
+            x = victim.normalize(truth.images.double().to(sim.target[0].device))
+            return relative_distance(sim(x, truth.labels.to(x.device), create_graph=False), sim.target)
+    except (GradleakError, RuntimeError, ValueError):
+        return None
+
+
 IIP_POOL = 256  # real images searched besides the originals (evenly spaced over the source)
 
 
@@ -202,6 +221,9 @@ class ImageCase(Case):
                 metrics.update(summary)
                 for row, extra in zip(metrics["per_image"], per_image):
                     row.update(extra)
+            # How well the true data explain the (defended) update, on the attacker's own measure:
+            # an answer that fits worse than the truth is an optimisation failure (outcome.py)
+            metrics["truth_relative_distance"] = truth_distance(self.model, self.update, self.truth, device)
             metrics["class_names"] = list(self.truth.class_names)
             names = self.truth.names
             for row in metrics["per_image"]:

@@ -27,6 +27,7 @@ from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig
 from ..errors import ConfigError
+from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_output_dir, name_max, one_line
 from ..runtime import resolve_device
 from .case import Case, build_case
@@ -100,6 +101,8 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
             result, attack = attack_case(cfg, case, session=session, shard=shard, device=device)
         if result.rank:
             return result
+        if cfg.update is None and needs_control(evidence_from_metrics(result.metrics)):
+            result.metrics = with_control(cfg, result.metrics, device)
         if write:
             result.run_dir = write_run(out, recorded_config(cfg, case, attack, out), case, result.reconstruction,
                                        result.metrics, result.history, stage=stage)
@@ -179,8 +182,9 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     conv = verdict("text" if cfg.modality == "text" else family, recon.extra, noise_floor(case.update)).to_dict()
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
     if not conv["converged"] and family in ("dlg", "idlg") and int(clients or 1) > 1:
-        conv["reason"] += (f"; {family} treats the average of {clients} clients as one batch and cannot "
-                           f"separate them (GradInversion is the default for aggregates)")
+        conv["reason"] += (f"; {family} attacks the average of {clients} clients as one batch of all their images "
+                           f"(it rebuilds them when it converges, not which client sent which; GradInversion is "
+                           f"auto's fallback for aggregates)")
     if session.diverged is not None:
         conv.update(converged=False, reason="the attack diverged (NaN/Inf) beyond its retries")
     metrics["converged"], metrics["convergence"] = conv["converged"], conv
@@ -190,6 +194,39 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
         metrics["divergence"] = session.diverged
     if session.resumed_at:
         metrics["resumed_at"] = session.resumed_at
+    epsilon = dp_epsilon_of(case.update.meta.defenses)
+    if epsilon is not None:
+        metrics["dp_epsilon"], metrics["dp_delta"] = epsilon
+    # the verdict on the client (outcome.py): the same rules for every surface
+    metrics.update(judge(evidence_from_metrics(metrics)).to_dict())
+    return metrics
+
+
+def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:
+    """(epsilon, delta): the DP guarantee of this one update under DP-SGD (Opacus' RDP accountant,
+    defenses/dpsgd.py), or None without DP-SGD (or with noise 0: no guarantee)."""
+    import math
+
+    from ..defenses import DPSGD, parse_defenses
+
+    for d in parse_defenses(list(defenses or [])):
+        if isinstance(d, DPSGD):
+            eps = d.epsilon
+            return (eps, d.delta) if math.isfinite(eps) else None
+    return None
+
+
+def with_control(cfg: AttackConfig, metrics: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``metrics`` judged with a positive control: the same attack, model, data and seed on the
+    update without the defenses (outcome.py: "defended" needs the undefended update to leak).
+    Run only when everything else says "defended"; recorded under ``control``."""
+    ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False})
+    cres, _ = attack_case(ccfg, build_case(ccfg), device=device)
+    c = cres.metrics
+    metrics["control"] = {"verdict": c["verdict"], "verdict_reason": c["verdict_reason"], "psnr_mean": c.get("psnr_mean"),
+                          "converged": c.get("converged"), "attack": c.get("attack"),
+                          "wall_seconds": c.get("wall_seconds")}
+    metrics.update(judge(evidence_from_metrics(metrics, control=c["verdict"])).to_dict())
     return metrics
 
 

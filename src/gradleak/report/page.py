@@ -41,6 +41,10 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 _CSS_TAIL = """figcaption { color: #555; font-size: .9em; }
 pre { background: #f5f5f7; padding: 1em; overflow-x: auto; font-size: .85em; border-radius: 4px; }
 .muted { color: #888; }
+.outcome { border-left: 6px solid #b26a00; padding: .4em .8em; background: #fafafa; }
+.outcome.v-leaked, .outcome.v-presumed-leaked { border-color: #c62828; }
+.outcome.v-defended { border-color: #2e7d32; } .outcome.v-failed, .outcome.v-skipped { border-color: #555; }
+.outcome .verdict { font-weight: 700; text-transform: uppercase; letter-spacing: .03em; }
 """
 
 
@@ -132,8 +136,8 @@ def figure(png: bytes, alt: str, caption: str) -> str:
 
 
 def verdict_notice(metrics: Mapping[str, Any]) -> str:
-    """The convergence verdict (attacks/verdict.py) as a paragraph: a run whose attack did not
-    converge is inconclusive, whatever its image or token scores say."""
+    """The verdict on the client (outcome.py, :func:`outcome_notice`), then the attack's own
+    convergence (attacks/verdict.py) as a paragraph, and what ``auto`` tried."""
     if "converged" not in metrics:
         return ""
     conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
@@ -146,7 +150,34 @@ def verdict_notice(metrics: Mapping[str, Any]) -> str:
                           for t in auto.get("tried", []) if isinstance(t, Mapping))
         chosen = (f'<p class="sub"><b>auto</b> used {escape(str(auto.get("used")))}: {escape(str(auto.get("why")))}. '
                   f"Tried: {tried}.</p>")
+    outcome = outcome_notice(metrics)
     if metrics.get("converged") is True:
-        return f'{chosen}<p class="sub"><b>Converged</b>: {reason}.</p>'
-    return (f'{chosen}<p class="notice"><b>Inconclusive: the attack did not converge.</b> {reason}. Low scores here '
+        return f'{outcome}{chosen}<p class="sub"><b>Converged</b>: {reason}.</p>'
+    return (f'{outcome}{chosen}<p class="notice"><b>The attack did not converge.</b> {reason}. Low scores here '
             f"are not evidence that the client is safe.</p>")
+
+
+def outcome_notice(metrics: Mapping[str, Any]) -> str:
+    """The verdict on the client (gradleak/outcome.py) as a badge, with its reason, what would
+    decide it, the positive control and the evidence it was judged on (for the auditor to check)."""
+    verdict = metrics.get("verdict")
+    if not isinstance(verdict, str) or not verdict:
+        return ""
+    slug = "".join(c if c.isalnum() else "-" for c in verdict.lower())
+    reason = escape(str(metrics.get("verdict_reason", "")))
+    nxt = metrics.get("next_step")
+    nxt_html = f"<br>Next: {escape(str(nxt))}" if nxt and verdict != "leaked" else ""
+    control = metrics.get("control") if isinstance(metrics.get("control"), Mapping) else None
+    control_html = ""
+    if control is not None:
+        psnr = control.get("psnr_mean")
+        shown = f", PSNR {psnr:.1f} dB" if isinstance(psnr, (int, float)) and not isinstance(psnr, bool) else ""
+        control_html = (f"<br>Positive control (the same attack on the update without the defenses): "
+                        f"<b>{escape(str(control.get('verdict')))}</b>{escape(shown)}")
+    evidence = metrics.get("evidence") if isinstance(metrics.get("evidence"), Mapping) else {}
+    details = ""
+    if evidence:
+        rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>" for k, v in evidence.items())
+        details = f"<details><summary>the evidence judged (outcome.py)</summary><table>{rows}</table></details>"
+    return (f'<div class="outcome v-{escape(slug)}"><span class="verdict">{escape(verdict)}</span>: {reason}'
+            f"{nxt_html}{control_html}{details}</div>")

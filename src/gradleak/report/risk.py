@@ -2,31 +2,21 @@
 attacked update, said and drawn the same way on every page (a sweep's cells, an experiment's
 cells, a Flower audit's client updates, a comparison of two of them).
 
-Verdict of one attacked update (:func:`judge`), the experiments' rule (experiments/common.py,
-README "Experiments") with the dashboard's names:
+The verdict of one attacked update is gradleak.outcome.judge's (:func:`judge` reads the evidence
+from a stored cell's metrics, or an audit row): the rules and lines live in outcome.py. In the
+dashboard's names:
 
-``leaked``        rebuilt: the mean PSNR over the batch is at least LEAK_THRESHOLD_DB (20 dB, MSE
-                  0.01 on [0, 1] pixels, the experiments' success threshold), whatever the
-                  attack's own verdict says (a leak is never hidden).
-``defended``      the attack converged (its answer explains the shared update: attacks/verdict.py,
-                  the run's ``converged``) and the data were not rebuilt: the experiments' "not
-                  rebuilt" (the defenses experiment's ``defended`` column). The only verdict
-                  that is evidence of protection.
-``inconclusive``  not rebuilt, and the attack did not converge or recorded no verdict: a failed
-                  attack, which says nothing about the client.
+``leaked``        rebuilt (mean PSNR >= 20 dB), recognisable (identified with SSIM >= 0.5) or, for
+                  text, recovered; drawn hollow ("presumed") when judged without ground truth,
+                  from an answer that explains the update as closely as on an undefended one.
+``defended``      positive evidence that a defense stopped a capable attack: the update carries a
+                  defense, the answer explains it as well as the true data do, nothing is
+                  identified, and the same attack without the defense leaked (the control).
+``inconclusive``  everything else: a failed attack, an update with no defense, an answer the
+                  truth fits better, a control that did not leak, or evidence not recorded
+                  (cells computed before the verdict had it).
 ``failed``        the attack raised (the error is listed); ``skipped``: a Flower audit did not
                   attack the update (more examples than its max_batch_size).
-
-Without ground truth (no PSNR: a real federation's audit, an update file attacked without its
-truth) nothing can be called rebuilt or defended from the images. The verdict then comes from
-convergence alone: a converged attack is a presumed leak when the update's defenses leave the
-truth no further from the shared update than the attack's own convergence line (noise floor f
-<= CONVERGED_BELOW of the attack, no defense the floor does not model, such as pruning): its
-answer then explains the update as well as an answer on an undefended update, and on this
-project's measurements such answers rebuilt the data (DLG/iDLG: every multi-image answer below
-1e-5 rebuilt >= 20 dB; the GradInversion / IG line, 0.4, is coarse). Under a larger or
-unmodelled floor any answer may fit, so a converged attack cannot tell a leak from a defense:
-inconclusive. Not converged: inconclusive.
 """
 
 from __future__ import annotations
@@ -40,14 +30,16 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from gradleak.attacks.verdict import CONVERGED_BELOW
+from gradleak.outcome import (CONVERGED_BELOW, LEAK_PSNR_DB, PRESUMED_LEAKED, RECOGNISABLE_SSIM,
+                              TEXT_LEAK_TOKEN_ACCURACY, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics)
+from gradleak.outcome import judge as outcome_judge
 from gradleak.errors import GradleakError
 from gradleak.report.html import REPORT_RULES, _fmt
 from gradleak.report.page import data_uri, page_css, value_cell
 
 #: Mean PSNR (dB) from which an update's data count as rebuilt: the experiments' THRESHOLD_DB
 #: (experiments/common.py and defense_tradeoff.py; a test keeps them equal).
-LEAK_THRESHOLD_DB = 20.0
+LEAK_THRESHOLD_DB = LEAK_PSNR_DB
 
 LEAKED, DEFENDED, INCONCLUSIVE, FAILED, SKIPPED = "leaked", "defended", "inconclusive", "failed", "skipped"
 #: Worst first: a leak, then what says nothing about the client, then the evidence of protection.
@@ -95,47 +87,34 @@ def converged_of(metrics: Mapping[str, Any]) -> bool | None:
 
 
 def judge(status: str, psnr: Any, converged: bool | None, *, attack: Any = None, noise_floor: Any = 0.0,
-          unmodelled: Sequence[str] = ()) -> Verdict:
-    """The verdict of one attacked update (see the module docstring).
+          unmodelled: Sequence[str] = (), defenses: Sequence[str] = (), metrics: Mapping[str, Any] | None = None,
+          control: str | None = None) -> Verdict:
+    """The verdict of one attacked update: gradleak.outcome.judge (the one set of rules), in the
+    dashboard's terms ("presumed leaked" is ``leaked`` judged without ground truth).
 
+    With ``metrics`` (a run's or a stored cell's metrics.json) the whole evidence is read from
+    them (outcome.evidence_from_metrics); otherwise from the arguments (an audit.csv row):
     status:      "ok" (attacked), "skipped" (not attacked), anything else failed.
     psnr:        mean PSNR over the batch in dB, None without ground truth.
     converged:   the attack's own verdict (None: not recorded).
     attack, noise_floor, unmodelled: used only without ground truth: the attack's name (its
                  convergence line, CONVERGED_BELOW), the defenses' noise floor (None: unknown)
                  and the defenses the floor does not model.
+    defenses:    the update's defenses; ``control``: the verdict of the same attack without them.
+    Without the truth's fit to the update and a positive control (which only ``metrics`` of this
+    version carry), nothing is "defended": such an update is inconclusive.
     """
-    if status == "skipped":
-        return Verdict(SKIPPED, False, "not attacked")
-    if status != "ok":
-        return Verdict(FAILED, False, "the attack failed")
-    p = psnr_of(psnr)
-    if p is not None:
-        if p >= LEAK_THRESHOLD_DB:
-            return Verdict(LEAKED, True, f"rebuilt: PSNR {p:.1f} dB >= {LEAK_THRESHOLD_DB:g} dB")
-        if converged is True:
-            return Verdict(DEFENDED, True, f"the attack converged and PSNR {p:.1f} dB < {LEAK_THRESHOLD_DB:g} dB")
-        why = "did not converge" if converged is False else "recorded no convergence verdict"
-        return Verdict(INCONCLUSIVE, True, f"the attack {why}; PSNR {p:.1f} dB < {LEAK_THRESHOLD_DB:g} dB")
-    if converged is not True:
-        why = "did not converge" if converged is False else "recorded no convergence verdict"
-        return Verdict(INCONCLUSIVE, False, f"no ground truth, and the attack {why}")
-    line = CONVERGED_BELOW.get(str(attack)) if attack is not None else None
-    floor = finite(noise_floor)
-    if unmodelled:
-        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but under {', '.join(map(str, unmodelled))}, "
-                                            "which the convergence line does not model")
-    if line is None:
-        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but attack {attack} has no declared "
-                                            "convergence line")
-    if floor is None:
-        return Verdict(INCONCLUSIVE, False, "no ground truth: converged on a defended update whose noise floor "
-                                            "was not recorded")
-    if floor > line:
-        return Verdict(INCONCLUSIVE, False, f"no ground truth: converged, but the defenses' noise floor {floor:.2g} "
-                                            f"exceeds the attack's line {line:g}: any answer may fit")
-    return Verdict(LEAKED, False, f"no ground truth: presumed rebuilt (the attack converged; noise floor "
-                                  f"{floor:.2g} <= its line {line:g})")
+    if metrics is not None:
+        ev = evidence_from_metrics(metrics, status=status, control=control)
+    else:
+        p = psnr_of(psnr)
+        ev = Evidence(status=status, has_truth=p is not None, psnr=p, converged=converged,
+                      defenses=tuple(str(d) for d in defenses), attack_line=CONVERGED_BELOW.get(str(attack)),
+                      noise_floor=finite(noise_floor) if noise_floor is not None else None,
+                      unmodelled=tuple(str(u) for u in unmodelled), control=control)
+    o = outcome_judge(ev)
+    label = LEAKED if o.verdict == PRESUMED_LEAKED else o.verdict
+    return Verdict(label, ev.has_truth, o.reason)
 
 
 def rank(label: str) -> int:
@@ -273,15 +252,20 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
     lines = ", ".join(f"{k} {v:g}" for k, v in CONVERGED_BELOW.items())
     items = [
         f"<li>{badge(LEAKED, title='')} rebuilt: mean PSNR over the batch &ge; <b>{LEAK_THRESHOLD_DB:g} dB</b> "
-        "(MSE &le; 0.01 on [0, 1] pixels, the experiments' success threshold), whatever the attack's own verdict.</li>",
-        f"<li>{badge(DEFENDED, title='')} the attack <b>converged</b> (its answer explains the shared update: "
-        "relative gradient distance ||u(x')&minus;u||&sup2;/||u||&sup2; at or below its line, raised by the "
-        f"defenses' noise floor; lines: {escape(lines)}) and PSNR &lt; {LEAK_THRESHOLD_DB:g} dB. The experiments "
-        "call this <i>not rebuilt</i> (the defenses experiment's <code>defended</code>): the only evidence of "
-        "protection.</li>",
-        f"<li>{badge(INCONCLUSIVE, title='')} PSNR &lt; {LEAK_THRESHOLD_DB:g} dB and the attack did not converge "
-        "(or recorded no verdict): a failed attack says nothing about the client. Inconclusive "
-        f"{escape(unit)}s are left out of the leakage charts and means.</li>",
+        "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b>: an image the identifiability search finds among the "
+        f"source's photos with SSIM &ge; {RECOGNISABLE_SSIM:g}; text: a sentence recovered exactly or "
+        f"&ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place. Whatever the attack's own verdict.</li>",
+        f"<li>{badge(DEFENDED, title='')} positive evidence that a <b>defense</b> stopped a capable attack, all of: "
+        "the update carries a defense; the attack's answer explains the defended update as well as the client's "
+        f"true data do (relative gradient distance within {TRUTH_FIT_SLACK:.0%} of the truth's); nothing is "
+        "identified; and the <b>positive control</b>, the same attack without the defense, leaked. The only "
+        "evidence of protection.</li>",
+        f"<li>{badge(INCONCLUSIVE, title='')} everything else: an attack that did not converge (relative "
+        f"gradient distance above its line, raised by the defenses' noise floor; lines: {escape(lines)}) or that "
+        "the true "
+        "data fit better than (an optimisation failure), an update with no defense (a failed attack protects "
+        "nobody), a control that did not leak either, or evidence a cell did not record (computed by an older "
+        f"version). Inconclusive {escape(unit)}s are left out of the leakage charts and means.</li>",
         f"<li>{badge(FAILED, title='')} the attack raised an error (listed).</li>",
     ]
     if no_truth:

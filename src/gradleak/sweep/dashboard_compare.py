@@ -129,14 +129,15 @@ def _answer_lines(pairs: Sequence[tuple[Item, Item]]) -> list[str]:
     stopped = k(LEAKED, DEFENDED)
     if stopped:
         lines.append(f"{badge(LEAKED, title='')} &rarr; {badge(DEFENDED, title='')} {stopped}: leaked in A, "
-                     "defended in B (the attack converged and no longer rebuilt the data).")
+                     "defended in B (a defense stopped an attack that leaks without it: outcome.py).")
     still = k(LEAKED, LEAKED)
     if still:
         lines.append(f"{badge(LEAKED, title='')} &rarr; {badge(LEAKED, title='')} {still}: still leaked in B.")
     failed = k(LEAKED, INCONCLUSIVE) + k(LEAKED, FAILED)
     if failed:
         lines.append(f"{badge(LEAKED, title='')} &rarr; {badge(INCONCLUSIVE, title='')}/{badge(FAILED, title='')} "
-                     f"{failed}: the attack failed in B; that is not evidence that B protects.")
+                     f"{failed}: no leak seen in B, but no evidence of protection either (the attack did not "
+                     "rebuild the data in B; that is not evidence that B protects).")
     new = sum(m for (x, y), m in c.items() if y == LEAKED and x != LEAKED)
     if new:
         lines.append(f"&rarr; {badge(LEAKED, title='')} {new}: leaked in B but not in A.")

@@ -182,8 +182,10 @@ def cell_verdict(r: CellRecord) -> Verdict:
     defense = r.config.get("defense")
     floor = conv["noise_floor"] if "noise_floor" in conv else (0.0 if not defense else None)
     attack = m.get("attack") if isinstance(m.get("attack"), str) else r.config.get("attack")
+    if r.status == "ok" and m:   # the whole evidence the run recorded (outcome.evidence_from_metrics)
+        return judge(r.status, m.get("psnr_mean"), converged_of(m), metrics={**m, "attack": attack})
     return judge(r.status, m.get("psnr_mean"), converged_of(m), attack=attack, noise_floor=floor,
-                 unmodelled=_unmodelled(conv))
+                 unmodelled=_unmodelled(conv), defenses=defense or ())
 
 
 def shown_error(error: str | None) -> str | None:
@@ -291,7 +293,7 @@ def audit_verdict(row: Mapping[str, str]) -> Verdict:
         floor = 0.0 if not defenses else None
     unmodelled = [d for d in (row.get("unmodelled_defenses") or "").split(";") if d]
     return judge(row.get("status", "ok") or "ok", row.get("psnr_mean") or None, _bool(row.get("converged")),
-                 attack=row.get("attack"), noise_floor=floor, unmodelled=unmodelled)
+                 attack=row.get("attack"), noise_floor=floor, unmodelled=unmodelled, defenses=defenses)
 
 
 def audit_item(row: dict[str, str]) -> Item:

@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS sweeps(
 # it whole; results.csv is rewritten after every cell).
 CSV_ERROR_CHARS = 1000
 # Scalar metrics shown first in results.csv (when present), then the others in first-seen order.
-PREFERRED_METRICS = ("converged", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean",
+PREFERRED_METRICS = ("verdict", "verdict_reason", "converged", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean",
                      "lpips_mean", "iip", "gradient_distance", "iterations", "wall_seconds")
 # Scalars of metrics.json that repeat the config or describe the machine: not CSV columns.
 CSV_SKIPPED_METRICS = frozenset({"attack", "model", "data", "seed", "lpips_notice"})

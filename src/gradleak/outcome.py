@@ -1,0 +1,301 @@
+"""What an attacked update says about the client: one verdict, judged by one function (issue 37).
+
+Vocabulary, worst first:
+
+``leaked``           the client's data came back: with ground truth, the answer rebuilds the images
+                     (mean PSNR >= LEAK_PSNR_DB) or shows them recognisably (an image the IIP search
+                     identifies among the source's photos with SSIM >= RECOGNISABLE_SSIM), or, for
+                     text, a sentence comes back exactly or TEXT_LEAK_TOKEN_ACCURACY of the tokens
+                     in place. A leak is never hidden, whatever the attack's own convergence line.
+``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
+                     an undefended update (converged; the defenses' modelled noise floor at most the
+                     attack's own line, nothing unmodelled): on this project's measurements such
+                     answers rebuilt the data.
+``inconclusive``     everything that is no evidence either way: an attack that did not converge,
+                     an answer the true data fit better than (an optimisation failure), an update
+                     without a defense (a failed attack is not a protection), a defended update
+                     with no positive control, or one whose control did not leak either (this attack
+                     cannot rebuild this setting at all).
+``failed``           the attack raised; ``skipped``: the update was not attacked.
+``defended``         positive evidence that a defense, not the optimiser, stopped a capable attack,
+                     all of: ground truth; the update carries a defense; the attack converged; its
+                     answer explains the defended update at least as well as the true data do
+                     (relative gradient distance within TRUTH_FIT_SLACK of the truth's); the
+                     answer identifies nothing (no image identified, PSNR and SSIM under their
+                     lines; text: nothing recovered); and the positive control, the same attack on
+                     the same model and data without the defense, leaked.
+
+Where the evidence for "defended" is missing the verdict is "inconclusive", never "defended"; the
+reason says which piece is missing and ``next_step`` what would decide it. The thresholds live
+here and nowhere else; this module imports nothing heavy (no torch), so every surface (the run's
+console line, metrics.json, report.html, sweeps, experiments, the audit, the dashboard) can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+LEAKED, PRESUMED_LEAKED, INCONCLUSIVE, FAILED, SKIPPED, DEFENDED = (
+    "leaked", "presumed leaked", "inconclusive", "failed", "skipped", "defended")
+#: Worst first: a leak, a presumed leak, what says nothing about the client, then protection.
+VERDICTS = (LEAKED, PRESUMED_LEAKED, INCONCLUSIVE, FAILED, SKIPPED, DEFENDED)
+
+#: Mean PSNR (dB) from which images count as rebuilt (MSE 0.01 on [0, 1] pixels; the experiments'
+#: success threshold, experiments/common.py THRESHOLD_DB, held equal by a test).
+LEAK_PSNR_DB = 20.0
+#: An image the IIP search identifies (its nearest photo of the source is the client's) with at
+#: least this SSIM is recognisable: a leak whatever its PSNR. A declared line: GradInversion's
+#: 19.3 dB batch whose horse, truck and plane are plain to see scores SSIM 0.71; answers that are
+#: noise (DP-SGD, heavy noise) score below 0.05. An identified image below it keeps the verdict
+#: from "defended" (inconclusive), since identification by chance is 1 in the pool's size.
+RECOGNISABLE_SSIM = 0.5
+#: Text: this share of tokens in place (position-wise) is a leak, and so is any exact sentence.
+TEXT_LEAK_TOKEN_ACCURACY = 0.5
+#: "Explains the defended update at least as well as the true data": the answer's relative
+#: gradient distance at most the truth's x (1 + TRUTH_FIT_SLACK) (+ the noise floor's tolerance
+#: where recorded). The random part of the noise is the same for both; 5 % absorbs the rest.
+TRUTH_FIT_SLACK = 0.05
+#: The relative gradient distance at or below which an attack's answer explains the update
+#: (its convergence line; attacks/verdict.py says how each was measured and applies it).
+CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-5, "idlg": 1e-5, "ig": 0.4, "gradinversion": 0.4,
+                                     "text": 1e-4, "analytic": 1e-4, "rgap": 1e-4, "imprint": 1e-4}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one attacked update offers for its verdict (all optional but ``status``).
+
+    status:          "ok" (attacked), "skipped", anything else: failed.
+    modality:        "image" | "text".
+    has_truth:       the metrics were scored against the client's true data.
+    psnr, ssim:      mean over the batch (images).
+    identified:      images the IIP search identified; None: not measured.
+    recognisable:    images identified with SSIM >= RECOGNISABLE_SSIM; None: not measured.
+    token_accuracy:  text, position-wise; exact_sentences: sentences rebuilt exactly.
+    converged:       the attack's own verdict (attacks/verdict.py); None: none recorded.
+    answer_distance: the answer's relative gradient distance to the shared update.
+    truth_distance:  the true data's relative distance to the same (defended) update.
+    tolerance:       the noise floor's tolerance (attacks/verdict.py), added to the truth's.
+    defenses:        the update's defenses (canonical specs).
+    attack_line:     the attack's convergence line (no-truth judgement); noise_floor, unmodelled:
+                     the defenses' modelled floor and the defenses it does not model.
+    control:         the verdict of the same attack without the defenses (None: not run).
+    """
+
+    status: str = "ok"
+    modality: str = "image"
+    has_truth: bool = False
+    psnr: float | None = None
+    ssim: float | None = None
+    identified: int | None = None
+    recognisable: int | None = None
+    token_accuracy: float | None = None
+    exact_sentences: int | None = None
+    converged: bool | None = None
+    answer_distance: float | None = None
+    truth_distance: float | None = None
+    tolerance: float = 0.0
+    defenses: tuple[str, ...] = ()
+    attack_line: float | None = None
+    noise_floor: float | None = 0.0
+    unmodelled: tuple[str, ...] = ()
+    control: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: str
+    reason: str
+    next_step: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truth(self) -> bool:
+        return bool(self.evidence.get("has_truth"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "verdict_reason": self.reason, "next_step": self.next_step,
+                "evidence": self.evidence}
+
+
+def number(v: Any) -> float | None:
+    """A number that can be judged (not NaN, not a bool), from a number or a numeric string."""
+    if v is None or isinstance(v, bool) or v == "":
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if f != f else f
+
+
+def judge(ev: Evidence) -> Outcome:
+    """The verdict of one attacked update (see the module docstring for the rules)."""
+    facts = {k: v for k, v in asdict(ev).items() if v not in (None, (), "")}
+
+    def out(verdict: str, reason: str, next_step: str = "") -> Outcome:
+        return Outcome(verdict, reason, next_step, facts)
+
+    if ev.status == "skipped":
+        return out(SKIPPED, "not attacked")
+    if ev.status != "ok":
+        return out(FAILED, "the attack failed", "see the error; fix the input or run another attack")
+    if not ev.has_truth:
+        return _without_truth(ev, out)
+    leak = _leak(ev)
+    if leak:
+        return out(LEAKED, leak)
+    nothing = "recovered no text" if ev.modality == "text" else "rebuilt nothing recognisable"
+    retry = "run more iterations, another attack (--attack auto tries several), or another seed"
+    if not ev.defenses:
+        how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
+        return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
+                                 "here, which protects nobody", retry)
+    # Does the answer explain the defended update as well as the client's true data do? With the
+    # truth's own distance recorded, that is the test (the attack's convergence line only models
+    # the defenses' noise; the truth measures it); without it, the attack's own verdict.
+    answer, truth = number(ev.answer_distance), number(ev.truth_distance)
+    if answer is not None and truth is not None:
+        if answer > truth * (1 + TRUTH_FIT_SLACK) + max(ev.tolerance, 0.0):
+            return out(INCONCLUSIVE, f"the true data explain the defended update better than the attack's answer "
+                                     f"(relative distance {truth:.3g} vs {answer:.3g}): an optimisation failure, not "
+                                     "evidence of protection", retry)
+        fit = f"its answer explains the defended update as well as the true data do (relative distance {answer:.3g} " \
+              f"vs {truth:.3g})"
+    elif ev.converged is not True:
+        why = "did not converge" if ev.converged is False else "recorded no convergence verdict"
+        return out(INCONCLUSIVE, f"the attack {nothing} but {why}: a failed attack, not evidence of protection", retry)
+    else:
+        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)}, but how well the true data "
+                                 "explain the defended update was not recorded", "rerun with this version of gradleak")
+    if ev.modality != "text" and (ev.identified or 0) > 0:
+        return out(INCONCLUSIVE, f"{ev.identified} image(s) identified among the source's photos although not "
+                                 f"recognisable (SSIM {_fmt(ev.ssim)})", "look at reconstruction.png")
+    if _without_truth(ev, out).verdict == PRESUMED_LEAKED:
+        # Without the truth this very answer would be presumed a leak (it explains the update as
+        # closely as on an undefended one): the two judgements must not part into "defended"
+        return out(INCONCLUSIVE, f"the answer explains the update as closely as on an undefended update (the "
+                                 f"defenses' noise floor is at most the attack's line) yet {nothing}: the update does "
+                                 "not pin the data down here, which is no evidence that the defense did it",
+                   "try another attack or seed")
+    if ev.control is None:
+        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)} and its answer fits the "
+                                 "update as well as the truth, but no positive control (the same attack without "
+                                 "the defense) was run", "run the same attack without --defense as a control")
+    if ev.control != LEAKED:
+        return out(INCONCLUSIVE, f"the same attack without the defense did not leak either ({ev.control}): this "
+                                 "attack cannot rebuild this setting, so its failure says nothing about the defense",
+                   "try an attack that rebuilds the undefended update (--attack auto)")
+    return out(DEFENDED, f"{', '.join(ev.defenses)} stopped an attack that rebuilds the undefended update: {fit}, and "
+                         f"it {nothing}")
+
+
+def needs_control(ev: Evidence) -> bool:
+    """True when only the positive control is missing for "defended" (the pipeline then runs it)."""
+    from dataclasses import replace
+
+    return ev.control is None and judge(replace(ev, control=LEAKED)).verdict == DEFENDED
+
+
+def _leak(ev: Evidence) -> str:
+    """Why the answer is a leak ("" when it is not), from the scores against the truth."""
+    if ev.modality == "text":
+        if (ev.exact_sentences or 0) > 0:
+            return f"{ev.exact_sentences} sentence(s) recovered exactly"
+        acc = number(ev.token_accuracy)
+        if acc is not None and acc >= TEXT_LEAK_TOKEN_ACCURACY:
+            return f"{acc:.0%} of the tokens recovered in place (>= {TEXT_LEAK_TOKEN_ACCURACY:.0%})"
+        return ""
+    psnr = number(ev.psnr)
+    if psnr is not None and psnr >= LEAK_PSNR_DB:
+        return f"rebuilt: PSNR {psnr:.1f} dB >= {LEAK_PSNR_DB:g} dB"
+    if (ev.recognisable or 0) > 0:
+        return (f"{ev.recognisable} image(s) recognisable: identified among the source's photos with SSIM >= "
+                f"{RECOGNISABLE_SSIM:g} (PSNR {_fmt(psnr)} dB)")
+    return ""
+
+
+def _without_truth(ev: Evidence, out: Any) -> Outcome:
+    """No ground truth (a real federation's audit, an update file without --truth): nothing can be
+    called rebuilt or defended from the data; the attack's own evidence can presume a leak."""
+    decide = "attack with --truth (the client's true batch) to score it"
+    if ev.converged is not True:
+        why = "did not converge" if ev.converged is False else "recorded no convergence verdict"
+        return out(INCONCLUSIVE, f"no ground truth, and the attack {why}", "run more iterations or another attack")
+    if ev.unmodelled:
+        return out(INCONCLUSIVE, f"no ground truth: converged, but under {', '.join(ev.unmodelled)}, which the "
+                                 "convergence line does not model", decide)
+    line, floor = number(ev.attack_line), number(ev.noise_floor)
+    if line is None:
+        return out(INCONCLUSIVE, "no ground truth: converged, but the attack has no declared convergence line", decide)
+    if floor is None:
+        return out(INCONCLUSIVE, "no ground truth: converged on a defended update whose noise floor was not recorded",
+                   decide)
+    if floor > line:
+        return out(INCONCLUSIVE, f"no ground truth: converged, but the defenses' noise floor {floor:.2g} exceeds the "
+                                 f"attack's line {line:g}: any answer may fit", decide)
+    return out(PRESUMED_LEAKED, f"no ground truth: presumed rebuilt (the attack's answer explains the update; noise "
+                                f"floor {floor:.2g} <= its line {line:g})", decide)
+
+
+def _fmt(v: Any) -> str:
+    f = number(v)
+    return "n/a" if f is None else f"{f:.3g}" if abs(f) < 1000 else f"{f:.0f}"
+
+
+def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", control: str | None = None) -> Evidence:
+    """The evidence a run's metrics.json (or a sweep cell's stored metrics) holds."""
+    conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
+    converged = metrics.get("converged", conv.get("converged"))
+    text = metrics.get("modality") == "text"
+    per = metrics.get("per_image") if isinstance(metrics.get("per_image"), list) else []
+    sentences = metrics.get("per_sentence") if isinstance(metrics.get("per_sentence"), list) else []
+    has_truth = (number(metrics.get("token_accuracy")) is not None) if text else (
+        number(metrics.get("psnr_mean")) is not None or bool(per))
+    identified = recognisable = None
+    if per and any("identified" in r for r in per if isinstance(r, Mapping)):
+        hits = [r for r in per if isinstance(r, Mapping) and r.get("identified") is True]
+        identified = len(hits)
+        recognisable = sum(1 for r in hits if (number(r.get("ssim")) or 0.0) >= RECOGNISABLE_SSIM)
+    exact = sum(1 for s in sentences if isinstance(s, Mapping) and number(s.get("token_accuracy")) == 1.0) \
+        if sentences else None
+    defenses = metrics.get("defenses") or []
+    if control is None and isinstance(metrics.get("control"), Mapping):   # run by the pipeline (with_control)
+        control = metrics["control"].get("verdict") if isinstance(metrics["control"].get("verdict"), str) else None
+    attack = str(metrics.get("attack_used") or metrics.get("attack") or "")
+    floor = conv.get("noise_floor", 0.0) if conv else metrics.get("noise_floor", 0.0)
+    return Evidence(
+        status=status, modality="text" if text else "image", has_truth=has_truth,
+        psnr=number(metrics.get("psnr_mean")), ssim=number(metrics.get("ssim_mean")), identified=identified,
+        recognisable=recognisable, token_accuracy=number(metrics.get("token_accuracy")), exact_sentences=exact,
+        converged=converged if isinstance(converged, bool) else None,
+        answer_distance=number(metrics.get("relative_gradient_distance", conv.get("relative_gradient_distance"))),
+        truth_distance=number(metrics.get("truth_relative_distance")),
+        tolerance=number(conv.get("floor_tolerance")) or 0.0,
+        defenses=tuple(str(d) for d in defenses) if isinstance(defenses, (list, tuple)) else (),
+        attack_line=CONVERGED_BELOW.get("text" if text else attack),
+        noise_floor=number(floor) if floor is not None else None,
+        unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
+        control=control)
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    """The worst of several verdicts on one setting (e.g. one per attack): VERDICTS order, except
+    that "defended" needs every attack defended (any other verdict beside it is no protection)."""
+    labels = list(verdicts)
+    if not labels:
+        return INCONCLUSIVE
+    return min(labels, key=lambda v: VERDICTS.index(v) if v in VERDICTS else len(VERDICTS))
+
+
+def console_line(outcome: Outcome) -> str:
+    """The run's one-line verdict, and what would decide it when it does not decide."""
+    line = f"verdict: {outcome.verdict}: {outcome.reason}"
+    return line + (f". Next: {outcome.next_step}" if outcome.next_step and outcome.verdict != LEAKED else "")
+
+
+__all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB", "Outcome", "PRESUMED_LEAKED",
+           "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line",
+           "evidence_from_metrics", "judge", "needs_control", "number", "worst"]
