@@ -18,12 +18,15 @@ Vocabulary, worst first:
                      cannot rebuild this setting at all).
 ``failed``           the attack raised; ``skipped``: the update was not attacked.
 ``defended``         positive evidence that a defense, not the optimiser, stopped a capable attack,
-                     all of: ground truth; the update carries a defense; the attack converged; its
-                     answer explains the defended update at least as well as the true data do
-                     (relative gradient distance within TRUTH_FIT_SLACK of the truth's); the
-                     answer identifies nothing (no image identified, PSNR and SSIM under their
-                     lines; text: nothing recovered); and the positive control, the same attack on
-                     the same model and data without the defense, leaked.
+                     all of: ground truth; the update carries a defense; the attack's answer
+                     explains the defended update at least as well as the true data do (relative
+                     gradient distance within TRUTH_FIT_SLACK of the truth's, plus the noise
+                     floor's tolerance: this replaces the attack's own convergence line, which
+                     only models the noise, while the truth measures it); the answer identifies
+                     nothing (no image identified among at least MIN_IIP_POOL candidates, PSNR and
+                     SSIM under their lines; text: nothing recovered); without the truth the same
+                     answer would not be presumed a leak; and the positive control, the same
+                     attack on the same model and data without the defense, leaked.
 
 Where the evidence for "defended" is missing the verdict is "inconclusive", never "defended"; the
 reason says which piece is missing and ``next_step`` what would decide it. The thresholds live
@@ -51,12 +54,18 @@ LEAK_PSNR_DB = 20.0
 #: noise (DP-SGD, heavy noise) score below 0.05. An identified image below it keeps the verdict
 #: from "defended" (inconclusive), since identification by chance is 1 in the pool's size.
 RECOGNISABLE_SSIM = 0.5
+#: Identification is evidence only among at least this many candidate photos (IIP's pool): among 3
+#: photos (a user's folder of three) a noise answer is "identified" by chance one time in three.
+MIN_IIP_POOL = 10
 #: Text: this share of tokens in place (position-wise) is a leak, and so is any exact sentence.
 TEXT_LEAK_TOKEN_ACCURACY = 0.5
 #: "Explains the defended update at least as well as the true data": the answer's relative
-#: gradient distance at most the truth's x (1 + TRUTH_FIT_SLACK) (+ the noise floor's tolerance
-#: where recorded). The random part of the noise is the same for both; 5 % absorbs the rest.
-TRUTH_FIT_SLACK = 0.05
+#: gradient distance at most the truth's x (1 + TRUTH_FIT_SLACK) + the noise floor's tolerance
+#: (defenses/floor.py: 3 standard deviations of the truth's own distance over the noise's draws;
+#: 0.017 for Gaussian 0.1 and 0.041 for DP-SGD noise 1 on the DLG LeNet). Within it the update
+#: cannot tell the answer from the truth; beyond it the truth fits better: an optimisation failure.
+#: 1 % absorbs rounding between the attack's and the evaluation's computation.
+TRUTH_FIT_SLACK = 0.01
 #: The relative gradient distance at or below which an attack's answer explains the update
 #: (its convergence line; attacks/verdict.py says how each was measured and applies it).
 CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-5, "idlg": 1e-5, "ig": 0.4, "gradinversion": 0.4,
@@ -255,7 +264,8 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
     has_truth = (number(metrics.get("token_accuracy")) is not None) if text else (
         number(metrics.get("psnr_mean")) is not None or bool(per))
     identified = recognisable = None
-    if per and any("identified" in r for r in per if isinstance(r, Mapping)):
+    pool = number(metrics.get("iip_pool_size"))
+    if per and any("identified" in r for r in per if isinstance(r, Mapping)) and (pool is None or pool >= MIN_IIP_POOL):
         hits = [r for r in per if isinstance(r, Mapping) and r.get("identified") is True]
         identified = len(hits)
         recognisable = sum(1 for r in hits if (number(r.get("ssim")) or 0.0) >= RECOGNISABLE_SSIM)
@@ -296,6 +306,6 @@ def console_line(outcome: Outcome) -> str:
     return line + (f". Next: {outcome.next_step}" if outcome.next_step and outcome.verdict != LEAKED else "")
 
 
-__all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB", "Outcome", "PRESUMED_LEAKED",
-           "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line",
+__all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
+           "MIN_IIP_POOL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line",
            "evidence_from_metrics", "judge", "needs_control", "number", "worst"]

@@ -213,22 +213,32 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
     file gets the mode a plain ``open()`` would give it. ``durable``: the data and the rename
     are flushed to disk (fsync of the file and of its folder) before returning."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    temps: list[str] = []
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        _umask_mode(Path(tmp))
-        os.replace(tmp, path)
+        os.replace(_temp_copy(path, data, durable, temps), path)
     except BaseException:
-        with _quiet():
-            os.unlink(tmp)
+        for tmp in temps:
+            with _quiet():
+                os.unlink(tmp)
         raise
     if durable:
         _fsync_folder(path.parent)
+
+
+def _temp_copy(path: Path, data: bytes, durable: bool, temps: list[str]) -> str:
+    """``data`` written to a new temporary file beside ``path`` (``mkstemp``: O_EXCL, an
+    unpredictable name), with the mode a plain ``open()`` would give it; its name is appended to
+    ``temps`` as soon as it exists (the caller removes it on failure). Returns that name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    temps.append(tmp)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    _umask_mode(Path(tmp))
+    return tmp
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -297,15 +307,7 @@ def atomic_write_files(files: Mapping[str | os.PathLike[str], bytes], *, force: 
     with deferred_signals():
         try:
             for p, data in zip(paths, files.values()):
-                p.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=_temp_prefix(p), suffix=".tmp")
-                temps.append(tmp)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    if durable:
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                _umask_mode(Path(tmp))
+                _temp_copy(p, data, durable, temps)
             for p, tmp in zip(paths, temps):
                 if force:
                     os.replace(tmp, p)

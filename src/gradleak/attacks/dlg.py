@@ -118,6 +118,7 @@ class DLGTrials(AttackState):
     best_images: torch.Tensor | None = None
     best_labels: torch.Tensor | None = None
     inits: list = field(default_factory=list)
+    best_ended: str = ""   # why the best trial ended before its budget ("" when it did not)
 
     def validate(self) -> None:
         best = (self.best_distance, self.best_relative, self.best_images, self.best_labels)
@@ -251,7 +252,6 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         return can_restart and _stalled(recent)
 
     first = 0
-    best_ended = ""   # how the best start ended early, if it did (not saved with a resumable state)
     resuming = engine.resume_phase()
     if resuming is not None:
         match = re.fullmatch(r"trial-(\d+)(-prior)?", resuming)
@@ -326,7 +326,7 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
         if outer.best_distance is None or better:
             outer.best_distance, outer.best_relative, outer.best_images = dist, rel, x.detach().clone()
             outer.best_labels, outer.best_stalled, outer.best_trial = trial_labels.clone(), stalled, trial
-            best_ended = ended
+            outer.best_ended = ended
         if diverged or res.diverged is not None:
             break  # the loop gave up on this trial: the run stops here (the pipeline reports it)
         if trial + 1 < len(assignments):
@@ -349,8 +349,8 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
              "trial_inits": list(outer.inits)}
     if len(assignments) > 1:
         extra["label_assignments"] = len(assignments)
-    if best_ended:
-        extra["stop_reason"] = best_ended
+    if outer.best_ended:
+        extra["stop_reason"] = outer.best_ended
     return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
                           iterations=done, wall_seconds=wall, label_method=label_method, extra=extra)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.outcome import (CONVERGED_BELOW, LEAK_PSNR_DB, PRESUMED_LEAKED, RECOGNISABLE_SSIM,
-                              TEXT_LEAK_TOKEN_ACCURACY, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics)
+                              TEXT_LEAK_TOKEN_ACCURACY, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics, number)
 from gradleak.outcome import judge as outcome_judge
 from gradleak.errors import GradleakError
 from gradleak.report.html import REPORT_RULES, _fmt
@@ -61,13 +61,7 @@ class Verdict:
 
 def psnr_of(v: Any) -> float | None:
     """A PSNR that can be judged: any number but NaN (a PSNR of +inf is a perfect rebuild)."""
-    if v is None or isinstance(v, bool) or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return None if f != f else f
+    return number(v)
 
 
 def finite(v: Any) -> float | None:
@@ -257,7 +251,8 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
         f"&ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place. Whatever the attack's own verdict.</li>",
         f"<li>{badge(DEFENDED, title='')} positive evidence that a <b>defense</b> stopped a capable attack, all of: "
         "the update carries a defense; the attack's answer explains the defended update as well as the client's "
-        f"true data do (relative gradient distance within {TRUTH_FIT_SLACK:.0%} of the truth's); nothing is "
+        f"true data do (relative gradient distance at most the truth's + {TRUTH_FIT_SLACK:.0%} + the noise floor's tolerance); "
+        "nothing is "
         "identified; and the <b>positive control</b>, the same attack without the defense, leaked. The only "
         "evidence of protection.</li>",
         f"<li>{badge(INCONCLUSIVE, title='')} everything else: an attack that did not converge (relative "

@@ -185,7 +185,8 @@ def cell_verdict(r: CellRecord) -> Verdict:
     if r.status == "ok" and m:   # the whole evidence the run recorded (outcome.evidence_from_metrics)
         return judge(r.status, m.get("psnr_mean"), converged_of(m), metrics={**m, "attack": attack})
     return judge(r.status, m.get("psnr_mean"), converged_of(m), attack=attack, noise_floor=floor,
-                 unmodelled=_unmodelled(conv), defenses=defense or ())
+                 unmodelled=_unmodelled(conv),
+                 defenses=[d for d in defense if isinstance(d, str)] if isinstance(defense, list) else ())
 
 
 def shown_error(error: str | None) -> str | None:
