@@ -157,3 +157,19 @@ def test_nproc_children_start_with_a_safe_path(monkeypatch):
         distributed.spawn(cfg, None, write=False)
     assert seen["safe"] == "1"
     assert os.environ.get("PYTHONSAFEPATH") == before  # given back after the start
+
+
+def test_share_refuses_to_overwrite_unless_force(tmp_path, capsys):
+    """`gradleak share` replaced existing files silently (issue 43): now one line and exit 2, the
+    files untouched; --force replaces both."""
+    u, t = tmp_path / "u.safetensors", tmp_path / "t.safetensors"
+    assert main(["share", "--out", str(u), "--truth", str(t)]) == 0
+    before = (u.read_bytes(), t.read_bytes())
+    capsys.readouterr()
+    assert main(["share", "--seed", "3", "--out", str(u), "--truth", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists; pass --force" in err
+    assert (u.read_bytes(), t.read_bytes()) == before
+    assert main(["share", "--seed", "3", "--out", str(u), "--truth", str(t), "--force"]) == 0
+    assert u.read_bytes() != before[0] and t.read_bytes() != before[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors", "u.safetensors"]  # no temporary left
