@@ -157,3 +157,40 @@ def test_update_file_without_truth_is_presumed_and_with_truth_is_scored(tmp_path
 def test_failed_and_skipped(status, verdict):
     assert judge(Evidence(status=status)).verdict == verdict
     assert evidence_from_metrics({}, status=status).status == status
+
+
+def test_dashboard_gives_the_worst_case_over_attacks_per_setting(tmp_path):
+    """Issue 37's first case: attack [idlg, ig] x defense [none, gaussian:0.001] x 2 seeds. IG ends
+    low with no defense (it was called "defended"); iDLG rebuilds the same photos. Per client
+    setting the page now gives the worst case over the attacks: leaked, by idlg; and a setting
+    where every attack is defended (with the evidence) is defended."""
+    import re
+
+    from test_dashboard import metrics
+
+    from gradleak.sweep import ResultStore, parse_spec
+    from gradleak.sweep.dashboard import render_dashboard
+
+    def score(config, i):
+        defended = config["defense"] == ["gaussian:1"]
+        if config["attack"] == "idlg" and not defended:
+            return metrics(30.0 + config["seed"], True)
+        m = metrics(11.0 + config["seed"], True)
+        if not defended:   # no defense: the low PSNR is a failed attack
+            m = {**m, "defenses": [], "control": None}
+        return m
+
+    spec = parse_spec({"base": {"model": "lenet-dlg", "iterations": 5, "threads": 1},
+                       "grid": {"attack": ["idlg", "ig"], "defense": [[], "gaussian:1"], "seed": [0, 1]}})
+    with ResultStore(tmp_path) as store:
+        for i, cell in enumerate(spec.cells):
+            store.add(cell.cell_id, cell.grid, cell.config,
+                      {"status": "ok", "metrics": score(cell.config, i), "wall_seconds": 1.0})
+    page = render_dashboard(tmp_path).read_text()
+    section = page.split("<h2>Worst case over the attacks, per client setting</h2>", 1)[1].split("<h2>", 1)[0]
+    rows = re.findall(r"<tr class=\"r-(\w+)\">(.*?)</tr>", section)
+    by_defense = {("gaussian:1" if "gaussian:1" in r else "none"): (v, r) for v, r in rows}
+    assert by_defense["none"][0] == LEAKED and by_defense["none"][1].rstrip().endswith("<td>idlg</td>")
+    assert by_defense["gaussian:1"][0] == DEFENDED
+    # the per-cell verdicts: IG with no defense is inconclusive, never defended
+    assert "ig" in section and "inconclusive" in by_defense["none"][1]

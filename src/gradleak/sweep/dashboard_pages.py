@@ -11,7 +11,8 @@ from typing import Any
 
 from ..report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
 from ..report.html import _fmt, display_name
-from ..report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, ImageBudget,
+from ..outcome import worst as worst_verdict
+from ..report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html, ImageBudget,
                            badge, card, chart, count, finite, headline, notice, rules, setting_verdict, table,
                            worst_first)
 from .dashboard_data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text, is_numeric, num,
@@ -287,6 +288,45 @@ def _settings(src: Source, axes: Sequence[str]) -> tuple[str, list[tuple[str, st
     return html, summary
 
 
+# Fields that configure the attacker, not the client: settings that differ only in these are the
+# same client attacked several ways, judged by the worst case over the attacks (issue 37).
+ATTACK_SIDE = frozenset({
+    "attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels", "restarts",
+    "fallback", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n",
+    "warmup", "registration_start", "registration_every", "registration_steps", "final", "box", "search_evaluations",
+    "nproc", "threads", "device", "log_every", "checkpoint_every", "divergence_retries", "paper_metrics"})
+
+
+def _worst_over_attacks(src: Source, axes: Sequence[str]) -> str:
+    """Per client setting (the varying fields that are not the attacker's), the worst verdict over
+    the attacks run on it (gradleak.outcome.worst over each attack's setting verdict): a client one
+    attack fails on and another rebuilds is a leaking client. Empty unless attacks vary."""
+    attack_axes = [a for a in axes if a in ATTACK_SIDE]
+    if "attack" not in attack_axes:
+        return ""
+    client_axes = [a for a in axes if a not in ATTACK_SIDE]
+    groups: dict[tuple[str, ...], dict[tuple[str, ...], list[Item]]] = defaultdict(lambda: defaultdict(list))
+    for it in src.items:
+        client = tuple(field_text(a, it.fields.get(a)) for a in client_axes)
+        attacker = tuple(field_text(a, it.fields.get(a)) for a in attack_axes)
+        groups[client][attacker].append(it)
+    rows = []
+    for client, by_attack in groups.items():
+        verdicts = {attacker: setting_verdict(it.label for it in members) for attacker, members in by_attack.items()}
+        v = worst_verdict(verdicts.values())
+        worst_attacker = min(verdicts, key=lambda a: worst_first(verdicts[a]))
+        each = Html("; ".join(f"{escape(', '.join(a))}: {badge(verdicts[a], title='')}" for a in verdicts))
+        rows.append((worst_first(v), [badge(v, title=""), *client, each, ", ".join(worst_attacker)], v))
+    rows.sort(key=lambda r: r[0])
+    cols = ["worst case", *client_axes, f"verdict per attack ({', '.join(attack_axes)})", "worst attack"]
+    keys = ["verdict", *client_axes, "attacks", "attack"]
+    return ("<h2>Worst case over the attacks, per client setting</h2>"
+            '<p class="sub">A setting is as exposed as the strongest attack run on it: the worst verdict over the '
+            "attacks (each attack's verdict over its seeds as in the table below). \"defended\" only when every "
+            "attack's is.</p>"
+            + table(cols, [r[1] for r in rows[:MAX_TABLE_ROWS]], keys=keys, row_verdicts=[r[2] for r in rows]))
+
+
 def _gallery_cells(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     head = "<h2>Reconstructions (worst first)</h2>"
     with_image = sorted((it for it in src.items if it.image), key=lambda it: worst_first(it.label, it.psnr, it.rel))
@@ -404,7 +444,8 @@ def sweep_body(src: Source) -> str:
     no_truth = any(not it.verdict.truth and it.status == "ok" for it in src.items)
     body = [_setup(src, axes, reps, derived), headline(counts, "cells"),
             _worst_box(worst, f"{worst_what} (cell {escape(str(worst.key))})", counts, "cells"),
-            _answer(lines), settings_html, rules(truth=has_truth, no_truth=no_truth, unit="cell"),
+            _answer(lines), _worst_over_attacks(src, axes), settings_html,
+            rules(truth=has_truth, no_truth=no_truth, unit="cell"),
             _gallery_cells(src, axes, reps), _charts(src, axes), _cells_table(src, axes, reps)]
     return "".join(body)
 
