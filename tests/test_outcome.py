@@ -194,3 +194,23 @@ def test_dashboard_gives_the_worst_case_over_attacks_per_setting(tmp_path):
     assert by_defense["gaussian:1"][0] == DEFENDED
     # the per-cell verdicts: IG with no defense is inconclusive, never defended
     assert "ig" in section and "inconclusive" in by_defense["none"][1]
+
+
+def test_dashboard_links_each_cells_report(tmp_path):
+    """Issue 37 item 7: with run folders kept, each cell's row links its report.html (relative to
+    the page, wherever --out puts it); without them, no link column."""
+    from test_dashboard import make_sweep, metrics
+
+    from gradleak.sweep.dashboard import render_dashboard
+
+    sweep = tmp_path / "sweep"
+    spec = make_sweep(sweep, {"seed": [0, 1]}, lambda c, i: metrics(30.0, True))
+    assert ">report.html</a>" not in render_dashboard(sweep).read_text()
+    first = spec.cells[0].cell_id
+    (sweep / "runs" / first).mkdir(parents=True)
+    (sweep / "runs" / first / "report.html").write_text("<html></html>")
+    page = render_dashboard(sweep).read_text()
+    assert page.count(">report.html</a>") == 1 and f'href="runs/{first}/report.html"' in page
+    (tmp_path / "pages").mkdir()
+    elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html").read_text()
+    assert f'href="../sweep/runs/{first}/report.html"' in elsewhere

@@ -134,6 +134,7 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     target = check_dashboard_target(folder, out, others=(other,) if other is not None else (),
                                     default=DEFAULT_COMPARISON if other is not None else DEFAULT_PAGE)
     src = load_source(folder)
+    src.page_dir = target.parent
     if other is None:
         title, subtitle = _title(src)
         body = audit_body(src) if src.kind == "audit" else sweep_body(src)

@@ -79,6 +79,7 @@ class Source:
     sweeps: int = 0
     experiment: str | None = None
     audit_columns: list[str] = field(default_factory=list)
+    page_dir: Path | None = None  # where the page is written (links to the cells' report.html are relative to it)
 
     @property
     def image_root(self) -> Path:

@@ -357,6 +357,10 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     names = {"psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP"}
     cols = ["verdict", "cell", *axes, *reps, *[names[m] for m in metrics], "rel. distance", "why"]
     keys = ["verdict", "cell_id", *axes, *reps, *metrics, "rel", "why"]
+    reports = _report_links(src, items[:MAX_TABLE_ROWS])
+    if any(reports.values()):   # run folders kept (--save-runs, an experiment's runs/): link each report
+        cols.append("report")
+        keys.append("report")
     failed = [it for it in src.items if it.status != "ok"]
     # each failed cell's error is said once, in "Failed cells" (cut to one line: dashboard_data.shown_error)
     listed = {it.key for it in failed[:MAX_TABLE_ROWS]}
@@ -366,6 +370,9 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
             "failed: error under Failed cells" if it.key in listed else (it.error or it.verdict.reason))
         rows.append([badge(it.verdict), it.key, *[field_text(a, it.fields.get(a)) for a in [*axes, *reps]],
                      *[it.metrics.get(k) for k in metrics], it.rel, why])
+        if "report" in keys:
+            link = reports.get(it.key)
+            rows[-1].append(Html(f'<a href="{escape(link, quote=True)}">report.html</a>') if link else "")
     more = (f'<p class="muted">{len(items) - MAX_TABLE_ROWS} more cells in results.csv</p>'
             if len(items) > MAX_TABLE_ROWS else "")
     fail_html = ""
@@ -379,6 +386,22 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     return ("<h2>All cells (worst first)</h2>" + table(cols, rows, keys=keys, row_verdicts=[it.label for it in items],
                                                        cls="cells")
             + more + fail_html)
+
+
+def _report_links(src: Source, items: Sequence[Item]) -> dict[Any, str | None]:
+    """Each cell's run folder report.html (DIR/runs/CELL/report.html, a plain file inside the
+    store's folder), as a link relative to the page; None when the cell kept no run folder."""
+    import os
+    from urllib.parse import quote
+
+    links: dict[Any, str | None] = {}
+    runs = src.data / "runs"
+    for it in items:
+        path = runs / str(it.key) / "report.html"
+        ok = (it.status == "ok" and str(it.key).isalnum() and path.is_file() and not path.is_symlink()
+              and src.page_dir is not None)
+        links[it.key] = quote(os.path.relpath(path, src.page_dir)) if ok else None
+    return links
 
 
 def _setup(src: Source, axes: Sequence[str], reps: Sequence[str], derived: Mapping[str, str]) -> str:
