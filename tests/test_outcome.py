@@ -214,3 +214,22 @@ def test_dashboard_links_each_cells_report(tmp_path):
     (tmp_path / "pages").mkdir()
     elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html").read_text()
     assert f'href="../sweep/runs/{first}/report.html"' in elsewhere
+
+
+def test_dashboard_summarises_a_folder_of_single_runs(tmp_path, capsys):
+    """Issue 37 item 7: `gradleak dashboard runs/` over single `gradleak attack` runs: one row per
+    run folder with the run's own verdict, the worst case over its attacks, a link to each report."""
+    runs = tmp_path / "runs"
+    assert main(["attack", *FAST, "--out", str(runs / "a-rgap")]) == 0                 # auto: R-GAP, leaked
+    assert main(["attack", "--attack", "ig", "--iterations", "5", *FAST, "--out", str(runs / "b-ig")]) == 0
+    (runs / ".c.partial-host-1-x").mkdir()                                              # a staging folder: ignored
+    capsys.readouterr()
+    assert main(["dashboard", str(runs)]) == 0
+    page = (runs / "dashboard.html").read_text()
+    assert "Runs: " in page and "2 gradleak attack run folders" in page
+    verdicts = {k: json.loads((runs / k / "metrics.json").read_text())["verdict"] for k in ("a-rgap", "b-ig")}
+    assert verdicts == {"a-rgap": LEAKED, "b-ig": INCONCLUSIVE}
+    assert 'href="a-rgap/report.html"' in page and 'href="b-ig/report.html"' in page
+    assert "Worst case over the attacks, per client setting" in page   # the attack varies across the runs
+    section = page.split("Worst case over the attacks", 1)[1].split("<h2>", 1)[0]
+    assert 'class="r-leaked"' in section

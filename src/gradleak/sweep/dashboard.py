@@ -112,6 +112,8 @@ def _title(src: Source) -> tuple[str, str]:
     if src.kind == "experiment":
         what = f"Experiment {src.experiment}" if src.experiment else "Experiment"
         return f"{what}: {name}", f"gradleak dashboard · from {EXPERIMENT_CELLS}/{STORE_NAME}"
+    if src.kind == "runs":
+        return f"Runs: {name}", f"gradleak dashboard · {len(src.records)} gradleak attack run folders"
     return f"Sweep: {name}", f"gradleak dashboard · from {STORE_NAME}"
 
 

@@ -14,8 +14,8 @@ from ..paths import one_line
 def add_dashboard_parser(sub: Any) -> None:
     d = sub.add_parser("dashboard", help="one self-contained HTML risk report of a sweep, an experiment or a Flower "
                                          "audit (or a comparison of two)")
-    d.add_argument("dir", help="sweep --out folder (results.sqlite), experiment --out folder (cells/) or "
-                               "audit-flower --out folder (audit.csv)")
+    d.add_argument("dir", help="sweep --out folder (results.sqlite), experiment --out folder (cells/), "
+                               "audit-flower --out folder (audit.csv) or a folder of attack runs (e.g. runs/)")
     d.add_argument("--compare", default=None, metavar="OTHER",
                    help="compare DIR (A, e.g. before a defense) with this folder of the same kind (B, after): one "
                         "page of matched cells or client updates, verdict changes and PSNR deltas "

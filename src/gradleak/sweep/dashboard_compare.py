@@ -41,7 +41,7 @@ def _canon(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-_KINDS = {"sweep": "sweep", "experiment": "experiment", "audit": "Flower audit"}
+_KINDS = {"sweep": "sweep", "experiment": "experiment", "audit": "Flower audit", "runs": "folder of runs"}
 
 
 def _label(src: Source) -> str:

@@ -82,6 +82,11 @@ class Source:
     page_dir: Path | None = None  # where the page is written (links to the cells' report.html are relative to it)
 
     @property
+    def runs_dir(self) -> Path:
+        """Where the cells' run folders are (a folder of runs: the folder itself)."""
+        return self.data if self.kind == "runs" else self.data / "runs"
+
+    @property
     def image_root(self) -> Path:
         return self.data
 
@@ -196,13 +201,14 @@ def shown_error(error: str | None) -> str | None:
     return one_line(error, ERROR_CHARS) if error else None
 
 
-def cell_item(r: CellRecord, root: Path) -> Item:
+def cell_item(r: CellRecord, root: Path, runs: str = "runs") -> Item:
+    """``runs``: the run folders' folder below ``root`` ("" when ``root`` is a folder of runs)."""
     m = r.metrics if isinstance(r.metrics, dict) else {}
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
     rel = conv.get("relative_gradient_distance", m.get("relative_gradient_distance"))
     v = cell_verdict(r)
-    image = f"runs/{r.cell_id}/{RUN_IMAGE}" if r.status == "ok" and (root / "runs" / r.cell_id / RUN_IMAGE).is_file() \
-        else None
+    rel_image = f"{runs}/{r.cell_id}/{RUN_IMAGE}" if runs else f"{r.cell_id}/{RUN_IMAGE}"
+    image = rel_image if r.status == "ok" and (root / rel_image).is_file() else None
     return Item(key=r.cell_id, verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None, rel=finite(rel),
                 status=r.status, fields=r.config, metrics=m, image=image,
                 error=shown_error(r.error))
@@ -312,16 +318,67 @@ def load_audit(folder: Path) -> Source:
     return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r) for r in rows], audit_columns=header)
 
 
+MAX_RUN_FOLDERS = 10_000   # run folders a "runs" dashboard reads
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The run folders in ``folder`` (gradleak attack's --out folders: a metrics.json inside), in
+    name order, hidden (staging) folders and links left out; at most MAX_RUN_FOLDERS."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return []
+    found = []
+    for e in entries:
+        if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+            continue
+        if os.path.isfile(os.path.join(e.path, "metrics.json")):
+            found.append(Path(e.path))
+            if len(found) > MAX_RUN_FOLDERS:
+                raise DataError(f"{folder} holds more than {MAX_RUN_FOLDERS} run folders")
+    return found
+
+
+def load_runs(folder: Path, runs: list[Path]) -> Source:
+    """A folder of single `gradleak attack` runs (runs/ by default) as a dashboard source: each run
+    folder is one cell (its config.json the fields, its metrics.json the evidence; verdicts from
+    gradleak.outcome as everywhere)."""
+    from datetime import datetime, timezone
+
+    from ..report.html import read_json_file
+
+    records = []
+    for run in runs:
+        metrics = read_json_file(run / "metrics.json", required=True)
+        config = read_json_file(run / "config.json", required=False)
+        if isinstance(config, dict) and isinstance(config.get("config"), dict):
+            config = config["config"]
+        if not isinstance(metrics, dict):
+            raise DataError(f"{run / 'metrics.json'} does not hold a JSON object")
+        config = config if isinstance(config, dict) else {k: metrics.get(k) for k in ("attack", "model", "data")}
+        finished = datetime.fromtimestamp((run / "metrics.json").stat().st_mtime, timezone.utc)
+        records.append(CellRecord(cell_id=run.name, status="ok", grid={}, config=config, metrics=metrics, error=None,
+                                  wall_seconds=finite(metrics.get("wall_seconds")), worker=None,
+                                  finished_at=finished.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    src = Source(kind="runs", folder=folder, data=folder, records=records, sweeps=len(records))
+    src.items = [cell_item(r, folder, runs="") for r in records]
+    return src
+
+
 def load_source(folder: Path) -> Source:
     """The folder as a dashboard reads it: a sweep (results.sqlite), an experiment (cells/), a
-    Flower audit (audit.csv); else one DataError."""
+    Flower audit (audit.csv), a folder of single attack runs (run folders with metrics.json);
+    else one DataError."""
     found = store_folder(folder)
     if found is not None:
         return load_store(found[0], folder, found[1])
     if os.path.lexists(folder / "audit.csv"):
         return load_audit(folder)
+    runs = run_folders(folder)
+    if runs:
+        return load_runs(folder, runs)
     raise DataError(f"{folder} holds no sweep results ({STORE_NAME}), no experiment ({EXPERIMENT_CELLS}/"
-                    f"{STORE_NAME}) and no audit.csv")
+                    f"{STORE_NAME}), no audit.csv and no run folders")
 
 
 def client_order(clients: Iterable[str]) -> list[str]:

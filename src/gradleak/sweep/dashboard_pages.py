@@ -332,6 +332,7 @@ def _gallery_cells(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str
     with_image = sorted((it for it in src.items if it.image), key=lambda it: worst_first(it.label, it.psnr, it.rel))
     if not with_image:
         how = ("the experiment kept no run folder for these cells" if src.kind == "experiment" else
+               "these run folders hold no reconstruction.png" if src.kind == "runs" else
                "rerun the sweep with --save-runs to keep each cell's run folder (DIR/runs/CELL/reconstruction.png), "
                "which this page then shows")
         return head + notice(f"No reconstruction pictures were saved with these cells: {how}.")
@@ -394,12 +395,14 @@ def _report_links(src: Source, items: Sequence[Item]) -> dict[Any, str | None]:
     import os
     from urllib.parse import quote
 
+    import re
+
     links: dict[Any, str | None] = {}
-    runs = src.data / "runs"
+    runs = src.runs_dir
     for it in items:
         path = runs / str(it.key) / "report.html"
-        ok = (it.status == "ok" and str(it.key).isalnum() and path.is_file() and not path.is_symlink()
-              and src.page_dir is not None)
+        ok = (it.status == "ok" and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", str(it.key)) is not None
+              and path.is_file() and not path.is_symlink() and src.page_dir is not None)
         links[it.key] = quote(os.path.relpath(path, src.page_dir)) if ok else None
     return links
 
@@ -427,8 +430,9 @@ def _setup(src: Source, axes: Sequence[str], reps: Sequence[str], derived: Mappi
     if reps:
         parts.append(("repeated over", ", ".join(f"{r} ({len({field_text(r, x.config.get(r)) for x in records})})"
                                                  for r in reps)))
-    parts.append(("cells", str(len(records))))
-    parts.append(("sweep runs", str(src.sweeps)))
+    parts.append(("run folders" if src.kind == "runs" else "cells", str(len(records))))
+    if src.kind != "runs":
+        parts.append(("sweep runs", str(src.sweeps)))
     if records:
         parts.append(("finished", f"{min(r.finished_at for r in records)} to {max(r.finished_at for r in records)}"))
     return '<p class="setup">' + "".join(f"<span><b>{escape(k)}</b> {escape(v)}</span>" for k, v in parts) + "</p>"
