@@ -233,3 +233,24 @@ def test_dashboard_summarises_a_folder_of_single_runs(tmp_path, capsys):
     assert "Worst case over the attacks, per client setting" in page   # the attack varies across the runs
     section = page.split("Worst case over the attacks", 1)[1].split("<h2>", 1)[0]
     assert 'class="r-leaked"' in section
+
+
+def test_a_control_that_cannot_run_leaves_the_verdict_inconclusive(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from gradleak.errors import DataError
+
+    pipeline_run = importlib.import_module("gradleak.pipeline.run")   # the package re-exports run()
+
+    real = pipeline_run.build_case
+
+    def build_case(cfg):
+        if not cfg.defense:   # the control's case (the same client without the defense)
+            raise DataError("no data for the control")
+        return real(cfg)
+
+    monkeypatch.setattr(pipeline_run, "build_case", build_case)
+    m = _run(tmp_path, "g1", "--attack", "idlg", "--defense", "gaussian:1")
+    assert m["control"]["verdict"] == FAILED and "no data for the control" in m["control"]["verdict_reason"]
+    assert m["verdict"] == INCONCLUSIVE and "did not leak either" in m["verdict_reason"]
+    capsys.readouterr()

@@ -26,7 +26,7 @@ from ..attacks.state import Session, StateFileError, load_state, state_dir_for
 from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, GradleakError
 from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_output_dir, name_max, one_line
 from ..runtime import resolve_device
@@ -221,7 +221,12 @@ def with_control(cfg: AttackConfig, metrics: dict[str, Any], device: torch.devic
     update without the defenses (outcome.py: "defended" needs the undefended update to leak).
     Run only when everything else says "defended"; recorded under ``control``."""
     ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False})
-    cres, _ = attack_case(ccfg, build_case(ccfg), device=device)
+    try:
+        cres, _ = attack_case(ccfg, build_case(ccfg), device=device)
+    except GradleakError as exc:   # no control: the verdict stays inconclusive, and says why
+        metrics["control"] = {"verdict": "failed", "verdict_reason": one_line(str(exc))}
+        metrics.update(judge(evidence_from_metrics(metrics, control="failed")).to_dict())
+        return metrics
     c = cres.metrics
     metrics["control"] = {"verdict": c["verdict"], "verdict_reason": c["verdict_reason"], "psnr_mean": c.get("psnr_mean"),
                           "converged": c.get("converged"), "attack": c.get("attack"),
