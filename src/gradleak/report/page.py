@@ -53,17 +53,30 @@ def page_css(own: str) -> str:
     return _CSS_HEAD + own + _CSS_TAIL
 
 
-def html_page(title: str, subtitle: str, body: str, *, css: str, generator: str | None = None) -> str:
+def script_csp(script: str) -> str:
+    """The page's Content-Security-Policy allowing exactly the inline ``script`` (by its SHA-256
+    hash) and nothing else that CSP does not already allow."""
+    import base64
+    import hashlib
+
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return f"{CSP}; script-src 'sha256-{digest}'"
+
+
+def html_page(title: str, subtitle: str, body: str, *, css: str, generator: str | None = None,
+              script: str | None = None) -> str:
     """One whole page: head (charset, CSP, viewport, ``<title>gradleak: TITLE</title>``, the CSS),
     then ``<h1>TITLE</h1>``, the subtitle and ``body``. ``title``, ``subtitle`` and ``body`` are
     HTML; ``generator``, when given, is written as a ``<meta name="generator">`` right after the
     charset (early, where a reader looking for it finds it)."""
     generator_meta = f'<meta name="generator" content="{escape(generator)}">\n' if generator is not None else ""
+    csp = script_csp(script) if script else CSP
+    tail = f"<script>{script}</script>\n" if script else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-{generator_meta}<meta http-equiv="Content-Security-Policy" content="{CSP}">
+{generator_meta}<meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>gradleak: {title}</title>
 <style>{css}</style>
@@ -72,7 +85,7 @@ def html_page(title: str, subtitle: str, body: str, *, css: str, generator: str 
 <h1>{title}</h1>
 <p class="sub">{subtitle}</p>
 {body}
-</body>
+{tail}</body>
 </html>
 """
 

@@ -147,6 +147,9 @@ RISK_RULES = """
          color: #fff; white-space: nowrap; letter-spacing: .01em; }
 .v-leaked { background: #c62828; } .v-defended { background: #2e7d32; } .v-inconclusive { background: #b26a00; }
 .v-failed { background: #555; } .v-skipped { background: #9e9e9e; }
+th.sortable { cursor: pointer; } th.sortable[data-sort="asc"]::after { content: " \\25B2"; }
+th.sortable[data-sort="desc"]::after { content: " \\25BC"; }
+.verdict-filter { margin: .3em 0; }
 .badge.presumed { background: #fff; color: #c62828; box-shadow: inset 0 0 0 1.5px #c62828; }
 .headline { display: flex; gap: .8em; flex-wrap: wrap; margin: .8em 0 .4em; }
 .stat { border: 1px solid #ddd; border-top-width: 5px; border-radius: 6px; padding: .4em 1.1em .5em; min-width: 7.5em; }

@@ -102,7 +102,56 @@ def check_dashboard_target(folder: Path, out: str | os.PathLike[str] | None, *, 
 
 def _page(title: str, subtitle: str, body: str) -> str:
     """The page: ``title`` and ``subtitle`` as text (escaped here), ``body`` HTML."""
-    return html_page(escape(title), escape(subtitle), body, css=CSS, generator=GENERATOR)
+    return html_page(escape(title), escape(subtitle), body, css=CSS, generator=GENERATOR, script=SORT_AND_FILTER)
+
+
+# Sorting and filtering (issue 37): a click on a column's header sorts that table by it (numbers as
+# numbers; again: the other way); a table whose rows carry two verdicts or more gets a "show"
+# selector above it. The only script on the page, allowed by its hash in the Content-Security-
+# Policy (report/page.py script_csp); it reads the tables' text and loads nothing.
+SORT_AND_FILTER = """(function () {
+  function text(row, i) { var c = row.cells[i]; return c ? c.textContent.trim() : ""; }
+  function key(s) { var n = parseFloat(s.replace(/[^0-9eE+.-]/g, "")); return isNaN(n) ? null : n; }
+  document.querySelectorAll("table").forEach(function (table) {
+    var head = table.rows[0];
+    if (!head || table.rows.length < 3) { return; }
+    Array.prototype.forEach.call(head.cells, function (th, i) {
+      th.classList.add("sortable");
+      th.title = "sort by this column";
+      th.addEventListener("click", function () {
+        var dir = th.getAttribute("data-sort") === "asc" ? -1 : 1;
+        th.setAttribute("data-sort", dir === 1 ? "asc" : "desc");
+        var rows = Array.prototype.slice.call(table.rows, 1);
+        rows.sort(function (a, b) {
+          var x = text(a, i), y = text(b, i), nx = key(x), ny = key(y);
+          if (nx !== null && ny !== null) { return dir * (nx - ny); }
+          return dir * x.localeCompare(y);
+        });
+        rows.forEach(function (r) { r.parentNode.appendChild(r); });
+      });
+    });
+    var kinds = {};
+    Array.prototype.slice.call(table.rows, 1).forEach(function (r) {
+      var m = /(?:^| )r-([a-z]+)/.exec(r.className); if (m) { kinds[m[1]] = true; }
+    });
+    var names = Object.keys(kinds);
+    if (names.length < 2) { return; }
+    var select = document.createElement("select");
+    select.className = "verdict-filter";
+    ["all"].concat(names.sort()).forEach(function (n) {
+      var o = document.createElement("option");
+      o.value = n; o.textContent = n === "all" ? "show all" : "show " + n;
+      select.appendChild(o);
+    });
+    select.addEventListener("change", function () {
+      Array.prototype.slice.call(table.rows, 1).forEach(function (r) {
+        r.style.display = select.value === "all" || r.classList.contains("r-" + select.value) ? "" : "none";
+      });
+    });
+    var box = table.closest(".scroll") || table;
+    box.parentNode.insertBefore(select, box);
+  });
+})();"""
 
 
 def _title(src: Source) -> tuple[str, str]:
