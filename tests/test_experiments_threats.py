@@ -96,12 +96,13 @@ def _readme_states_the_defenses_smoke(rows) -> None:
     cell = {(r["attack"], r["spec"]): r for r in rows}
     db = lambda attack, *specs: ", ".join(f"{cell[attack, s]['psnr']:.1f}" for s in specs)  # noqa: E731
     strong = ("gaussian:0.1", "laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")
-    assert [r["spec"] for r in rows if r["defended"]] == ["dpsgd:clip=1,noise=1"]
-    assert cell["idlg", strong[3]]["verdict"] == "defended" and cell["imprint", strong[3]]["verdict"] == "inconclusive"
-    assert f"iDLG is defended by DP-SGD alone (noise 1, epsilon {cell['idlg', strong[3]]['epsilon']:.2f}; " \
-           f"{db('idlg', strong[3])} dB)" in readme
-    assert all(cell["idlg", s]["verdict"] == "inconclusive" for s in strong[:3])
-    assert f"iDLG rebuilds nothing ({db('idlg', *strong[:3])} dB) but the true image fits" in readme
+    # DP-SGD's clipping and pruning are not in the attacker's simulation: the truth's fit is no
+    # yardstick there (outcome.py), so nothing here earns "defended"
+    assert not any(r["defended"] for r in rows) and "no setting earns `defended`" in readme
+    assert all(cell["idlg", s]["verdict"] == "inconclusive" for s in strong)
+    assert f"iDLG rebuilds nothing ({db('idlg', *strong[:2])} dB) but the true image fits" in readme
+    assert f"it rebuilds nothing either ({db('idlg', *strong[2:])} dB)" in readme
+    assert f"DP-SGD (noise 1, epsilon {cell['idlg', strong[3]]['epsilon']:.2f})" in readme
     assert [cell["imprint", s]["verdict"] for s in strong] == ["leaked", "leaked", "inconclusive", "inconclusive"]
     assert f"Gaussian 0.1 and Laplace 0.1 ({db('imprint', *strong[:2])} dB)" in readme
     assert f"prune 0.9 and DP-SGD ({db('imprint', *strong[2:])} dB, inconclusive:" in readme

@@ -252,5 +252,34 @@ def test_a_control_that_cannot_run_leaves_the_verdict_inconclusive(tmp_path, mon
     monkeypatch.setattr(pipeline_run, "build_case", build_case)
     m = _run(tmp_path, "g1", "--attack", "idlg", "--defense", "gaussian:1")
     assert m["control"]["verdict"] == FAILED and "no data for the control" in m["control"]["verdict_reason"]
-    assert m["verdict"] == INCONCLUSIVE and "did not leak either" in m["verdict_reason"]
+    assert m["verdict"] == INCONCLUSIVE and "could not run" in m["verdict_reason"]
     capsys.readouterr()
+
+
+def test_review_findings_never_defended():
+    """What a review of the first version found could still read "defended" (each must not):
+    infinite distances, a recognisable image in a pool too small to identify it, a truth that
+    the attacker's simulation cannot reproduce (DP-SGD's clipping), a diverged run, a missing
+    PSNR, a control of another attack, a label no verdict knows."""
+    from dataclasses import replace
+
+    base = DEFENDED_EVIDENCE
+    assert judge(replace(base, answer_distance=float("inf"), truth_distance=float("inf"))).verdict == INCONCLUSIVE
+    assert judge(replace(base, tolerance=float("inf"), answer_distance=5.0)).verdict == INCONCLUSIVE
+    assert judge(replace(base, psnr=19.3, ssim=0.71, identified=None, recognisable=1)).verdict == LEAKED
+    clipped = replace(base, defenses=("dpsgd:clip=0.1,noise=0.001",), unmodelled=("dpsgd (clipping)",),
+                      noise_floor=0.0156, truth_distance=64008.0, answer_distance=1.0)
+    assert judge(clipped).verdict == INCONCLUSIVE and "does not reproduce" in judge(clipped).reason
+    modelled = replace(clipped, noise_floor=0.997, truth_distance=1.03, answer_distance=1.02, tolerance=0.041)
+    assert judge(modelled).verdict == DEFENDED     # clipping inactive: the truth sits on the modelled floor
+    assert judge(replace(base, psnr=None)).verdict == INCONCLUSIVE
+    m = {"psnr_mean": 5.0, "ssim_mean": 0.01, "converged": True, "defenses": ["gaussian:1"], "attack": "idlg",
+         "relative_gradient_distance": 0.95, "truth_relative_distance": 0.96,
+         "convergence": {"converged": True, "noise_floor": 0.96, "floor_tolerance": 0.01},
+         "per_image": [{"psnr": 5.0, "ssim": 0.01}], "control": {"verdict": "leaked", "attack": "idlg"}}
+    assert judge(evidence_from_metrics(m)).verdict == DEFENDED
+    assert judge(evidence_from_metrics({**m, "control": {"verdict": "leaked", "attack": "rgap"}})).verdict \
+        == INCONCLUSIVE
+    assert judge(evidence_from_metrics({**m, "status": "diverged"})).verdict == FAILED
+    assert judge(evidence_from_metrics({**m, "per_image": [{"psnr": 5.0, "ssim": 0.8}]})).verdict == LEAKED
+    assert worst([DEFENDED, "not rebuilt"]) == INCONCLUSIVE

@@ -3,30 +3,33 @@
 Vocabulary, worst first:
 
 ``leaked``           the client's data came back: with ground truth, the answer rebuilds the images
-                     (mean PSNR >= LEAK_PSNR_DB) or shows them recognisably (an image the IIP search
-                     identifies among the source's photos with SSIM >= RECOGNISABLE_SSIM), or, for
+                     (mean PSNR >= LEAK_PSNR_DB) or shows them recognisably (an image whose SSIM
+                     against the client's is >= RECOGNISABLE_SSIM), or, for
                      text, a sentence comes back exactly or TEXT_LEAK_TOKEN_ACCURACY of the tokens
                      in place. A leak is never hidden, whatever the attack's own convergence line.
 ``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
                      an undefended update (converged; the defenses' modelled noise floor at most the
                      attack's own line, nothing unmodelled): on this project's measurements such
                      answers rebuilt the data.
-``inconclusive``     everything that is no evidence either way: an attack that did not converge,
-                     an answer the true data fit better than (an optimisation failure), an update
-                     without a defense (a failed attack is not a protection), a defended update
-                     with no positive control, or one whose control did not leak either (this attack
-                     cannot rebuild this setting at all).
+``inconclusive``     everything that is no evidence either way: an answer the true data fit better
+                     (an optimisation failure) or, where the truth's fit was not recorded, an attack
+                     that did not converge; an update without a defense (a failed attack is not a
+                     protection); a defense the attacker's simulation does not reproduce (DP-SGD's
+                     clipping, pruning) with the truth above the modelled floor; a defended update
+                     with no positive control, or one whose control did not leak or could not run.
 ``failed``           the attack raised; ``skipped``: the update was not attacked.
 ``defended``         positive evidence that a defense, not the optimiser, stopped a capable attack,
                      all of: ground truth; the update carries a defense; the attack's answer
                      explains the defended update at least as well as the true data do (relative
                      gradient distance within TRUTH_FIT_SLACK of the truth's, plus the noise
                      floor's tolerance: this replaces the attack's own convergence line, which
-                     only models the noise, while the truth measures it); the answer identifies
-                     nothing (no image identified among at least MIN_IIP_POOL candidates, PSNR and
-                     SSIM under their lines; text: nothing recovered); without the truth the same
-                     answer would not be presumed a leak; and the positive control, the same
-                     attack on the same model and data without the defense, leaked.
+                     only models the noise, while the truth measures it; under a defense the floor
+                     does not model, only when the truth sits on the modelled floor); a finite PSNR;
+                     the answer identifies nothing (no image identified among at least MIN_IIP_POOL
+                     candidates, every image's SSIM under its line; text: nothing recovered);
+                     without the truth the same answer would not be presumed a leak; and the
+                     positive control, the same attack (auto: the member it used) on the same model
+                     and data without the defense, leaked.
 
 Where the evidence for "defended" is missing the verdict is "inconclusive", never "defended"; the
 reason says which piece is missing and ``next_step`` what would decide it. The thresholds live
@@ -165,9 +168,18 @@ def judge(ev: Evidence) -> Outcome:
     # Does the answer explain the defended update as well as the client's true data do? With the
     # truth's own distance recorded, that is the test (the attack's convergence line only models
     # the defenses' noise; the truth measures it); without it, the attack's own verdict.
-    answer, truth = number(ev.answer_distance), number(ev.truth_distance)
-    if answer is not None and truth is not None:
-        if answer > truth * (1 + TRUTH_FIT_SLACK) + max(ev.tolerance, 0.0):
+    answer, truth, tol = finite(ev.answer_distance), finite(ev.truth_distance), finite(ev.tolerance)
+    floor = finite(ev.noise_floor)
+    if answer is not None and truth is not None and tol is not None:
+        if ev.unmodelled and (floor is None or truth > floor * (1 + TRUTH_FIT_SLACK) + tol):
+            # The attacker's simulation does not apply what the floor does not model (DP-SGD's
+            # per-sample clipping, pruning): the truth's distance then measures that mismatch, not
+            # how much the update says, and no answer can be held to it
+            return out(INCONCLUSIVE, f"under {', '.join(ev.unmodelled)} the attacker's simulation does not reproduce "
+                                     f"the client's update (the true data sit at relative distance {truth:.3g}, the "
+                                     f"modelled noise floor at {_fmt(floor)}): the truth's fit is no yardstick here",
+                       "attack with a defense the floor models, or judge by the PSNR alone")
+        if answer > truth * (1 + TRUTH_FIT_SLACK) + tol:
             return out(INCONCLUSIVE, f"the true data explain the defended update better than the attack's answer "
                                      f"(relative distance {truth:.3g} vs {answer:.3g}): an optimisation failure, not "
                                      "evidence of protection", retry)
@@ -179,6 +191,8 @@ def judge(ev: Evidence) -> Outcome:
     else:
         return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)}, but how well the true data "
                                  "explain the defended update was not recorded", "rerun with this version of gradleak")
+    if ev.modality != "text" and number(ev.psnr) is None:
+        return out(INCONCLUSIVE, "no finite PSNR was recorded for the answer", "rerun the attack")
     if ev.modality != "text" and (ev.identified or 0) > 0:
         return out(INCONCLUSIVE, f"{ev.identified} image(s) identified among the source's photos although not "
                                  f"recognisable (SSIM {_fmt(ev.ssim)})", "look at reconstruction.png")
@@ -193,6 +207,10 @@ def judge(ev: Evidence) -> Outcome:
         return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)} and its answer fits the "
                                  "update as well as the truth, but no positive control (the same attack without "
                                  "the defense) was run", "run the same attack without --defense as a control")
+    if ev.control == FAILED:
+        return out(INCONCLUSIVE, "the positive control (the same attack without the defense) could not run, so "
+                                 "nothing shows that this attack rebuilds the undefended update",
+                   "run the same attack without --defense")
     if ev.control != LEAKED:
         return out(INCONCLUSIVE, f"the same attack without the defense did not leak either ({ev.control}): this "
                                  "attack cannot rebuild this setting, so its failure says nothing about the defense",
@@ -221,8 +239,8 @@ def _leak(ev: Evidence) -> str:
     if psnr is not None and psnr >= LEAK_PSNR_DB:
         return f"rebuilt: PSNR {psnr:.1f} dB >= {LEAK_PSNR_DB:g} dB"
     if (ev.recognisable or 0) > 0:
-        return (f"{ev.recognisable} image(s) recognisable: identified among the source's photos with SSIM >= "
-                f"{RECOGNISABLE_SSIM:g} (PSNR {_fmt(psnr)} dB)")
+        return (f"{ev.recognisable} image(s) recognisable: SSIM >= {RECOGNISABLE_SSIM:g} against the client's image "
+                f"(PSNR {_fmt(psnr)} dB)")
     return ""
 
 
@@ -249,6 +267,12 @@ def _without_truth(ev: Evidence, out: Any) -> Outcome:
                                 f"floor {floor:.2g} <= its line {line:g})", decide)
 
 
+def finite(v: Any) -> float | None:
+    """A finite number (not NaN, not +-inf), else None: an infinite distance fits nothing."""
+    f = number(v)
+    return f if f is not None and f not in (float("inf"), float("-inf")) else None
+
+
 def _fmt(v: Any) -> str:
     f = number(v)
     return "n/a" if f is None else f"{f:.3g}" if abs(f) < 1000 else f"{f:.0f}"
@@ -265,15 +289,20 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         number(metrics.get("psnr_mean")) is not None or bool(per))
     identified = recognisable = None
     pool = number(metrics.get("iip_pool_size"))
-    if per and any("identified" in r for r in per if isinstance(r, Mapping)) and (pool is None or pool >= MIN_IIP_POOL):
-        hits = [r for r in per if isinstance(r, Mapping) and r.get("identified") is True]
-        identified = len(hits)
-        recognisable = sum(1 for r in hits if (number(r.get("ssim")) or 0.0) >= RECOGNISABLE_SSIM)
+    rows = [r for r in per if isinstance(r, Mapping)]
+    if rows:   # recognisable: an image whose SSIM against the client's passes the line, identified or not
+        recognisable = sum(1 for r in rows if (number(r.get("ssim")) or 0.0) >= RECOGNISABLE_SSIM)
+    if any("identified" in r for r in rows) and (pool is None or pool >= MIN_IIP_POOL):
+        identified = sum(1 for r in rows if r.get("identified") is True)
     exact = sum(1 for s in sentences if isinstance(s, Mapping) and number(s.get("token_accuracy")) == 1.0) \
         if sentences else None
     defenses = metrics.get("defenses") or []
     if control is None and isinstance(metrics.get("control"), Mapping):   # run by the pipeline (with_control)
-        control = metrics["control"].get("verdict") if isinstance(metrics["control"].get("verdict"), str) else None
+        c = metrics["control"]
+        same = c.get("attack") in (None, metrics.get("attack"))   # a control of another attack is none
+        control = c.get("verdict") if isinstance(c.get("verdict"), str) and same else None
+    if metrics.get("status") == "diverged":
+        status = "failed"
     attack = str(metrics.get("attack_used") or metrics.get("attack") or "")
     floor = conv.get("noise_floor", 0.0) if conv else metrics.get("noise_floor", 0.0)
     return Evidence(
@@ -297,7 +326,8 @@ def worst(verdicts: Iterable[str]) -> str:
     labels = list(verdicts)
     if not labels:
         return INCONCLUSIVE
-    return min(labels, key=lambda v: VERDICTS.index(v) if v in VERDICTS else len(VERDICTS))
+    known = [v if v in VERDICTS else INCONCLUSIVE for v in labels]   # a label no verdict knows proves nothing
+    return min(known, key=VERDICTS.index)
 
 
 def console_line(outcome: Outcome) -> str:

@@ -26,7 +26,7 @@ from ..attacks.state import Session, StateFileError, load_state, state_dir_for
 from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig
-from ..errors import ConfigError, GradleakError
+from ..errors import ConfigError
 from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_output_dir, name_max, one_line
 from ..runtime import resolve_device
@@ -220,17 +220,21 @@ def with_control(cfg: AttackConfig, metrics: dict[str, Any], device: torch.devic
     """``metrics`` judged with a positive control: the same attack, model, data and seed on the
     update without the defenses (outcome.py: "defended" needs the undefended update to leak).
     Run only when everything else says "defended"; recorded under ``control``."""
-    ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False})
+    # the same attack as the one judged (auto: the member it used), not auto again, which could
+    # leak through another attack and prove nothing about this one
+    attack = str(metrics.get("attack") or cfg.attack)
+    ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False, "attack": attack,
+                                  "fallback": None if attack != "auto" else cfg.fallback})
     try:
         cres, _ = attack_case(ccfg, build_case(ccfg), device=device)
-    except GradleakError as exc:   # no control: the verdict stays inconclusive, and says why
-        metrics["control"] = {"verdict": "failed", "verdict_reason": one_line(str(exc))}
+    except Exception as exc:   # noqa: BLE001 - no control (any error): the verdict stays inconclusive, the run ends
+        metrics["control"] = {"verdict": "failed", "attack": attack,
+                              "verdict_reason": one_line(f"{type(exc).__name__}: {exc}")}
         metrics.update(judge(evidence_from_metrics(metrics, control="failed")).to_dict())
         return metrics
     c = cres.metrics
     metrics["control"] = {"verdict": c["verdict"], "verdict_reason": c["verdict_reason"], "psnr_mean": c.get("psnr_mean"),
-                          "converged": c.get("converged"), "attack": c.get("attack"),
-                          "wall_seconds": c.get("wall_seconds")}
+                          "converged": c.get("converged"), "attack": attack, "wall_seconds": c.get("wall_seconds")}
     metrics.update(judge(evidence_from_metrics(metrics, control=c["verdict"])).to_dict())
     return metrics
 

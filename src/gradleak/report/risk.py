@@ -249,14 +249,15 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
     lines = ", ".join(f"{k} {v:g}" for k, v in CONVERGED_BELOW.items())
     items = [
         f"<li>{badge(LEAKED, title='')} rebuilt: mean PSNR over the batch &ge; <b>{LEAK_THRESHOLD_DB:g} dB</b> "
-        "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b>: an image the identifiability search finds among the "
-        f"source's photos with SSIM &ge; {RECOGNISABLE_SSIM:g}; text: a sentence recovered exactly or "
+        "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b>: an image whose SSIM against the client's is "
+        f"&ge; {RECOGNISABLE_SSIM:g}; text: a sentence recovered exactly or "
         f"&ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place. Whatever the attack's own verdict.</li>",
         f"<li>{badge(DEFENDED, title='')} positive evidence that a <b>defense</b> stopped a capable attack, all of: "
         "the update carries a defense; the attack's answer explains the defended update as well as the client's "
         f"true data do (relative gradient distance at most the truth's + {TRUTH_FIT_SLACK:.0%} + the noise floor's tolerance); "
-        "nothing is "
-        "identified; and the <b>positive control</b>, the same attack without the defense, leaked. The only "
+        "nothing is identified; the same answer would not be presumed a leak without the truth; under a defense "
+        "the attacker's simulation does not reproduce (DP-SGD's clipping, pruning) the truth sits on the modelled "
+        "noise floor; and the <b>positive control</b>, the same attack without the defense, leaked. The only "
         "evidence of protection.</li>",
         f"<li>{badge(INCONCLUSIVE, title='')} everything else: an attack that did not converge (relative "
         f"gradient distance above its line, raised by the defenses' noise floor; lines: {escape(lines)}) or that "
