@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -39,11 +40,9 @@ _RAY_TESTS = ("test_sweep.py::test_ray_sweep", "test_flower_audit.py::test_flowe
               "test_cli_quiet.py::test_ray_sweep_sigterm", "test_cli_quiet.py::test_flower_audit_prints_no")
 
 
-@pytest.fixture(autouse=True)
-def _one_ray_at_a_time(request):
-    if not any(name in request.node.nodeid for name in _RAY_TESTS):
-        yield
-        return
+@contextlib.contextmanager
+def ray_lock():
+    """One Ray at a time on 2 cores: a file lock shared by every test process."""
     import fcntl
     import tempfile
     from pathlib import Path
@@ -55,6 +54,32 @@ def _one_ray_at_a_time(request):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _one_ray_at_a_time(request):
+    if not any(name in request.node.nodeid for name in _RAY_TESTS):
+        yield
+        return
+    with ray_lock():
+        yield
+
+
+def rewrite_update(src, dst, tensors_fn=None, meta_fn=None):  # noqa: ANN001, ANN201
+    """A copy of safetensors file ``src`` at ``dst`` with its tensors and metadata dict edited in
+    place by ``tensors_fn`` / ``meta_fn`` (hostile-input tests)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(src), "pt") as f:
+        meta = dict(f.metadata())
+    tensors = load_file(str(src))
+    if tensors_fn:
+        tensors_fn(tensors)
+    if meta_fn:
+        meta_fn(meta)
+    save_file(tensors, str(dst), metadata=meta)
+    return dst
 
 
 def stored_cells(db) -> int:  # noqa: ANN001

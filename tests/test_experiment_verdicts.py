@@ -42,9 +42,9 @@ def _fake_trained(self: Workspace, cfg: Any, name: str = "model") -> Trained:
 
 def _metrics(psnr: float, converged: bool | None, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     """A stubbed cell's metrics; ``evidence``: what outcome.py needs beyond them for "defended"."""
-    m: dict[str, Any] = {"psnr_mean": psnr, "ssim_mean": 0.5, "mse_mean": 10 ** (-psnr / 10), "label_accuracy": 1.0,
+    m: dict[str, Any] = {"psnr_mean": psnr, "ssim_mean": 0.2, "mse_mean": 10 ** (-psnr / 10), "label_accuracy": 1.0,
                          "iterations": 2, "wall_seconds": 0.1, "update": {"loss": 1.0},
-                         "per_image": [{"index": 0, "psnr": psnr, "ssim": 0.5, "label_true": 0, "label_restored": 0}]}
+                         "per_image": [{"index": 0, "psnr": psnr, "ssim": 0.2, "label_true": 0, "label_restored": 0}]}
     if converged is not None:
         m["converged"] = converged
         m["convergence"] = {"converged": converged, "relative_gradient_distance": 1e-9 if converged else 0.3,
@@ -151,10 +151,12 @@ def test_a_two_iteration_attack_is_inconclusive_not_a_protected_client(tmp_path)
                                               attacks=["idlg"], batch_sizes=[1], samples=1, iterations=2))
     (row,) = _csv(out / "results.csv")
     assert float(row["psnr"]) < 20.0 and row["recovered"] == "False"
-    assert row["verdict"] == INCONCLUSIVE
     assert row["converged"] in ("False", "")   # "" until the runs record their verdict
+    # never a protected client; measured: 16.1 dB but SSIM 0.54 against the photo, which
+    # outcome.py's recognisable line (SSIM >= 0.5) reads as a leak whatever the PSNR
+    assert row["verdict"] == (LEAKED if float(row["ssim"]) >= 0.5 else INCONCLUSIVE)
     (s,) = _csv(out / "summary.csv")
-    assert s["inconclusive"] == "1" and s["samples"] == "1"
+    assert s["defended"] == "0" and s["samples"] == "1"
 
 
 # --------------------------------------------------------------------------- trends flagged in results.md

@@ -7,16 +7,14 @@ run folder, or (for inputs that are odd but valid) in a normal run.
 import gzip
 import json
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
+from conftest import rewrite_update as _rewrite
 from gradleak.cli import main
 
 # No shrinking phase: a failure is reported as found (shrinking CLI runs can take minutes).
@@ -50,16 +48,6 @@ def expect_clean_error(args, tmp_path, capsys, allow_success=False):
     return code
 
 
-def _rewrite(src: Path, dst: Path, tensors_fn=None, meta_fn=None):
-    with safe_open(str(src), "pt") as f:
-        meta = dict(f.metadata())
-    tensors = load_file(str(src))
-    if tensors_fn:
-        tensors_fn(tensors)
-    if meta_fn:
-        meta_fn(meta)
-    save_file(tensors, str(dst), metadata=meta)
-    return dst
 
 
 # 1-3: random bytes, truncation, byte flips in the header

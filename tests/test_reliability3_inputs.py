@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
+from conftest import rewrite_update as _rewrite
 from gradleak.cli import main
 from gradleak.config import MAX_SEED
 from gradleak.errors import ConfigError, DataError
@@ -86,16 +85,6 @@ def text_files(tmp_path_factory):
     return d
 
 
-def _rewrite(src: Path, dst: Path, tensors_fn=None, meta_fn=None) -> Path:
-    with safe_open(str(src), "pt") as f:
-        meta = dict(f.metadata())
-    tensors = load_file(str(src))
-    if tensors_fn:
-        tensors_fn(tensors)
-    if meta_fn:
-        meta_fn(meta)
-    save_file(tensors, str(dst), metadata=meta)
-    return dst
 
 
 @pytest.mark.parametrize("seed", [2**64, -1, 10**30, "7", 1.5, True])

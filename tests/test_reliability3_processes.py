@@ -38,16 +38,10 @@ PLANTED = ("click", "multiprocessing", "gradleak", "gradleak_planted_probe")
 @pytest.fixture
 def one_ray():
     """The lock tests/conftest.py takes around tests that start Ray (one Ray at a time on 2 cores)."""
-    import fcntl
-    import tempfile
+    from conftest import ray_lock
 
-    lock = Path(tempfile.gettempdir()) / f"gradleak-tests-ray-{os.getuid()}.lock"
-    with open(lock, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with ray_lock():
+        yield
 
 
 def _plant(folder: Path, names: tuple[str, ...] = PLANTED) -> None:
