@@ -1,4 +1,4 @@
-"""What an attacked update says about the client: one verdict, judged by one function (issue 37).
+"""What an attacked update says about the client: one verdict, judged by one function.
 
 Vocabulary, worst first:
 

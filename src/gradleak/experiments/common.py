@@ -277,7 +277,7 @@ def settings_of(cells: Iterable[CellResult]) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- verdicts and summaries
-# What a sample's numbers say about the client: gradleak.outcome's verdict (issue 37: one
+# What a sample's numbers say about the client: gradleak.outcome's verdict (one
 # vocabulary and one rule for every surface), worsened to "leaked" when the experiment's own
 # success rule says the data came back (a stricter target, e.g. identification):
 #   leaked        the data came back (a leak, whatever the attacker's own verdict says);

@@ -105,7 +105,7 @@ def _page(title: str, subtitle: str, body: str) -> str:
     return html_page(escape(title), escape(subtitle), body, css=CSS, generator=GENERATOR, script=SORT_AND_FILTER)
 
 
-# Sorting and filtering (issue 37): a click on a column's header sorts that table by it (numbers as
+# Sorting and filtering: a click on a column's header sorts that table by it (numbers as
 # numbers; again: the other way); a table whose rows carry two verdicts or more gets a "show"
 # selector above it. The only script on the page, allowed by its hash in the Content-Security-
 # Policy (report/page.py script_csp); it reads the tables' text and loads nothing.

@@ -289,7 +289,7 @@ def _settings(src: Source, axes: Sequence[str]) -> tuple[str, list[tuple[str, st
 
 
 # Fields that configure the attacker, not the client: settings that differ only in these are the
-# same client attacked several ways, judged by the worst case over the attacks (issue 37).
+# same client attacked several ways, judged by the worst case over the attacks.
 ATTACK_SIDE = frozenset({
     "attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels", "restarts",
     "fallback", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n",
