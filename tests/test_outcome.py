@@ -153,6 +153,27 @@ def test_update_file_without_truth_is_presumed_and_with_truth_is_scored(tmp_path
     capsys.readouterr()
 
 
+def test_a_defended_update_file_with_its_truth_gets_its_control_from_the_truth(tmp_path, capsys):
+    """An update file under heavy noise (the share command's own defense) with its truth file: the
+    control is the truth shared without the defense (FedSGD of one client, which the files
+    determine), and the verdict is defended, as for the simulated client above. A FedAvg file
+    cannot be re-shared from its files (the private shuffling is not in them): inconclusive."""
+    u, t = tmp_path / "u.safetensors", tmp_path / "t.safetensors"
+    assert main(["share", "--defense", "gaussian:1", "--out", str(u), "--truth", str(t)]) == 0
+    m = _run(tmp_path, "file", "--attack", "idlg", "--update", str(u), "--truth", str(t))
+    assert m["verdict"] == DEFENDED, m["verdict_reason"]
+    assert m["control"]["verdict"] == LEAKED and m["control"]["psnr_mean"] >= 40
+    u2, t2 = tmp_path / "u2.safetensors", tmp_path / "t2.safetensors"
+    assert main(["share", "--defense", "gaussian:1", "--threat", "fedavg", "--local-steps", "2", "--out", str(u2),
+                 "--truth", str(t2)]) == 0
+    m = _run(tmp_path, "fedavg", "--attack", "idlg", "--update", str(u2), "--truth", str(t2))
+    if "control" in m:   # asked for only when everything else said "defended"
+        assert m["control"]["verdict"] == FAILED and "private shuffling" in m["control"]["verdict_reason"]
+        assert m["verdict"] == INCONCLUSIVE
+    assert m["verdict"] != DEFENDED
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("status, verdict", [("failed", FAILED), ("skipped", SKIPPED)])
 def test_failed_and_skipped(status, verdict):
     assert judge(Evidence(status=status)).verdict == verdict

@@ -183,7 +183,7 @@ def test_auto_records_imprints_non_finite_error_and_moves_on():
 def test_auto_keeps_the_closed_form_answer_when_its_fallback_errors(monkeypatch):
     """The fallback's own error ends the run only when no closed-form answer is left to keep."""
     from gradleak.attacks import AttackSettings, auto, run_attack
-    from gradleak.attacks.configs import GradInversionConfig, IDLGConfig
+    from gradleak.attacks.configs import DLGConfig, GradInversionConfig, IDLGConfig, IGConfig
     from gradleak.attacks.engine import ATTACK_RUNNERS
 
     update, model = _mlp_update([0, 1], width=256)
@@ -193,7 +193,7 @@ def test_auto_keeps_the_closed_form_answer_when_its_fallback_errors(monkeypatch)
         calls.append(cfg)
         raise ConfigError("fallback: refused")
 
-    for t in (GradInversionConfig, IDLGConfig):
+    for t in (DLGConfig, GradInversionConfig, IDLGConfig, IGConfig):   # every member of the portfolio
         monkeypatch.setitem(ATTACK_RUNNERS, t, failing)
     monkeypatch.setattr(auto, "verdict", lambda name, extra, floor: type("V", (), {
         "converged": False, "relative_gradient_distance": extra.get("relative_gradient_distance")})())

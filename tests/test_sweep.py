@@ -302,27 +302,29 @@ def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
     # DLG's defaults never changed: its cells keep their ids (BASE is a DLG cell)
     dlg = parse_spec({"base": unset, "grid": {"seed": [0]}}).cells[0].config
     assert dlg["iterations"] is None and changed_defaults(dlg) == {}
-    # auto without a fallback may run GradInversion: its changed alphas count
+    # auto without a fallback may run GradInversion and IG, and its portfolio is itself a change
     auto = {**dlg, "attack": "auto"}
-    assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn"}
+    assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn", "ig.iterations",
+                                           "ig.alpha_tv", "auto.fallback"}
     assert changed_defaults({**auto, "fallback": "idlg"}) == {}
 
 
-def test_auto_fallbacks_of_the_cell_identity_are_autos_choices():
-    """sweep.spec.AUTO_FALLBACKS (data: sweep does not import the attacks) must list exactly the
-    attacks attacks.auto.auto_fallback can choose, else an `auto` cell's identity misses a changed
-    default of the attack it falls back to."""
+def test_auto_portfolio_of_the_cell_identity_is_autos_choices():
+    """sweep.spec.AUTO_PORTFOLIO (data: sweep does not import the attacks) must list exactly the
+    attacks attacks.auto.auto_portfolio can choose, else an `auto` cell's identity misses a changed
+    default of an attack it runs."""
     from types import SimpleNamespace
 
-    from gradleak.attacks.auto import auto_fallback
-    from gradleak.sweep.spec import AUTO_FALLBACKS
+    from gradleak.attacks.auto import auto_portfolio
+    from gradleak.sweep.spec import AUTO_PORTFOLIO
 
-    def update(batch_size, **threat):
-        return SimpleNamespace(meta=SimpleNamespace(batch_size=batch_size, threat=threat))
+    def update(batch_size, side, **threat):
+        return SimpleNamespace(meta=SimpleNamespace(batch_size=batch_size, threat=threat, input_shape=(3, side, side)))
 
-    chosen = {auto_fallback(update(k, **t)) for k in (1, 2, 8)
-              for t in ({}, {"name": "fedavg", "local_steps": 3}, {"name": "aggregate", "clients": 4})}
-    assert chosen == set(AUTO_FALLBACKS)
+    chosen = {a for k in (1, 2, 8) for side in (28, 32, 224)
+              for t in ({}, {"name": "fedavg", "local_steps": 3}, {"name": "aggregate", "clients": 4})
+              for a in auto_portfolio(update(k, side, **t))}
+    assert chosen == set(AUTO_PORTFOLIO)
 
 
 def test_the_readme_sweep_example_is_a_valid_spec_of_36_cells():

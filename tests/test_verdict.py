@@ -73,10 +73,12 @@ def test_text_runs_carry_the_verdict(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_aggregates_default_to_gradinversion_and_idlg_is_marked(tmp_path):
+def test_aggregates_default_to_the_batch_portfolio_and_idlg_is_marked(tmp_path):
     r = run(make_config(threat="aggregate", clients=2, iterations=2, seeds=1, progress=False, paper_metrics=False),
             write=False)
-    assert r.metrics["attack"] == "gradinversion"                # batch recovery unless an attack is named
+    # batch recovery unless an attack is named: auto's portfolio for batches and aggregates
+    assert r.metrics["auto"]["portfolio"] == ["dlg", "gradinversion", "ig"]
+    assert r.metrics["attack"] in r.metrics["auto"]["portfolio"]
     r = run(make_config(attack="idlg", threat="aggregate", clients=2, iterations=30, progress=False,
                         paper_metrics=False), write=False)
     assert r.metrics["converged"] is False and "as one batch of all their images" in r.metrics["convergence"]["reason"]

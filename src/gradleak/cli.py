@@ -656,9 +656,9 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
                 title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
     auto = metrics.get("auto")
     if isinstance(auto, dict):  # --attack auto: what it tried and what it used
-        tried = ", ".join(f"{t['attack']} ({'converged' if t.get('converged') else 'not converged'})" if t.get("applies")
-                          else f"{t['attack']} (does not apply)" for t in auto.get("tried", []))
-        console.print(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried}", markup=False,
+        from .outcome import tried_summary
+
+        console.print(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried_summary(auto)}", markup=False,
                       highlight=False)
     if isinstance(metrics.get("control"), dict):   # the positive control outcome.py asked for
         c = metrics["control"]

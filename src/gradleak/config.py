@@ -75,8 +75,9 @@ class AttackConfig(BaseModel):
                                "(idlg: batch 1 only); text: soft | bias")
     restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
     fallback: Literal["dlg", "idlg", "ig", "gradinversion"] | None = Field(
-        None, description="auto: the optimisation attack when no closed-form attack explains the update (default: "
-                          "gradinversion for a batch or an aggregate, idlg for one image)")
+        None, description="auto: run this one optimisation attack when no closed-form attack explains the update "
+                          "(default: a portfolio: dlg, gradinversion and ig for a batch or an aggregate, keeping the "
+                          "answer that explains the update best; idlg for one image)")
     stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: further starts (other inits) "
                                        "while the answer does not explain the update (default 3)")
     stop: Literal["settled", "budget"] | None = Field(

@@ -94,6 +94,8 @@ class Evidence:
     attack_line:     the attack's convergence line (no-truth judgement); noise_floor, unmodelled:
                      the defenses' modelled floor and the defenses it does not model.
     control:         the verdict of the same attack without the defenses (None: not run).
+    others_leaked:   ``auto``'s other attacks on the same update whose answers leaked, as
+                     "attack: why" (the verdict is the worst case over every attack that ran).
     """
 
     status: str = "ok"
@@ -114,6 +116,7 @@ class Evidence:
     noise_floor: float | None = 0.0
     unmodelled: tuple[str, ...] = ()
     control: str | None = None
+    others_leaked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,9 @@ def judge(ev: Evidence) -> Outcome:
     leak = _leak(ev)
     if leak:
         return out(LEAKED, leak)
+    if ev.others_leaked:   # the kept answer did not leak, but another attack on the same update did
+        return out(LEAKED, f"another attack auto ran on this update leaked ({'; '.join(ev.others_leaked)}); the "
+                           "answer shown is the one that explains the update best")
     nothing = "recovered no text" if ev.modality == "text" else "rebuilt nothing recognisable"
     retry = "run more iterations, another attack (--attack auto tries several), or another seed"
     if not ev.defenses:
@@ -267,6 +273,30 @@ def _without_truth(ev: Evidence, out: Any) -> Outcome:
                                 f"floor {floor:.2g} <= its line {line:g})", decide)
 
 
+def tried_summary(auto: Mapping[str, Any]) -> str:
+    """``auto``'s attacks as one line: whether each applied, converged, its relative distance and
+    seconds, and, scored against the truth (pipeline.run.score_portfolio), its PSNR and verdict."""
+    parts = []
+    for t in auto.get("tried", []) if isinstance(auto.get("tried"), list) else []:
+        if not isinstance(t, Mapping):
+            continue
+        if not t.get("applies"):
+            parts.append(f"{t.get('attack')} (does not apply)")
+            continue
+        bits = ["converged" if t.get("converged") else "not converged"]
+        rel, secs, psnr = number(t.get("relative_gradient_distance")), number(t.get("seconds")), number(t.get("psnr_mean"))
+        if rel is not None:
+            bits.append(f"distance {rel:.2e}")
+        if secs is not None:
+            bits.append(f"{secs:.0f} s")
+        if psnr is not None:
+            bits.append(f"{psnr:.1f} dB")
+        if isinstance(t.get("verdict"), str):
+            bits.append(t["verdict"])
+        parts.append(f"{t.get('attack')} ({', '.join(bits)})")
+    return ", ".join(parts)
+
+
 def finite(v: Any) -> float | None:
     """A finite number (not NaN, not +-inf), else None: an infinite distance fits nothing."""
     f = number(v)
@@ -304,6 +334,10 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
     if metrics.get("status") == "diverged":
         status = "failed"
     attack = str(metrics.get("attack_used") or metrics.get("attack") or "")
+    portfolio = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else {}
+    tried = portfolio.get("tried") if isinstance(portfolio.get("tried"), list) else []
+    others = tuple(f"{t.get('attack')}: {t.get('verdict_reason')}" for t in tried
+                   if isinstance(t, Mapping) and t.get("verdict") == LEAKED and t.get("attack") != attack)
     floor = conv.get("noise_floor", 0.0) if conv else metrics.get("noise_floor", 0.0)
     return Evidence(
         status=status, modality="text" if text else "image", has_truth=has_truth,
@@ -317,7 +351,7 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         attack_line=CONVERGED_BELOW.get("text" if text else attack),
         noise_floor=number(floor) if floor is not None else None,
         unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
-        control=control)
+        control=control, others_leaked=others if has_truth else ())
 
 
 def worst(verdicts: Iterable[str]) -> str:
@@ -337,5 +371,5 @@ def console_line(outcome: Outcome) -> str:
 
 
 __all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
-           "MIN_IIP_POOL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line",
+           "MIN_IIP_POOL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
            "evidence_from_metrics", "judge", "needs_control", "number", "worst"]

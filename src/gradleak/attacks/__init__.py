@@ -9,7 +9,7 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from . import auto, configs  # noqa: F401  (register each attack with the engine)
 from .base import AttackSettings, Observer
-from .auto import auto_fallback
+from .auto import auto_portfolio
 from .configs import CLOSED_FORM, IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
 from .engine import Engine
 from .gradinversion import layer_counts
@@ -53,8 +53,8 @@ def run_attack(name: str, update: SharedUpdate, model: ModelSpec, settings: Atta
                                              "group", "bn", "labels")}
         values["attack"] = name
         values["restarts" if name == "ig" else "seeds"] = s.seeds
-        fallback = auto_fallback(update) if name == "auto" else None
-        config = resolve_attack(values, bn_statistics_shared=shared, fallback=fallback,
+        portfolio = auto_portfolio(update) if name == "auto" else None
+        config = resolve_attack(values, bn_statistics_shared=shared, portfolio=portfolio,
                                 layers=layer_counts(model.module))
     return Engine(device=s.device, observer=observer, log_every=s.log_every, progress=s.progress).run(
         config, update, model)

@@ -166,11 +166,15 @@ OptimisationConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInvers
 
 class AutoConfig(_ClosedFormConfig):
     """The attack chooser (attacks/auto.py): the closed-form attacks that apply to the model and
-    the threat first (imprint, analytic, R-GAP), and ``fallback``, an optimisation attack with
-    every constant resolved, when none of them explains the update."""
+    the threat first (imprint, analytic, R-GAP), then ``portfolio``, the optimisation attacks it
+    runs in order (each with every constant resolved) when none of them explains the update."""
 
     attack: Literal["auto"] = "auto"
-    fallback: OptimisationConfig
+    portfolio: tuple[OptimisationConfig, ...] = Field(min_length=1)
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(m.attack for m in self.portfolio)
 
 
 ImageAttackConfig = Annotated[Union[DLGConfig, IDLGConfig, IGConfig, GradInversionConfig, AnalyticConfig,
@@ -186,30 +190,36 @@ FLAT_FIELDS = ("iterations", "lr", "optimizer", "init", "dtype", "preset", "seed
                "registration_start", "registration_every", "registration_steps", "final", "search_evaluations", "box")
 
 
-def applicable(attack: str, fallback: str | None = None) -> tuple[str, ...]:
-    """The flat config fields the image attack ``attack`` reads (auto: its fallback's)."""
-    cls = IMAGE_ATTACK_CONFIGS[fallback if attack == "auto" and fallback else attack]
+def applicable(attack: str) -> tuple[str, ...]:
+    """The flat config fields the image attack ``attack`` reads."""
+    cls = IMAGE_ATTACK_CONFIGS[attack]
     return tuple(f for f in FLAT_FIELDS if f in cls.model_fields)
 
 
+def given_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The attack constants given (not None); ``init`` and ``box`` count as given when they are
+    not their defaults."""
+    return tuple(name for name in FLAT_FIELDS if values.get(name) is not None
+                 and not (name == "init" and values[name] == "randn") and not (name == "box" and values[name] is False))
+
+
 def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) -> None:
-    """ConfigError for the first attack constant given (not None) that ``attack`` does not read.
-    ``init`` and ``box`` count as given when they are not their defaults."""
-    for name in FLAT_FIELDS:
-        value = values.get(name)
-        if value is None or (name == "init" and value == "randn") or (name == "box" and value is False):
-            continue
+    """ConfigError for the first attack constant given that ``attack`` does not read."""
+    for name in given_flags(values):
         if name not in known:
             raise ConfigError(f"option --{name.replace('_', '-')} does not apply to attack {attack!r}")
 
 
 def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
-                   fallback: str | None = None, layers: tuple[int, int] | None = None) -> ImageAttackConfig:
+                   portfolio: tuple[str, ...] | None = None,
+                   layers: tuple[int, int] | None = None) -> ImageAttackConfig:
     """The typed, fully resolved config of the image attack ``values["attack"]`` from the flat
     config values (None: the attack's default). ``bn_statistics_shared``: whether the update
     carries the client's BN batch statistics (GradInversion's default BN prior follows it).
-    ``fallback``: for attack "auto", the optimisation attack it falls back to (the case chooses
-    it: GradInversion for batches and aggregates, iDLG for one image); the flags given go to it.
+    ``portfolio``: for attack "auto", the optimisation attacks it runs when no closed form explains
+    the update (the case chooses them: attacks.auto.auto_portfolio; ``values["fallback"]``, when
+    given, narrows it to that one attack); each member reads the flags given that apply to it, and
+    a flag no member reads is an error.
     ``layers``: the attacked model's (parameter tensors, BN layers), which GradInversion's preset
     alphas (gradinversion.per_layer) and IG's default alpha_TV (ig.ig_alpha_tv) are scaled to;
     None: the reference model."""
@@ -219,10 +229,7 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     if values.get("fallback") is not None and attack != "auto":
         raise ConfigError(f"option --fallback applies to attack 'auto', not to {attack!r}")
     if attack == "auto":
-        chosen = values.get("fallback") or fallback or "idlg"
-        inner = resolve_attack({**values, "attack": chosen, "fallback": None}, bn_statistics_shared=bn_statistics_shared,
-                               layers=layers)
-        return AutoConfig(seed=int(values.get("seed", 0)), fallback=inner)  # type: ignore[arg-type]
+        return _resolve_auto(values, bn_statistics_shared, portfolio, layers)
     known = applicable(attack)
     check_flags(attack, values, known)
     given = {k: values[k] for k in known if values.get(k) is not None and not (k == "box" and values[k] is False)}
@@ -236,6 +243,24 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(f"{attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+def _resolve_auto(values: Mapping[str, Any], bn_statistics_shared: bool, portfolio: tuple[str, ...] | None,
+                  layers: tuple[int, int] | None) -> AutoConfig:
+    names = (str(values["fallback"]),) if values.get("fallback") else tuple(portfolio or ("idlg",))
+    rest = {**values, "fallback": None}
+    if len(names) == 1:  # one member reads every flag given (and refuses those it does not read)
+        members = [resolve_attack({**rest, "attack": names[0]}, bn_statistics_shared=bn_statistics_shared, layers=layers)]
+    else:
+        reads = {name: applicable(name) for name in names}
+        for flag in given_flags(values):
+            if not any(flag in known for known in reads.values()):
+                raise ConfigError(f"option --{flag.replace('_', '-')} applies to none of the attacks auto runs "
+                                  f"here ({', '.join(names)})")
+        members = [resolve_attack({**{k: v for k, v in rest.items() if k not in FLAT_FIELDS or k in reads[name]},
+                                   "attack": name}, bn_statistics_shared=bn_statistics_shared, layers=layers)
+                   for name in names]
+    return AutoConfig(seed=int(values.get("seed", 0)), portfolio=tuple(members))  # type: ignore[arg-type]
 
 
 def _resolve_gradinversion(given: dict[str, Any], bn_statistics_shared: bool,
@@ -286,4 +311,4 @@ def _gradinversion(cfg: GradInversionConfig, update: SharedUpdate, model: ModelS
 
 __all__ = ["AnalyticConfig", "AutoConfig", "CLOSED_FORM", "DLGConfig", "ImprintConfig", "RGAPConfig",
            "OptimisationConfig", "FLAT_FIELDS", "GradInversionConfig", "IDLGConfig", "IGConfig", "IMAGE_ATTACK_CONFIGS",
-           "ImageAttackConfig", "applicable", "check_flags", "resolve_attack"]
+           "ImageAttackConfig", "applicable", "check_flags", "given_flags", "resolve_attack"]

@@ -345,7 +345,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
                 result.wall_seconds = time.perf_counter() - start
                 if session.directory is not None:
                     session.save(run.snapshot())
-                raise Interrupted(session.interrupted, phase, t, session.directory, session.resume_hint)
+                raise Interrupted(session.interrupted, session.scope + phase, t, session.directory, session.resume_hint)
             lr_t = learning_rate(settings, t) * run.lr_scale
             for group in opt.param_groups:
                 group["lr"] = lr_t

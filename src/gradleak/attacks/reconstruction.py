@@ -20,6 +20,8 @@ class Reconstruction:
     extra:       attack-specific numbers for metrics.json (final gradient distance, restarts, the
                  verdict's evidence: see verdict.py). What settings ran is the typed attack config
                  (configs.py), which the pipeline records in config.json and metrics.json.
+    alternatives: (attack, answer) of the other attacks ``auto`` ran on the same update (auto.py),
+                 which the pipeline scores too: the verdict is the worst case over them.
     """
 
     images: torch.Tensor
@@ -30,6 +32,7 @@ class Reconstruction:
     wall_seconds: float = 0.0
     label_method: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    alternatives: list[tuple[str, "Reconstruction"]] = field(default_factory=list, repr=False)
 
     @property
     def size(self) -> int:

@@ -40,7 +40,7 @@ import signal
 import threading
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -369,7 +369,10 @@ class Session:
     optimisation phase (0: only on SIGINT/SIGTERM). retries: divergence recoveries allowed per
     phase, each multiplying the learning rate by ``backoff``. pending: the loaded state to resume
     from (consumed by the phase it belongs to). config: written next to the state (config.json).
-    resume_hint: what to print after ``--resume``.
+    resume_hint: what to print after ``--resume``. scope: the attack running when one run holds
+    several (``auto``'s portfolio: "dlg/", "gradinversion/", ...), prefixed to the phases it
+    saves; a saved state of another scope is left for its own attack (the attacks before it rerun
+    from their start: deterministic on the same CPU and threads, so they end as they did).
     """
 
     directory: Path | None = None
@@ -385,20 +388,24 @@ class Session:
     diverged: dict[str, Any] | None = None
     resumed_at: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: int = 0
+    scope: str = ""
 
     def provide(self, name: str, hooks: StateHooks) -> None:
         self.providers[name] = hooks
 
     # -- resuming
+    def _pending_here(self) -> bool:
+        return self.pending is not None and self.pending.phase.startswith(self.scope)
+
     def pending_phase(self) -> str | None:
-        return self.pending.phase if self.pending is not None else None
+        return self.pending.phase[len(self.scope):] if self.pending is not None and self._pending_here() else None
 
     def take_pending(self, phase: str) -> Snapshot | None:
-        if self.pending is None:
+        if self.pending is None or not self._pending_here():
             return None
-        if self.pending.phase != phase:
+        if self.pending.phase != self.scope + phase:
             raise StateFileError(f"the saved state belongs to phase {self.pending.phase!r} but the attack "
-                                 f"started {phase!r} (saved by another gradleak version or config?)")
+                                 f"started {self.scope + phase!r} (saved by another gradleak version or config?)")
         snap, self.pending = self.pending, None
         return snap
 
@@ -413,7 +420,7 @@ class Session:
 
     def save(self, snap: Snapshot) -> None:
         if self.directory is not None:
-            save_state(self.directory, snap, self.config)
+            save_state(self.directory, replace(snap, phase=self.scope + snap.phase) if self.scope else snap, self.config)
             self.checkpoints += 1
 
     @contextlib.contextmanager

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..attacks.auto import auto_fallback
+from ..attacks.auto import auto_portfolio
 from ..attacks.configs import resolve_attack
 from ..attacks.gradinversion import layer_counts
 from ..attacks.reconstruction import Reconstruction
@@ -183,14 +183,33 @@ class ImageCase(Case):
         # A model without BatchNorm has no batch statistics to share: "exact" is then vacuous.
         shared = bool(self.update.meta.bn_statistics_shared) or not _has_batchnorm(self.model)
         values = cfg.model_dump()
-        # the default attack, auto, falls back to batch recovery (GradInversion) on an aggregate of
-        # several clients once no closed form explains it (attacks/auto.py)
-        fallback = auto_fallback(self.update) if values["attack"] == "auto" else None
-        return resolve_attack(values, bn_statistics_shared=shared, fallback=fallback,
+        # the default attack, auto, runs a portfolio of optimisation attacks chosen by the case
+        # (a batch, an aggregate, one image) once no closed form explains the update (attacks/auto.py)
+        portfolio = auto_portfolio(self.update) if values["attack"] == "auto" else None
+        return resolve_attack(values, bn_statistics_shared=shared, portfolio=portfolio,
                               layers=layer_counts(self.model.module))
 
     def observer(self) -> PSNRObserver | None:
         return PSNRObserver(self.truth) if self.truth is not None else None
+
+    def undefended(self) -> "ImageCase":
+        """The positive control's case for an update file with its truth file: the same model
+        (as the file records it) and the true batch, shared without the defenses. Only for FedSGD
+        of one client, which the files determine; FedAvg's private shuffling and an aggregate's
+        other clients are not in them (ConfigError, and the verdict stays inconclusive)."""
+        from ..fl import fedsgd
+        from ..fl.threats import ThreatModel
+
+        meta = self.update.meta
+        threat = ThreatModel.from_record(meta.threat)
+        if self.truth is None:
+            raise ConfigError("a positive control needs the client's true batch (--truth)")
+        if threat.name != "fedsgd" or threat.clients > 1:
+            raise ConfigError(f"a positive control of a {threat.name} update file needs what the files do not hold "
+                              "(the client's private shuffling, the other clients' data): run the attack on a "
+                              "simulated client (no --update) to get one")
+        update = fedsgd(self.model, self.truth, share_bn_statistics=meta.bn_statistics_shared)
+        return ImageCase(update=update, model=self.model, truth=self.truth, data=self.data)
 
     def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
         if cfg.update:

@@ -101,8 +101,8 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
             result, attack = attack_case(cfg, case, session=session, shard=shard, device=device)
         if result.rank:
             return result
-        if cfg.update is None and needs_control(evidence_from_metrics(result.metrics)):
-            result.metrics = with_control(cfg, result.metrics, device)
+        if needs_control(evidence_from_metrics(result.metrics)):
+            result.metrics = with_control(cfg, case, result.metrics, device)
         if write:
             result.run_dir = write_run(out, recorded_config(cfg, case, attack, out), case, result.reconstruction,
                                        result.metrics, result.history, stage=stage)
@@ -154,9 +154,11 @@ def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> At
     """config.json: the flat config with what the case stands for (an update file's values, the
     model a default resolved to) and every resolved constant of the attack that ran."""
     dumped = attack.model_dump()
-    if isinstance(dumped.get("fallback"), dict):  # auto: its fallback's constants as flat flags
-        inner = dumped.pop("fallback")
+    portfolio = dumped.pop("portfolio", None)
+    if isinstance(portfolio, list) and len(portfolio) == 1:  # auto with one member: its constants as flat flags
+        inner = portfolio[0]
         dumped = {**{k: v for k, v in inner.items() if k != "attack"}, **dumped, "fallback": inner["attack"]}
+    # (several members: each resolves its own defaults again from the flags given, which cfg holds)
     resolved = {k: v for k, v in dumped.items() if k in AttackConfig.model_fields}
     return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
 
@@ -183,8 +185,8 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
     if not conv["converged"] and family in ("dlg", "idlg") and int(clients or 1) > 1:
         conv["reason"] += (f"; {family} attacks the average of {clients} clients as one batch of all their images "
-                           f"(it rebuilds them when it converges, not which client sent which; GradInversion is "
-                           f"auto's fallback for aggregates)")
+                           f"(it rebuilds them when it converges, not which client sent which; auto runs "
+                           f"GradInversion and Inverting Gradients on aggregates too)")
     if session.diverged is not None:
         conv.update(converged=False, reason="the attack diverged (NaN/Inf) beyond its retries")
     metrics["converged"], metrics["convergence"] = conv["converged"], conv
@@ -197,9 +199,29 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     epsilon = dp_epsilon_of(case.update.meta.defenses)
     if epsilon is not None:
         metrics["dp_epsilon"], metrics["dp_delta"] = epsilon
+    if getattr(recon, "alternatives", None) and case.truth is not None:
+        score_portfolio(cfg, case, recon, metrics, device)
     # the verdict on the client (outcome.py): the same rules for every surface
     metrics.update(judge(evidence_from_metrics(metrics)).to_dict())
     return metrics
+
+
+def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str, Any], device: torch.device) -> None:
+    """With ground truth, the answers of the other attacks ``auto`` ran are scored as well, each
+    judged on its own (recorded in ``metrics["auto"]["tried"]``): the run's verdict is the worst
+    case over all of them (outcome.py: a leak by any is a leak of the client), while the answer
+    kept and shown stays the attacker's choice, the one that explains the update best."""
+    floor = noise_floor(case.update)
+    entries = {t.get("attack"): t for t in metrics["auto"]["tried"]}
+    for name, alt in recon.alternatives:
+        m = case.metrics(cfg, alt, device)
+        conv = verdict(name, alt.extra, floor).to_dict()
+        m.update(attack=name, relative_gradient_distance=alt.extra.get("relative_gradient_distance"),
+                 converged=conv["converged"], convergence=conv)
+        judged = judge(evidence_from_metrics(m))
+        entries[name].update(psnr_mean=m.get("psnr_mean"), ssim_mean=m.get("ssim_mean"), verdict=judged.verdict,
+                             verdict_reason=judged.reason)
+    entries[metrics["attack"]].update(psnr_mean=metrics.get("psnr_mean"), ssim_mean=metrics.get("ssim_mean"))
 
 
 def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:
@@ -216,17 +238,19 @@ def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:
     return None
 
 
-def with_control(cfg: AttackConfig, metrics: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def with_control(cfg: AttackConfig, case: Case, metrics: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """``metrics`` judged with a positive control: the same attack, model, data and seed on the
-    update without the defenses (outcome.py: "defended" needs the undefended update to leak).
-    Run only when everything else says "defended"; recorded under ``control``."""
+    update without the defenses (outcome.py: "defended" needs the undefended update to leak): a
+    simulated client is simulated again without ``--defense``; an update file's is its truth shared
+    without defenses (Case.undefended). Run only when everything else says "defended"; recorded
+    under ``control``."""
     # the same attack as the one judged (auto: the member it used), not auto again, which could
     # leak through another attack and prove nothing about this one
     attack = str(metrics.get("attack") or cfg.attack)
     ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False, "attack": attack,
                                   "fallback": None if attack != "auto" else cfg.fallback})
     try:
-        cres, _ = attack_case(ccfg, build_case(ccfg), device=device)
+        cres, _ = attack_case(ccfg, build_case(ccfg) if cfg.update is None else case.undefended(), device=device)
     except Exception as exc:   # noqa: BLE001 - no control (any error): the verdict stays inconclusive, the run ends
         metrics["control"] = {"verdict": "failed", "attack": attack,
                               "verdict_reason": one_line(f"{type(exc).__name__}: {exc}")}
@@ -249,4 +273,5 @@ def observed_history(case: Case, recon: Any, observer: Any) -> list[dict[str, An
     return history
 
 
-__all__ = ["attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name", "run_shard"]
+__all__ = ["attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name",
+           "run_shard", "score_portfolio"]

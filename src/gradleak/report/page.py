@@ -20,6 +20,7 @@ from typing import Any
 
 from gradleak.errors import DataError
 from gradleak.paths import atomic_write_bytes
+from gradleak.outcome import tried_summary
 
 #: No script, font, stylesheet, frame or image from anywhere; images only as data: URIs.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -158,9 +159,7 @@ def verdict_notice(metrics: Mapping[str, Any]) -> str:
     auto = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else None
     chosen = ""
     if auto is not None:  # --attack auto: which attack it used, and why
-        tried = ", ".join(escape(f"{t.get('attack')} ({'converged' if t.get('converged') else 'not converged'})"
-                                 if t.get("applies") else f"{t.get('attack')} (does not apply)")
-                          for t in auto.get("tried", []) if isinstance(t, Mapping))
+        tried = escape(tried_summary(auto))
         chosen = (f'<p class="sub"><b>auto</b> used {escape(str(auto.get("used")))}: {escape(str(auto.get("why")))}. '
                   f"Tried: {tried}.</p>")
     outcome = outcome_notice(metrics)

@@ -52,11 +52,13 @@ CHANGED_DEFAULTS: dict[tuple[str, str], str] = {
     ("ig", "alpha_tv"): "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
     ("gradinversion", "alpha_g"): "preset x reference / parameter tensors since 2026-11-25",
     ("gradinversion", "alpha_bn"): "preset x reference / BN layers since 2026-11-25",
+    ("auto", "fallback"): "a portfolio on batches and aggregates (DLG, GradInversion, IG) since 2026-11-27 "
+                          "(GradInversion alone before)",
 }
-# The optimisation attacks "auto" may fall back to when its fallback is not given
-# (attacks.auto.auto_fallback chooses by the case; sweep does not import the attacks, so this is
-# data, and tests/test_sweep.py checks it lists exactly auto_fallback's choices).
-AUTO_FALLBACKS = ("gradinversion", "idlg")
+# The optimisation attacks "auto" may run when its fallback is not given (attacks.auto.auto_portfolio
+# chooses them by the case; sweep does not import the attacks, so this is data, and
+# tests/test_sweep.py checks it lists exactly the attacks auto_portfolio can choose).
+AUTO_PORTFOLIO = ("dlg", "gradinversion", "idlg", "ig")
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
              "progress": "the sweep shows one progress bar for all cells"}
@@ -111,10 +113,11 @@ def cell_identity(config: dict[str, Any], exclude: frozenset[str] | set[str] = f
 
 def changed_defaults(config: dict[str, Any]) -> dict[str, str]:
     """The CHANGED_DEFAULTS this config runs under: the fields it leaves unset whose default changed,
-    as ``attack.field`` -> the default now (for "auto" without a fallback, every attack it may
-    fall back to)."""
+    as ``attack.field`` -> the default now (for "auto" without a fallback, its own and those of
+    every attack its portfolio may run)."""
     attack = config.get("attack")
-    attacks = ((config.get("fallback"),) if config.get("fallback") else AUTO_FALLBACKS) if attack == "auto" else (attack,)
+    attacks = (((config.get("fallback"),) if config.get("fallback") else ("auto", *AUTO_PORTFOLIO)) if attack == "auto"
+               else (attack,))
     return {f"{a}.{f}": tag for (a, f), tag in CHANGED_DEFAULTS.items() if a in attacks and config.get(f) is None}
 
 
