@@ -221,7 +221,9 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
         judged = judge(evidence_from_metrics(m))
         entries[name].update(psnr_mean=m.get("psnr_mean"), ssim_mean=m.get("ssim_mean"), verdict=judged.verdict,
                              verdict_reason=judged.reason)
-    entries[metrics["attack"]].update(psnr_mean=metrics.get("psnr_mean"), ssim_mean=metrics.get("ssim_mean"))
+    own = judge(evidence_from_metrics({k: v for k, v in metrics.items() if k != "auto"}))   # the kept answer alone
+    entries[metrics["attack"]].update(psnr_mean=metrics.get("psnr_mean"), ssim_mean=metrics.get("ssim_mean"),
+                                      verdict=own.verdict, verdict_reason=own.reason)
 
 
 def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:
