@@ -8,6 +8,7 @@ weight gradient first, then optimise the image alone.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -51,7 +52,7 @@ DLG_DEFAULTS = dict(iterations=300, lr=1.0, optimizer="lbfgs", dtype="float64")
 # (below) is cut short and replaced. The answer is the trial with the smallest gradient distance:
 # the attacker's own objective, never the ground truth.
 # Why several inits: on a trained checkpoint the N(0, 1) start of DLG's code fails where the
-# mid-grey start succeeds (issue 17: 3.8 dB vs 44.5 dB on the same image), and on an untrained
+# mid-grey start succeeds (measured: 3.8 dB vs 44.5 dB on the same image), and on an untrained
 # LeNet the opposite happens for some photos.
 INIT_PORTFOLIO = ("randn", "zeros", "rand")
 DLG_RESTARTS = 3   # trials beyond the first (the default --stall-restarts)
@@ -71,9 +72,9 @@ STALL_FAR = 1e-4
 # it rebuilt the data.
 RESTART_BELOW = 1e-4
 
-# Settled (issue 20, "stop when converged"): a trial ends once its best relative gradient distance
-# is at or below the verdict's line (verdict.CONVERGED_BELOW, plus the defenses' noise floor: the
-# answer explains the update) AND improved by less than SETTLE_PROGRESS (relative) over the last
+# Settled ("stop when converged"): a trial ends once its best relative gradient distance is at or
+# below the verdict's line (verdict.CONVERGED_BELOW, plus the defenses' noise floor: the answer
+# explains the update) AND improved by less than SETTLE_PROGRESS (relative) over the last
 # SETTLE_PATIENCE L-BFGS steps: the remaining budget would polish, not find. Measured on the
 # DLG job (benchmarks/stop_rules.json, 8 photos, run live): 1938 L-BFGS steps instead of
 # 2422 (6 of 8 runs end early, at 186-288 steps), the whole budget's PSNR to 0.2 dB, the same 7 of
@@ -181,12 +182,252 @@ def _order_matters(victim: UpdateSimulator) -> bool:
     return len(victim.steps) > 1 and any(len(s) < victim.client_batch for s in victim.steps)
 
 
+def _gradient_unit(update: SharedUpdate) -> float:
+    """The factor that puts DLG's objective in gradient units. A FedAvg update W_S - W_0 is -lr
+    times a sum of gradients: divided by lr^2 it is on the scale DLG's L-BFGS settings (absolute
+    tolerances, the first step) are made for. The minimiser is the same; without it, one local
+    step at lr 0.1 stopped at 3e-8 / 39.7 dB where the same update read as a gradient reached
+    4e-9 / 52.2 dB."""
+    threat = ThreatModel.from_record(update.meta.threat)
+    return 1.0 / threat.local_lr ** 2 if threat.client_threat == "fedavg" else 1.0
+
+
+def _restored_labels(update: SharedUpdate, model: ModelSpec, victim: UpdateSimulator, k: int,
+                     name: str) -> tuple[list[torch.Tensor | None], str]:
+    """iDLG's hard labels read off the classifier gradient, as the label-to-slot assignments the
+    trials go through, and the method that restored them."""
+    fc = label_evidence(update, model.classifier_name)
+    if k > fc.shape[0]:
+        raise ConfigError(f"{name}: the batch of {k} is larger than the model's {fc.shape[0]} classes; {name} "
+                          "restores distinct labels (use dlg, whose soft labels may repeat)")
+    if k == 1:
+        labels, label_method = torch.tensor([idlg_label(fc)]), "idlg"
+    else:  # iDLG is defined for one sample; for batches use the batch rule (GradInversion Eq. 8)
+        labels, label_method = gradinversion_labels(fc, k), "gradinversion"
+    return list(label_assignments(labels) if _order_matters(victim) else [labels]), label_method
+
+
+def _loop_settings(s: AttackSettings, name: str, dtype: torch.dtype,
+                   k: int) -> tuple[LoopSettings, LoopSettings | None]:
+    """The L-BFGS settings of a trial's DLG stage and of its total-variation warm-up (None
+    for one image)."""
+    tight = dtype == torch.float64  # float64 can follow the gradient far below float32's noise floor
+    loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
+                        progress=s.progress, description=name, lbfgs_line_search=LBFGS_LINE_SEARCH,
+                        lbfgs_tolerance_grad=1e-14 if tight else 1e-7,
+                        lbfgs_tolerance_change=1e-16 if tight else 1e-9)
+    # A batch of K > 1 images (FedSGD batches, FedAvg over several local steps): the first
+    # PRIOR_FRACTION of each trial's steps minimise the relative gradient distance plus
+    # PRIOR_TV x total variation, the rest DLG's objective alone (the answer is judged on that).
+    prior_steps = int(int(s.iterations) * PRIOR_FRACTION) if k > 1 else 0
+    if prior_steps <= 0:
+        return loop, None
+    # strong Wolfe line search: the TV term is not smooth, and lr-1 steps without a line
+    # search can leave the finite range there
+    prior_loop = replace(loop, iterations=prior_steps, description=f"{name} (prior)",
+                         lbfgs_line_search="strong_wolfe")
+    return replace(loop, iterations=int(s.iterations) - prior_steps), prior_loop
+
+
+def _resume_point(engine: Engine, name: str, last: int) -> tuple[int, str | None]:
+    """The trial a resumed run continues with (0 for a fresh run) and the saved phase."""
+    resuming = engine.resume_phase()
+    if resuming is None:
+        return 0, None
+    match = re.fullmatch(r"trial-(\d+)(-prior)?", resuming)
+    if match is None or int(match.group(1)) > last:
+        raise StateFileError(f"the saved state belongs to phase {resuming!r}, not to a {name} trial")
+    return int(match.group(1)), resuming
+
+
+@dataclass
+class _Trial:
+    """One start of the portfolio: its index, its generator and its variables (the dummy images
+    x' and, for DLG, the dummy soft labels y'), and the labels the objective uses."""
+
+    index: int
+    gen: torch.Generator
+    x: torch.Tensor
+    y_soft: torch.Tensor | None
+    target_labels: torch.Tensor
+
+    @property
+    def variables(self) -> list[torch.Tensor]:
+        return [self.x] if self.y_soft is None else [self.x, self.y_soft]
+
+
+@dataclass
+class _Portfolio:
+    """What a DLG/iDLG run's trials share: the simulated client, the loop settings, the scales of
+    the objective and the stop lines, and the resumable state across trials (``outer``)."""
+
+    model: ModelSpec
+    victim: UpdateSimulator
+    engine: Engine
+    s: AttackSettings
+    outer: DLGTrials
+    loop: LoopSettings
+    prior_loop: LoopSettings | None
+    assignments: list[torch.Tensor | None]
+    scale: float       # 1 / ||u||^2: the relative gradient distance
+    unit: float        # gradient units (_gradient_unit)
+    explained: float   # restarts stop below this (RESTART_BELOW plus the defenses' floor)
+    settled_below: float   # the verdict's line (SETTLE_*)
+    stop: str
+    last: int          # the last trial's index
+    dtype: torch.dtype
+    device: torch.device
+
+    def relative(self, history: list[dict[str, float]]) -> list[dict[str, float]]:
+        return [{"loss": h["loss"] * self.scale / self.unit} for h in history]
+
+    def _recent(self, history: list[dict[str, float]]) -> list[dict[str, float]]:
+        return self.relative(history[-(max(STALL_PATIENCE, SETTLE_PATIENCE) + 1) * 8:])
+
+    def should_stop(self, history: list[dict[str, float]], *, can_restart: bool) -> bool:
+        recent = self._recent(history)
+        if self.stop == "settled" and _settled(recent, self.settled_below):
+            return True
+        return can_restart and _stalled(recent)
+
+    def start(self, index: int) -> _Trial:
+        """Trial ``index``'s start, drawn from seed (s.seed, index): reproducible; for one image
+        trial 0 is plain DLG (a batch gets the TV warm-up first, PRIOR_TV)."""
+        outer, model, s = self.outer, self.model, self.s
+        k = outer.images_shape[0]
+        outer.trials += 1
+        per_init = len(self.assignments)
+        init = init_for_trial(s.init, index, per_init)
+        outer.inits = [*outer.inits, init]
+        gen = torch.Generator().manual_seed(s.seed + 1_000_003 * index)
+        x = initial_images(model, outer.images_shape, init, gen, self.dtype).to(self.device).requires_grad_(True)
+        y_soft = None
+        hard = self.assignments[index % per_init]
+        if hard is None:
+            # DLG's dummy label: N(0, 1) logits, softmax'd in the loss.
+            y_soft = torch.randn((k, model.num_classes), generator=gen,
+                                 dtype=self.dtype).to(self.device).requires_grad_(True)
+        target_labels = y_soft if y_soft is not None else hard.to(self.device)
+        return _Trial(index=index, gen=gen, x=x, y_soft=y_soft, target_labels=target_labels)
+
+    def dlg_objective(self, trial: _Trial) -> Callable[[], torch.Tensor]:
+        """DLG's squared L2 gradient distance, in gradient units."""
+        victim, unit, x, labels = self.victim, self.unit, trial.x, trial.target_labels
+
+        def objective() -> torch.Tensor:
+            return squared_l2(victim(x, labels), victim.target) * unit
+        return objective
+
+    def prior_objective(self, trial: _Trial) -> Callable[[], torch.Tensor]:
+        """The warm-up's relative gradient distance plus PRIOR_TV x the images' total variation."""
+        victim, scale, x, labels = self.victim, self.scale, trial.x, trial.target_labels
+
+        def objective() -> torch.Tensor:
+            return squared_l2(victim(x, labels), victim.target) * scale + PRIOR_TV * tv_l1_mean(x)
+        return objective
+
+    def run_stage(self, trial: _Trial, objective: Callable[[], torch.Tensor], settings: LoopSettings, phase: str,
+                  stop_rule: Callable[[list[dict[str, float]]], bool] | None, stage: str) -> LoopResult:
+        """One optimisation of the trial's variables; its steps and time join ``outer``'s."""
+        outer, observer = self.outer, self.engine.observer
+        log = None
+        if observer is not None:
+            model, x, base = self.model, trial.x, outer.done
+
+            def log(t: int) -> None:
+                observer(base + t, to_pixels(model, x))
+        res = self.engine.optimise(trial.variables, objective, settings, generator=trial.gen, on_log=log,
+                                   log_every=self.s.log_every, should_stop=stop_rule, state=outer, phase=phase)
+        done = outer.done
+        outer.history = [*outer.history, *({"iteration": done + h["iteration"], "loss": h["loss"],
+                                             "trial": trial.index, "stage": stage} for h in res.history)]
+        outer.done = done + res.iterations
+        outer.wall += res.wall_seconds
+        return res
+
+    def run_trial(self, trial: _Trial, *, warm_up: bool) -> LoopResult:
+        """The trial's warm-up (a multi-image update; skipped when ``warm_up`` is False: resumed
+        after it), then DLG's objective unless the warm-up diverged. Returns the last stage's result."""
+        i = trial.index
+        if self.prior_loop is not None and warm_up:
+            res = self.run_stage(trial, self.prior_objective(trial), self.prior_loop, f"trial-{i}-prior", None,
+                                 "prior")
+            if res.diverged is not None:
+                return res
+        stop_rule = functools.partial(self.should_stop, can_restart=i < self.last)
+        return self.run_stage(trial, self.dlg_objective(trial), self.loop, f"trial-{i}", stop_rule, "dlg")
+
+    def _ending(self, res: LoopResult, stalled: bool) -> str:
+        """Why this start ended before its budget ("" when it did not; the verdict says it, not
+        "out of budget")."""
+        if res.diverged is not None or res.iterations >= self.loop.iterations:
+            return ""
+        why = ("its objective settled (improving less than 1 % over its last steps)"
+               if self.stop == "settled" and _settled(self._recent(res.history), self.settled_below) else
+               "it stalled" if stalled else "L-BFGS made no further progress (its line search found no descent)")
+        return f"stopped after {res.iterations} of {self.loop.iterations} iterations: {why}"
+
+    def keep_if_best(self, trial: _Trial, res: LoopResult) -> bool:
+        """Score the trial's answer by the attacker's objective and keep it if it is the best so
+        far. Returns whether the trial stalled."""
+        victim, model, outer, x = self.victim, self.model, self.outer, trial.x
+        labels = trial.target_labels
+        with torch.enable_grad():
+            simulated = [g.detach() for g in victim(x.detach(), labels.detach(), create_graph=False)]
+            # the verdict's evidence: the answer as it is reported (pixels clamped to [0, 1]),
+            # with the labels the objective used (soft or hard)
+            answer = model.normalize(to_pixels(model, x).to(self.device, self.dtype))
+            rel = relative_distance(victim(answer, labels.detach(), create_graph=False), victim.target)
+        dist = float(squared_l2(simulated, victim.target))
+        stalled = _stalled(self.relative(res.history))
+        ended = self._ending(res, stalled)
+        trial_labels = trial.y_soft.detach().argmax(dim=-1) if trial.y_soft is not None else labels
+        better = math.isfinite(rel) and (outer.best_relative is None or rel < outer.best_relative)
+        if outer.best_distance is None or better:
+            outer.best_distance, outer.best_relative, outer.best_images = dist, rel, x.detach().clone()
+            outer.best_labels, outer.best_stalled, outer.best_trial = trial_labels.clone(), stalled, trial.index
+            outer.best_ended = ended
+        return stalled
+
+    def another_start(self, index: int, res: LoopResult, stalled: bool) -> bool:
+        """Whether the portfolio goes on to trial ``index + 1`` (if the restarts allow one)."""
+        if res.diverged is not None:
+            return False  # the loop gave up on this trial: the run stops here (the pipeline reports it)
+        if index + 1 < len(self.assignments):
+            return True  # every label-to-step assignment is tried
+        best_rel = self.outer.best_relative if self.outer.best_relative is not None else math.inf
+        if best_rel <= self.explained:
+            return False  # the best answer explains the shared update: no further start
+        # a budget too short to judge a start (smoke runs): another start would not do better
+        return stalled or res.iterations > STALL_PATIENCE
+
+    def reconstruction(self, label_method: str) -> Reconstruction:
+        """The best trial's answer, with every trial's steps and time."""
+        outer, model = self.outer, self.model
+        history, done, wall, trials = outer.history, outer.done, outer.wall, outer.trials
+        assert outer.best_images is not None and outer.best_labels is not None and outer.best_distance is not None
+        dist, x_best = outer.best_distance, outer.best_images.to(self.device, self.dtype)
+        labels_best = outer.best_labels.to(self.device)
+        # "iterations" (metrics.json, Reconstruction.iterations) is every L-BFGS step run over all the
+        # starts; the budget each start was given is iterations_per_start (the --iterations asked for)
+        extra = {"iterations_per_start": int(self.s.iterations),
+                 "gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
+                 "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > max(STALL_FAR, self.explained)),
+                 "restarts_used": trials - 1, "trials": trials, "best_trial": outer.best_trial,
+                 "trial_inits": list(outer.inits)}
+        if len(self.assignments) > 1:
+            extra["label_assignments"] = len(self.assignments)
+        if outer.best_ended:
+            extra["stop_reason"] = outer.best_ended
+        return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
+                              iterations=done, wall_seconds=wall, label_method=label_method, extra=extra)
+
+
 @attack_precision
 def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None,
          *, restore_labels: bool, name: str, restarts: int, engine: Engine | None,
          stop: str = "settled") -> Reconstruction:
     engine = engine if engine is not None else Engine(device=settings.device, observer=observer)
-    observer = engine.observer
     s = settings.with_defaults(**DLG_DEFAULTS)
     dtype = s.torch_dtype()
     device = s.torch_device()
@@ -198,40 +439,10 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     settled_below = converged_below(name, noise_floor(update))  # the verdict's line (SETTLE_*)
     norm2 = sum(float(t.detach().double().pow(2).sum()) for t in victim.target)
     scale = 1.0 / norm2 if norm2 > 0 else 1.0
-    # A FedAvg update W_S - W_0 is -lr times a sum of gradients: DLG's objective is measured in
-    # gradient units (divided by lr^2), the scale its L-BFGS settings (absolute tolerances, the
-    # first step) are made for. The minimiser is the same; without it, one local step at lr 0.1
-    # stopped at 3e-8 / 39.7 dB where the same update read as a gradient reached 4e-9 / 52.2 dB.
-    threat = ThreatModel.from_record(update.meta.threat)
-    unit = 1.0 / threat.local_lr ** 2 if threat.client_threat == "fedavg" else 1.0
-    assignments: list[torch.Tensor | None] = [None]
-    label_method = "soft"
-    if restore_labels:
-        fc = label_evidence(update, model.classifier_name)
-        if k > fc.shape[0]:
-            raise ConfigError(f"{name}: the batch of {k} is larger than the model's {fc.shape[0]} classes; {name} "
-                              "restores distinct labels (use dlg, whose soft labels may repeat)")
-        if k == 1:
-            labels, label_method = torch.tensor([idlg_label(fc)]), "idlg"
-        else:  # iDLG is defined for one sample; for batches use the batch rule (GradInversion Eq. 8)
-            labels, label_method = gradinversion_labels(fc, k), "gradinversion"
-        assignments = list(label_assignments(labels) if _order_matters(victim) else [labels])
-    tight = dtype == torch.float64  # float64 can follow the gradient far below float32's noise floor
-    loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
-                        progress=s.progress, description=name, lbfgs_line_search=LBFGS_LINE_SEARCH,
-                        lbfgs_tolerance_grad=1e-14 if tight else 1e-7,
-                        lbfgs_tolerance_change=1e-16 if tight else 1e-9)
-    # A batch of K > 1 images (FedSGD batches, FedAvg over several local steps): the first
-    # PRIOR_FRACTION of each trial's steps minimise the relative gradient distance plus
-    # PRIOR_TV x total variation, the rest DLG's objective alone (the answer is judged on that).
-    prior_steps = int(int(s.iterations) * PRIOR_FRACTION) if k > 1 else 0
-    prior_loop = None
-    if prior_steps > 0:
-        # strong Wolfe line search: the TV term is not smooth, and lr-1 steps without a line
-        # search can leave the finite range there
-        prior_loop = replace(loop, iterations=prior_steps, description=f"{name} (prior)",
-                             lbfgs_line_search="strong_wolfe")
-        loop = replace(loop, iterations=int(s.iterations) - prior_steps)
+    unit = _gradient_unit(update)
+    assignments, label_method = (_restored_labels(update, model, victim, k, name) if restore_labels
+                                 else ([None], "soft"))
+    loop, prior_loop = _loop_settings(s, name, dtype, k)
     # The variables (K images, and DLG's K x classes soft labels) sized from the metadata: their
     # optimiser state is checked before anything is allocated (loop.MAX_OPTIMIZER_BYTES)
     values = k * math.prod(model.input_shape) + (0 if restore_labels else k * model.num_classes)
@@ -241,118 +452,18 @@ def _run(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, obser
     outer = DLGTrials(images_shape=(k, *model.input_shape))
     # every label assignment is tried at least once, whatever the restarts asked for
     last = max(int(restarts), len(assignments) - 1)
-
-    def relative(history: list[dict[str, float]]) -> list[dict[str, float]]:
-        return [{"loss": h["loss"] * scale / unit} for h in history]
-
-    def should_stop(history: list[dict[str, float]], *, can_restart: bool) -> bool:
-        recent = relative(history[-(max(STALL_PATIENCE, SETTLE_PATIENCE) + 1) * 8:])
-        if stop == "settled" and _settled(recent, settled_below):
-            return True
-        return can_restart and _stalled(recent)
-
-    first = 0
-    resuming = engine.resume_phase()
-    if resuming is not None:
-        match = re.fullmatch(r"trial-(\d+)(-prior)?", resuming)
-        if match is None or int(match.group(1)) > last:
-            raise StateFileError(f"the saved state belongs to phase {resuming!r}, not to a {name} trial")
-        first = int(match.group(1))
-    for trial in range(first, last + 1):
-        outer.trials += 1
-        per_init = len(assignments)
-        init = init_for_trial(s.init, trial, per_init)
-        outer.inits = [*outer.inits, init]
-        # Trial r draws its start from seed (s.seed, r): reproducible; for one image trial 0 is
-        # plain DLG (a batch gets the TV warm-up first, PRIOR_TV).
-        gen = torch.Generator().manual_seed(s.seed + 1_000_003 * trial)
-        x = initial_images(model, (k, *model.input_shape), init, gen, dtype).to(device).requires_grad_(True)
-        diverged = False
-        y_soft = None
-        hard = assignments[trial % per_init]
-        if hard is None:
-            # DLG's dummy label: N(0, 1) logits, softmax'd in the loss.
-            y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
-        variables = [x] if y_soft is None else [x, y_soft]
-        target_labels = y_soft if y_soft is not None else hard.to(device)
-
-        def objective() -> torch.Tensor:
-            return squared_l2(victim(x, target_labels), victim.target) * unit
-
-        def run_stage(objective: Callable[[], torch.Tensor], settings: LoopSettings, phase: str,
-                      stop_rule: Callable[[list[dict[str, float]]], bool] | None, stage: str) -> LoopResult:
-            log = None
-            if observer is not None:
-                base = outer.done
-
-                def log(t: int) -> None:
-                    observer(base + t, to_pixels(model, x))
-            res = engine.optimise(variables, objective, settings, generator=gen, on_log=log, log_every=s.log_every,
-                                  should_stop=stop_rule, state=outer, phase=phase)
-            done = outer.done
-            outer.history = [*outer.history, *({"iteration": done + h["iteration"], "loss": h["loss"], "trial": trial,
-                                                "stage": stage} for h in res.history)]
-            outer.done = done + res.iterations
-            outer.wall += res.wall_seconds
-            return res
-
-        if prior_loop is not None and not (trial == first and resuming == f"trial-{trial}"):
-            # A multi-image update: a short warm-up with a total-variation prior first (below)
-            def prior_objective() -> torch.Tensor:
-                return squared_l2(victim(x, target_labels), victim.target) * scale + PRIOR_TV * tv_l1_mean(x)
-            res = run_stage(prior_objective, prior_loop, f"trial-{trial}-prior", None, "prior")
-            if res.diverged is not None:
-                diverged = True
-        if not diverged:
-            res = run_stage(objective, loop, f"trial-{trial}",
-                            lambda h, last_trial=trial >= last: should_stop(h, can_restart=not last_trial), "dlg")
-        with torch.enable_grad():
-            simulated = [g.detach() for g in victim(x.detach(), target_labels.detach(), create_graph=False)]
-            # the verdict's evidence: the answer as it is reported (pixels clamped to [0, 1]),
-            # with the labels the objective used (soft or hard)
-            answer = model.normalize(to_pixels(model, x).to(device, dtype))
-            rel = relative_distance(victim(answer, target_labels.detach(), create_graph=False), victim.target)
-        dist = float(squared_l2(simulated, victim.target))
-        stalled = _stalled(relative(res.history))
-        ended = ""   # why this start ended before its budget (the verdict says it, not "out of budget")
-        if res.diverged is None and res.iterations < loop.iterations:
-            tail = relative(res.history[-(max(STALL_PATIENCE, SETTLE_PATIENCE) + 1) * 8:])
-            why = ("its objective settled (improving less than 1 % over its last steps)"
-                   if stop == "settled" and _settled(tail, settled_below) else
-                   "it stalled" if stalled else "L-BFGS made no further progress (its line search found no descent)")
-            ended = f"stopped after {res.iterations} of {loop.iterations} iterations: {why}"
-        trial_labels = y_soft.detach().argmax(dim=-1) if y_soft is not None else target_labels
-        better = math.isfinite(rel) and (outer.best_relative is None or rel < outer.best_relative)
-        if outer.best_distance is None or better:
-            outer.best_distance, outer.best_relative, outer.best_images = dist, rel, x.detach().clone()
-            outer.best_labels, outer.best_stalled, outer.best_trial = trial_labels.clone(), stalled, trial
-            outer.best_ended = ended
-        if diverged or res.diverged is not None:
-            break  # the loop gave up on this trial: the run stops here (the pipeline reports it)
-        if trial + 1 < len(assignments):
-            continue  # every label-to-step assignment is tried
-        best_rel = outer.best_relative if outer.best_relative is not None else math.inf
-        if best_rel <= explained:
-            break  # the best answer explains the shared update: no further start
-        if not stalled and res.iterations <= STALL_PATIENCE:
-            # a budget too short to judge a start (smoke runs): another start would not do better
+    portfolio = _Portfolio(model=model, victim=victim, engine=engine, s=s, outer=outer, loop=loop,
+                           prior_loop=prior_loop, assignments=assignments, scale=scale, unit=unit,
+                           explained=explained, settled_below=settled_below, stop=stop, last=last,
+                           dtype=dtype, device=device)
+    first, resuming = _resume_point(engine, name, last)
+    for index in range(first, last + 1):
+        trial = portfolio.start(index)
+        res = portfolio.run_trial(trial, warm_up=not (index == first and resuming == f"trial-{index}"))
+        stalled = portfolio.keep_if_best(trial, res)
+        if not portfolio.another_start(index, res, stalled):
             break
-    history, done, wall, trials = outer.history, outer.done, outer.wall, outer.trials
-    assert outer.best_images is not None and outer.best_labels is not None and outer.best_distance is not None
-    dist, x_best, labels_best = outer.best_distance, outer.best_images.to(device, dtype), outer.best_labels.to(device)
-    # "iterations" (metrics.json, Reconstruction.iterations) is every L-BFGS step run over all the
-    # starts; the budget each start was given is iterations_per_start (the --iterations asked for)
-    extra = {"iterations_per_start": int(s.iterations),
-             "gradient_distance": dist, "relative_gradient_distance": outer.best_relative,
-             "plateau": bool(outer.best_stalled and (outer.best_relative or 0.0) > max(STALL_FAR, explained)),
-             "restarts_used": trials - 1, "trials": trials, "best_trial": outer.best_trial,
-             "trial_inits": list(outer.inits)}
-    if len(assignments) > 1:
-        extra["label_assignments"] = len(assignments)
-    if outer.best_ended:
-        extra["stop_reason"] = outer.best_ended
-    return Reconstruction(images=to_pixels(model, x_best), labels=labels_best.cpu().long(), history=history,
-                          iterations=done, wall_seconds=wall, label_method=label_method, extra=extra)
+    return portfolio.reconstruction(label_method)
 
 
 def dlg(update: SharedUpdate, model: ModelSpec, settings: AttackSettings, observer: Observer | None = None, *,

@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Callable
 
 import torch
 
@@ -64,9 +65,9 @@ from .base import AttackSettings, Observer, initial_images, to_pixels
 from .group import GROUP_MODES, GroupConsistency, group_penalty
 from .labels import LABEL_METHODS, restore_labels
 from .engine import Engine
-from .loop import LoopSettings
-from .priors import (BN_MODES, INITIAL_STATISTICS_NOTE, bn_prior, bn_targets, initial_running_statistics, l2_norm,
-                     total_variation)
+from .loop import LoopResult, LoopSettings
+from .priors import (BN_MODES, INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
+                     l2_norm, total_variation)
 from .reconstruction import Reconstruction
 from .shard import SeedShard
 from .simulate import UpdateSimulator
@@ -180,16 +181,16 @@ PRESETS: dict[str, GradInversionSettings] = {
 }
 
 
-# A preset's alpha_G and alpha_BN are given for the model it was set on and applied per layer
-# (issue 20). Eq. 3 sums one L2 norm per parameter tensor and Eq. 10 one term per BN layer, so
-# with fixed alphas the gradient and BN terms of a deeper network outweigh the image priors
-# (TV, l2, group: Eq. 9, 11), which do not grow with depth: on ResNet-18 (62 tensors, 20 BN
-# layers) the cpu preset's TV weighed 4.4x less against L_grad than on the 14-tensor convnet it
-# was tuned on. Measured on ResNet-18 (CIFAR stem), batches of 4, 200 steps, one seed, no group
-# term, BN approx (benchmarks/presets.py, presets.json): the preset as is 9.3-9.8 dB, per layer
-# 11.6-12.6 dB on three CIFAR-10 batches and four held-out scikit-image photos (one exploratory
-# run with alpha_TV x 3.3 instead: 11.8 dB; issue 20 measured breaching's seethroughgradients at
-# 11.8 dB on the first batch); with the full preset (4 seeds, group term, BN exact) +0.2 dB.
+# A preset's alpha_G and alpha_BN are given for the model it was set on and applied per layer:
+# Eq. 3 sums one L2 norm per parameter tensor and Eq. 10 one term per BN layer, so with fixed
+# alphas the gradient and BN terms of a deeper network outweigh the image priors (TV, l2, group:
+# Eq. 9, 11), which do not grow with depth: on ResNet-18 (62 tensors, 20 BN layers) the cpu
+# preset's TV weighed 4.4x less against L_grad than on the 14-tensor convnet it was tuned on.
+# Measured on ResNet-18 (CIFAR stem), batches of 4, 200 steps, one seed, no group term, BN approx
+# (benchmarks/presets.py, presets.json): the preset as is 9.3-9.8 dB, per layer 11.6-12.6 dB on
+# three CIFAR-10 batches and four held-out scikit-image photos (one exploratory run with
+# alpha_TV x 3.3 instead: 11.8 dB; breaching's seethroughgradients measured 11.8 dB on the first
+# batch); with the full preset (4 seeds, group term, BN exact) +0.2 dB.
 # So a preset's alpha_G is scaled by L_ref / L and its alpha_BN by B_ref / B, where L and B are
 # the attacked model's parameter tensors and BN layers and L_ref, B_ref its reference model's:
 # the reference model itself gets the preset's values unchanged. (Adam is invariant to the
@@ -282,6 +283,143 @@ def seed_generators(seed: int, count: int, start: int = 0, device: torch.device 
 NOISE_STREAM = 7_919
 
 
+def _pixel_box(model: ModelSpec, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel box, [0, 1] per channel, in the model's normalised space: (low, high)."""
+    lo = model.normalize(torch.zeros(1, *model.input_shape, dtype=dtype)).to(device)
+    hi = model.normalize(torch.ones(1, *model.input_shape, dtype=dtype)).to(device)
+    return lo, hi
+
+
+@dataclass
+class _Candidates:
+    """The G seeds' candidate batches x [G, K, C, H, W] this process optimises, and what scores
+    them: the simulated client with the restored labels, the BN targets, the group term."""
+
+    cfg: GradInversionSettings
+    model: ModelSpec
+    victim: UpdateSimulator
+    labels: torch.Tensor
+    targets: BNTargets | None   # the BN statistics R_BN compares (priors.bn_targets), None without R_BN
+    x: torch.Tensor
+    group: GroupConsistency
+    shard: SeedShard
+    noise_gens: list[torch.Generator]
+    box: tuple[torch.Tensor, torch.Tensor] | None
+    last: dict[str, torch.Tensor] = field(default_factory=dict)   # the last step's terms
+
+    @property
+    def consensus(self) -> bool:
+        """Whether the answer is the group's consensus E (else the best seed)."""
+        return self.cfg.final == "consensus" and self.group.active
+
+    def terms(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-candidate loss terms [G] (scaled by their alphas; "distance" = Eq. 3 without
+        alpha_G), from one forward/backward."""
+        cfg = self.cfg
+        grads, stats = self.victim.batched(images, self.labels)
+        distance = self.victim.gradient.layer_l2(grads)
+        out = {"distance": distance, "grad": cfg.alpha_g * distance}              # Eq. 3
+        fid = cfg.alpha_tv * total_variation(images) + cfg.alpha_l2 * l2_norm(images)   # Eq. 9
+        if self.targets is not None:
+            fid = fid + cfg.alpha_bn * bn_prior(stats, self.targets)                   # Eq. 10
+        out["fidelity"] = fid
+        return out
+
+    def objective(self) -> torch.Tensor:
+        x, group, shard = self.x, self.group, self.shard
+        parts = self.terms(x)
+        total = parts["grad"] + parts["fidelity"]
+        if group.active and self.cfg.alpha_group > 0:
+            parts["group"] = self.cfg.alpha_group * group_penalty(x, group.consensus(x))  # Eq. 11
+            total = total + parts["group"]
+        self.last.update({n: v.detach() for n, v in parts.items()})
+        loss = total.sum()  # candidates are independent terms: sum = G separate objectives
+        if shard.distributed:  # report every seed's loss; the other processes' part is a constant
+            loss = loss + (shard.all_reduce_sum(loss.detach()) - loss.detach())
+        return loss
+
+    def noise(self, v: torch.Tensor) -> torch.Tensor:
+        """Sec. 3.5's eta ~ N(0, I), each seed's from its own generator."""
+        eta = torch.stack([torch.randn(v.shape[1:], generator=g, dtype=v.dtype, device=g.device)
+                           for g in self.noise_gens])
+        return eta.to(v.device)
+
+    def after_step(self, t: int) -> None:
+        x, shard = self.x, self.shard
+        if self.box is not None:
+            lo, hi = self.box
+            x.copy_(torch.maximum(torch.minimum(x, hi), lo))  # NaN stays NaN: divergence is still seen
+        if shard.distributed and shard.any(not bool(torch.isfinite(x).all())):
+            x.fill_(float("nan"))  # one process diverged: all of them go back to the last good state
+            return
+        self.group.maybe_register(t, x)
+
+    def answer(self) -> torch.Tensor:
+        """The answer as it stands (collective when the seeds are sharded)."""
+        x, shard = self.x, self.shard
+        if self.consensus:
+            return self.group.consensus(x)
+        score = self.last.get("grad", torch.zeros(x.shape[0])) + self.last.get("fidelity", torch.zeros(x.shape[0]))
+        if shard.distributed:
+            return shard.seed_tensor(x.detach(), int(torch.argmin(shard.all_gather_seeds(score))))
+        return x.detach()[int(torch.argmin(score))]
+
+    def logger(self, observer: Observer | None) -> Callable[[int], None]:
+        """on_log: every process computes answer() (it is collective); the observer sees it."""
+        model = self.model
+
+        def log(t: int) -> None:
+            images = to_pixels(model, self.answer())
+            if observer is not None:
+                observer(t, images)
+        return log
+
+    def final_scores(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+        """Every seed's score and Eq. 3 distance on the final images (no noise, no group term),
+        the candidates (every seed on rank 0, None on the other processes) and the best seed."""
+        x, shard = self.x, self.shard
+        with torch.no_grad():
+            final = self.terms(x.detach())
+        score = torch.nan_to_num(final["grad"] + final["fidelity"], nan=float("inf"))
+        distances = final["distance"]
+        candidates: torch.Tensor | None = x.detach()
+        if shard.distributed:  # every seed's scores everywhere; the candidates to rank 0 only
+            score, distances = shard.all_gather_seeds(score), shard.all_gather_seeds(distances)
+            candidates = shard.gather_seeds(x.detach())
+        return score, distances, candidates, int(torch.argmin(score))
+
+    def chosen(self, distances: torch.Tensor, best: int) -> tuple[torch.Tensor, float]:
+        """The final answer (the consensus or the best seed) and its Eq. 3 distance."""
+        x, shard = self.x, self.shard
+        if self.consensus:
+            chosen = self.group.consensus(x)
+            with torch.no_grad():
+                return chosen, float(self.terms(chosen.unsqueeze(0))["distance"][0])
+        chosen = shard.seed_tensor(x.detach(), best) if shard.distributed else x.detach()[best]
+        return chosen, float(distances[best])
+
+    def reconstruction(self, result: LoopResult, notes: dict[str, str]) -> Reconstruction:
+        cfg, shard, group, victim = self.cfg, self.shard, self.group, self.victim
+        score, distances, candidates, best = self.final_scores()
+        chosen, distance = self.chosen(distances, best)
+        extra_dist = {"processes": shard.world} if shard.distributed else {}
+        with torch.enable_grad():  # the verdict's evidence: how well the answer explains the update (verdict.py)
+            relative = relative_distance(victim(chosen.detach(), self.labels, create_graph=False), victim.target)
+        return Reconstruction(
+            images=to_pixels(self.model, chosen), labels=self.labels.cpu().long(),
+            candidates=to_pixels(self.model, candidates) if candidates is not None else None,
+            history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
+            label_method=cfg.labels,
+            extra={"gradient_distance": distance,
+                   "candidate_gradient_distance": [float(v) for v in distances],
+                   "candidate_score": [float(v) for v in score], "best_seed": best,
+                   "answer": "consensus" if self.consensus else "best",
+                   "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
+                   "registrations": group.registration.fits if group.registration is not None else 0,
+                   "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
+                   "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0, **notes})
+
+
 @attack_precision
 def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
                   observer: Observer | None = None, gi: GradInversionSettings | None = None, *,
@@ -307,7 +445,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     labels = restore_labels(update, model, k, cfg.labels).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     targets = bn_targets(update, victim.bn_names, cfg.bn, dtype=dtype, device=device) if cfg.alpha_bn > 0 else None
-    notes = {"bn_prior_note": INITIAL_STATISTICS_NOTE} if cfg.bn == "approx" and initial_running_statistics(targets) else {}
+    notes = ({"bn_prior_note": INITIAL_STATISTICS_NOTE} if cfg.bn == "approx" and initial_running_statistics(targets)
+             else {})
     shard = shard if shard is not None else SeedShard(cfg.seeds)
     if shard.total != cfg.seeds:
         raise ConfigError(f"seed shard is for {shard.total} seeds, the run has {cfg.seeds}")
@@ -325,104 +464,18 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     x.requires_grad_(True)
     group = GroupConsistency(cfg.group, tuple(x.shape), start=cfg.registration_start,
                              every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)
-    last: dict[str, torch.Tensor] = {}
-
-    def terms(images: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-candidate loss terms [G] (scaled by their alphas; "distance" = Eq. 3 without
-        alpha_G), from one forward/backward."""
-        grads, stats = victim.batched(images, labels)
-        distance = victim.gradient.layer_l2(grads)
-        out = {"distance": distance, "grad": cfg.alpha_g * distance}              # Eq. 3
-        fid = cfg.alpha_tv * total_variation(images) + cfg.alpha_l2 * l2_norm(images)   # Eq. 9
-        if targets is not None:
-            fid = fid + cfg.alpha_bn * bn_prior(stats, targets)                   # Eq. 10
-        out["fidelity"] = fid
-        return out
-
-    def objective() -> torch.Tensor:
-        parts = terms(x)
-        total = parts["grad"] + parts["fidelity"]
-        if group.active and cfg.alpha_group > 0:
-            parts["group"] = cfg.alpha_group * group_penalty(x, group.consensus(x))  # Eq. 11
-            total = total + parts["group"]
-        last.update({n: v.detach() for n, v in parts.items()})
-        loss = total.sum()  # candidates are independent terms: sum = G separate objectives
-        if shard.distributed:  # report every seed's loss; the other processes' part is a constant
-            loss = loss + (shard.all_reduce_sum(loss.detach()) - loss.detach())
-        return loss
-
-    def noise(v: torch.Tensor) -> torch.Tensor:
-        eta = torch.stack([torch.randn(v.shape[1:], generator=g, dtype=v.dtype, device=g.device) for g in noise_gens])
-        return eta.to(v.device)
-
-    if cfg.box:  # the pixel box, [0, 1] per channel in the model's normalised space
-        lo = model.normalize(torch.zeros(1, *model.input_shape, dtype=dtype)).to(device)
-        hi = model.normalize(torch.ones(1, *model.input_shape, dtype=dtype)).to(device)
-
-    def after_step(t: int) -> None:
-        if cfg.box:
-            x.copy_(torch.maximum(torch.minimum(x, hi), lo))  # NaN stays NaN: divergence is still seen
-        if shard.distributed and shard.any(not bool(torch.isfinite(x).all())):
-            x.fill_(float("nan"))  # one process diverged: all of them go back to the last good state
-            return
-        group.maybe_register(t, x)
-
+    run = _Candidates(cfg=cfg, model=model, victim=victim, labels=labels, targets=targets, x=x, group=group,
+                      shard=shard, noise_gens=noise_gens, box=_pixel_box(model, dtype, device) if cfg.box else None)
     state = SeedStreams(generators=gens, group=group, noise_generators=None if noise_gens is gens else noise_gens,
                         device=device, dtype=dtype)
-
-    def answer() -> torch.Tensor:
-        if cfg.final == "consensus" and group.active:
-            return group.consensus(x)
-        score = last.get("grad", torch.zeros(x.shape[0])) + last.get("fidelity", torch.zeros(x.shape[0]))
-        if shard.distributed:
-            return shard.seed_tensor(x.detach(), int(torch.argmin(shard.all_gather_seeds(score))))
-        return x.detach()[int(torch.argmin(score))]
-
-    log = None
-    if observer is not None or shard.distributed:  # answer() is collective: every process takes part
-        def log(t: int) -> None:
-            images = to_pixels(model, answer())
-            if observer is not None:
-                observer(t, images)
-
+    # answer() is collective: with sharded seeds every process takes part in the log
+    log = run.logger(observer) if observer is not None or shard.distributed else None
     loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=settings.optimizer or "adam",
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
                         progress=settings.progress, description="gradinversion")
-    result = engine.optimise([x], objective, loop, after_step=after_step, noise=noise, on_log=log,
-                      log_every=settings.log_every, state=state)
-    # Final scores of every candidate on the final images (no noise, no group term).
-    with torch.no_grad():
-        final = terms(x.detach())
-    score = torch.nan_to_num(final["grad"] + final["fidelity"], nan=float("inf"))
-    distances = final["distance"]
-    candidates: torch.Tensor | None = x.detach()
-    if shard.distributed:  # every seed's scores everywhere; the candidates to rank 0 only
-        score, distances = shard.all_gather_seeds(score), shard.all_gather_seeds(distances)
-        candidates = shard.gather_seeds(x.detach())
-    best = int(torch.argmin(score))
-    if cfg.final == "consensus" and group.active:
-        chosen = group.consensus(x)
-        with torch.no_grad():
-            distance = float(terms(chosen.unsqueeze(0))["distance"][0])
-    else:
-        chosen = shard.seed_tensor(x.detach(), best) if shard.distributed else x.detach()[best]
-        distance = float(distances[best])
-    extra_dist = {"processes": shard.world} if shard.distributed else {}
-    with torch.enable_grad():  # the verdict's evidence: how well the answer explains the update (verdict.py)
-        relative = relative_distance(victim(chosen.detach(), labels, create_graph=False), victim.target)
-    return Reconstruction(
-        images=to_pixels(model, chosen), labels=labels.cpu().long(),
-        candidates=to_pixels(model, candidates) if candidates is not None else None,
-        history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
-        label_method=cfg.labels,
-        extra={"gradient_distance": distance,
-               "candidate_gradient_distance": [float(v) for v in distances],
-               "candidate_score": [float(v) for v in score], "best_seed": best,
-               "answer": "consensus" if cfg.final == "consensus" and group.active else "best",
-               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
-               "registrations": group.registration.fits if group.registration is not None else 0,
-               "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
-               "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0, **notes})
+    result = engine.optimise([x], run.objective, loop, after_step=run.after_step, noise=run.noise, on_log=log,
+                             log_every=settings.log_every, state=state)
+    return run.reconstruction(result, notes)
 
 
 __all__ = ["GradInversionSettings", "PRESETS", "PRESET_MODELS", "gradinversion", "layer_counts", "per_layer",

@@ -149,6 +149,61 @@ def _label_model(update: SharedUpdate, model: ModelSpec) -> ModelSpec:
     raise ModelMismatchError(f"imprint: the update holds no gradient for the classifier {model.classifier_name!r}")
 
 
+def _empty_tolerance(update: SharedUpdate, bias: torch.Tensor, db: torch.Tensor, ddb: torch.Tensor) -> torch.Tensor:
+    """Per bin difference (threshold order), the |db difference| at or below which it is empty:
+    EMPTY_BIN_TOLERANCE of the largest |db|, and in FedAvg at least the bias rounding
+    (ROUNDING_BOUND). ``bias``: the bins' biases in threshold order."""
+    scale = float(torch.cat([db.abs(), ddb.abs()]).max())
+    tolerance = torch.full_like(ddb, EMPTY_BIN_TOLERANCE * scale)
+    threat = ThreatModel.from_record(update.meta.threat)
+    if threat.client_threat == "fedavg":  # a weight difference, rounded at the weights' precision
+        sent = update.global_weights[B0]
+        eps = torch.finfo(sent.dtype).eps if sent.is_floating_point() else 0.0
+        b = bias.abs()
+        tolerance = torch.maximum(tolerance, ROUNDING_BOUND * eps * torch.cat([b[:-1] + b[1:], b[-1:]]))
+    return tolerance
+
+
+def _flat_pixels(model: ModelSpec, measure: torch.Tensor, c_sorted: torch.Tensor, chosen: torch.Tensor,
+                 n: int) -> torch.Tensor:
+    """For each chosen bin, the flat image whose measurement w . x is the bin's middle brightness
+    (pixels; mid-grey when w sums to 0). ``c_sorted``: the n thresholds in ascending order."""
+    shape = tuple(int(v) for v in model.input_shape)
+    separated = int(chosen.numel())
+    width = float(c_sorted[-1] - c_sorted[-2]) if n > 1 else 1.0
+    upper = torch.cat([c_sorted[1:], c_sorted[-1:] + width])
+    middle = (c_sorted + upper) / 2  # the top bin: half a bin width above its threshold
+    total = float(measure.sum())
+    flat = torch.zeros(separated, *shape, dtype=torch.float64)
+    if total != 0:
+        flat = (middle[chosen] / total).view(-1, 1, 1, 1).expand(separated, *shape)
+    return model.denormalize(flat) if total != 0 else torch.full((separated, *shape), MID_GREY)
+
+
+def _fill_slots(recovered: torch.Tensor, mixed: torch.Tensor, filled: int,
+                shape: tuple[int, ...]) -> tuple[torch.Tensor, str]:
+    """``recovered`` with ``filled`` slots no bin isolated appended, and what filled them: the
+    mixed bins' flat images, else the mean of the recovered images, else mid-grey."""
+    clean = recovered[~mixed]
+    if bool(mixed.any()):  # a mixed bin holds at least one sample more than its slot
+        fill, pool = "mixed-bin brightness", recovered[mixed]
+    elif len(clean):
+        fill, pool = "mean", clean.mean(dim=0, keepdim=True)
+    else:
+        fill, pool = "mid-grey", torch.full((1, *shape), MID_GREY)
+    extra_slots = pool[torch.arange(filled) % len(pool)]
+    return torch.cat([recovered, extra_slots]), fill
+
+
+def _why_not_exact(defended: bool, n_nonempty: int, k: int, mixed: int) -> str:
+    """Why the attacker cannot claim every input (the verdict's reason)."""
+    if defended:
+        return "a defense was applied: the attacker cannot tell the bins' noise from samples"
+    if n_nonempty != k:
+        return f"{n_nonempty} non-empty bins for {k} samples: some shared a bin or fell below the lowest threshold"
+    return f"{mixed} bins held samples of opposite gradient signs"
+
+
 def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     """Rebuild the client's images from the imprint block's gradients (Fowl et al. Sec. 3).
 
@@ -188,15 +243,7 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     # Adjacent differences in threshold order; the top bin stands alone (no bin above it).
     ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
     ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
-    scale = float(torch.cat([db.abs(), ddb.abs()]).max())
-    tolerance = torch.full_like(ddb, EMPTY_BIN_TOLERANCE * scale)
-    threat = ThreatModel.from_record(update.meta.threat)
-    if threat.client_threat == "fedavg":  # a weight difference, rounded at the weights' precision
-        sent = update.global_weights[B0]
-        eps = torch.finfo(sent.dtype).eps if sent.is_floating_point() else 0.0
-        b = bias[order].abs()
-        tolerance = torch.maximum(tolerance, ROUNDING_BOUND * eps * torch.cat([b[:-1] + b[1:], b[-1:]]))
-    nonempty = (ddb.abs() > tolerance) & (ddb != 0)
+    nonempty = (ddb.abs() > _empty_tolerance(update, bias[order], db, ddb)) & (ddb != 0)
     n_nonempty = int(nonempty.sum())
     separated = min(n_nonempty, k)
     candidates = torch.nonzero(nonempty).flatten()
@@ -211,29 +258,12 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     # (a clamped extrapolation is worse than that, and steals the pairing of the exact slots).
     outside = ((pixels < -PIXEL_MARGIN) | (pixels > 1 + PIXEL_MARGIN)).flatten(1).double().mean(1)
     mixed = outside > MIXED_FRACTION
-    c_sorted = thresholds[order]
-    width = float(c_sorted[-1] - c_sorted[-2]) if n > 1 else 1.0
-    upper = torch.cat([c_sorted[1:], c_sorted[-1:] + width])
-    middle = (c_sorted + upper) / 2  # the top bin: half a bin width above its threshold
-    measure = weight[0]
-    total = float(measure.sum())
-    flat = torch.zeros(separated, *shape, dtype=torch.float64)
-    if total != 0:  # the flat image whose measurement w . x is the bin's middle brightness
-        flat = (middle[chosen] / total).view(-1, 1, 1, 1).expand(separated, *shape)
-    flat_pixels = model.denormalize(flat) if total != 0 else torch.full((separated, *shape), MID_GREY)
+    flat_pixels = _flat_pixels(model, weight[0], thresholds[order], chosen, n)
     recovered = torch.where(mixed.view(-1, 1, 1, 1), flat_pixels, pixels).clamp(0.0, 1.0).float()
     filled = k - separated
     fill = None
     if filled:
-        clean = recovered[~mixed]
-        if bool(mixed.any()):  # a mixed bin holds at least one sample more than its slot
-            fill, pool = "mixed-bin brightness", recovered[mixed]
-        elif len(clean):
-            fill, pool = "mean", clean.mean(dim=0, keepdim=True)
-        else:
-            fill, pool = "mid-grey", torch.full((1, *shape), MID_GREY)
-        extra_slots = pool[torch.arange(filled) % len(pool)]
-        recovered = torch.cat([recovered, extra_slots])
+        recovered, fill = _fill_slots(recovered, mixed, filled, shape)
     labels = restore_labels(update, _label_model(update, model), k, method="counts")
     defended = bool(update.meta.defenses)
     extra = {
@@ -252,10 +282,7 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
         "restarts_used": 0,
     }
     if not extra["exact"]:  # why the attacker cannot claim every input (the verdict's reason)
-        extra["why_not_exact"] = (
-            "a defense was applied: the attacker cannot tell the bins' noise from samples" if defended else
-            f"{n_nonempty} non-empty bins for {k} samples: some shared a bin or fell below the lowest threshold"
-            if n_nonempty != k else f"{int(mixed.sum())} bins held samples of opposite gradient signs")
+        extra["why_not_exact"] = _why_not_exact(defended, n_nonempty, k, int(mixed.sum()))
     if n_nonempty > k:
         extra["note"] = (f"{n_nonempty} non-empty bins for {k} samples: noise (a defense) or a "
                          "mismatched batch size; the strongest K were kept")

@@ -104,6 +104,33 @@ class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
         p_rows[order], u_rows[order] = p, u
         return (g * gamma).add_(p_rows @ S).sub_((u_rows @ Y) * gamma).neg_()
 
+    @staticmethod
+    def _allocate_history(state: dict, flat_grad: torch.Tensor, history_size: int) -> None:
+        """The empty ring buffers [m, n] of the pairs and the empty S^T Y, Y^T Y."""
+        n = flat_grad.numel()
+        state["S"] = flat_grad.new_zeros((history_size, n))
+        state["Y"] = flat_grad.new_zeros((history_size, n))
+        state["SY"] = flat_grad.new_zeros((0, 0))
+        state["YY"] = flat_grad.new_zeros((0, 0))
+        state["count"], state["start"] = 0, 0
+
+    def _next_direction(self, state: dict, flat_grad: torch.Tensor, prev_flat_grad: torch.Tensor | None,
+                        d: torch.Tensor | None, t: float | None,
+                        gamma: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """(d, gamma) of this iteration: steepest descent on the first (history cleared), else
+        the last step's pair (s = t d, y = change of the gradient) joins the history when it
+        passes the curvature test, and d = -H_k g."""
+        if state["n_iter"] == 1:
+            state["count"], state["start"] = 0, 0
+            return flat_grad.neg(), 1.0
+        y = flat_grad.sub(prev_flat_grad)
+        s = d.mul(t)
+        ys = y.dot(s)
+        if ys > CURVATURE_MIN:
+            self._push(state, s, y)
+            gamma = ys / y.dot(y)
+        return self._direction(state, flat_grad, gamma), gamma
+
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure):  # type: ignore[override]  # noqa: ANN001, ANN201
@@ -132,29 +159,13 @@ class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
         gamma = state.get("H_diag", 1.0)
         prev_flat_grad, prev_loss = state.get("prev_flat_grad"), state.get("prev_loss")
         if "S" not in state:
-            n = flat_grad.numel()
-            state["S"] = flat_grad.new_zeros((history_size, n))
-            state["Y"] = flat_grad.new_zeros((history_size, n))
-            state["SY"] = flat_grad.new_zeros((0, 0))
-            state["YY"] = flat_grad.new_zeros((0, 0))
-            state["count"], state["start"] = 0, 0
+            self._allocate_history(state, flat_grad, history_size)
 
         n_iter = 0
         while n_iter < max_iter:
             n_iter += 1
             state["n_iter"] += 1
-            if state["n_iter"] == 1:
-                d = flat_grad.neg()
-                state["count"], state["start"] = 0, 0
-                gamma = 1.0
-            else:
-                y = flat_grad.sub(prev_flat_grad)
-                s = d.mul(t)
-                ys = y.dot(s)
-                if ys > CURVATURE_MIN:
-                    self._push(state, s, y)
-                    gamma = ys / y.dot(y)
-                d = self._direction(state, flat_grad, gamma)
+            d, gamma = self._next_direction(state, flat_grad, prev_flat_grad, d, t, gamma)
 
             if prev_flat_grad is None:
                 prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)

@@ -175,7 +175,7 @@ class _Run:
         if from_disk:
             self._check(loop)
         with torch.no_grad():
-            for v, saved in zip(self.variables, loop["variables"]):
+            for v, saved in zip(self.variables, loop["variables"], strict=True):
                 v.copy_(saved.to(v.device))
             state = {int(k): v for k, v in loop["optimizer"].items()}
             self.opt.load_state_dict({"state": state, "param_groups": self.opt.state_dict()["param_groups"]})
@@ -205,68 +205,174 @@ class _Run:
             self.session.restore_record(unpack(tree.get("session"), snap.tensors, clone=True))
 
     def _check(self, loop: dict[str, Any]) -> None:
-        """Everything a saved loop section must satisfy before any of it is used."""
-        def fail(what: str) -> typing.NoReturn:
-            raise StateFileError(f"the saved state does not fit this run: {what}")
-
+        """Everything a saved loop section must satisfy before any of it is used (the first
+        misfit is reported)."""
         need = ("variables", "optimizer", "generator", "rng", "history_loss", "iterations", "final_loss",
                 "wall_seconds", "lr_scale", "retries_used", "recoveries", "optimizer_name", "total")
         missing = [k for k in need if k not in loop]
         if missing:
-            fail(f"missing {', '.join(missing)}")
+            _unfit(f"missing {', '.join(missing)}")
         if loop["optimizer_name"] != self.settings.optimizer or loop["total"] != self.settings.iterations:
-            fail(f"saved for {loop['optimizer_name']!r} x {loop['total']} steps, this run is "
-                 f"{self.settings.optimizer!r} x {self.settings.iterations}")
-        saved = loop["variables"]
+            _unfit(f"saved for {loop['optimizer_name']!r} x {loop['total']} steps, this run is "
+                   f"{self.settings.optimizer!r} x {self.settings.iterations}")
+        self._check_variables(loop["variables"])
+        self._check_optimizer(loop["optimizer"])
+        self._check_generators(loop["generator"], loop["rng"])
+        self._check_progress(loop)
+
+    def _check_variables(self, saved: Any) -> None:
         if not isinstance(saved, list) or len(saved) != len(self.variables):
-            fail("wrong number of optimised variables")
-        for i, (v, s) in enumerate(zip(self.variables, saved)):
+            _unfit("wrong number of optimised variables")
+        for i, (v, s) in enumerate(zip(self.variables, saved, strict=True)):
             if not isinstance(s, torch.Tensor) or s.shape != v.shape or s.dtype != v.dtype:
                 got = f"{list(s.shape)} {s.dtype}" if isinstance(s, torch.Tensor) else type(s).__name__
-                fail(f"variable {i} is {got}, expected {list(v.shape)} {v.dtype}")
+                _unfit(f"variable {i} is {got}, expected {list(v.shape)} {v.dtype}")
+
+    def _check_optimizer(self, opt_state: Any) -> None:
+        """The optimizer's per-parameter state: known parameters, tensors of the shapes its
+        algorithm keeps, plain numbers otherwise."""
         numel = sum(v.numel() for v in self.variables)
-        opt_state = loop["optimizer"]
         if not isinstance(opt_state, dict):
-            fail("optimizer state is not a mapping")
+            _unfit("optimizer state is not a mapping")
         for k, st in opt_state.items():
             if not (isinstance(k, (int, str)) and str(k).isdigit() and int(k) < len(self.variables)) \
                     or not isinstance(st, dict):
-                fail(f"optimizer state for an unknown parameter {k!r}")
+                _unfit(f"optimizer state for an unknown parameter {k!r}")
             shape = self.variables[int(k)].shape
-
-            def check(value: Any, where: str) -> None:
-                if isinstance(value, torch.Tensor):
-                    m = self.settings.lbfgs_history
-                    ok = value.ndim == 0 or value.shape == shape or (value.ndim == 1 and value.numel() == numel) \
-                        or value.shape == (m, numel) \
-                        or (value.ndim == 2 and value.shape[0] == value.shape[1] <= m)  # L-BFGS history (lbfgs.py)
-                    if not ok or not (value.is_floating_point() or value.dtype in (torch.int64, torch.int32)):
-                        fail(f"optimizer tensor {where} has shape {list(value.shape)} {value.dtype}")
-                elif isinstance(value, (list, tuple)):
-                    for j, item in enumerate(value):
-                        check(item, f"{where}[{j}]")
-                elif not (value is None or isinstance(value, (int, float))):
-                    fail(f"optimizer value {where} is a {type(value).__name__}")
             for name, value in st.items():
-                check(value, f"{k}.{name}")
+                self._check_optimizer_value(value, f"{k}.{name}", shape, numel)
+
+    def _check_optimizer_value(self, value: Any, where: str, shape: torch.Size, numel: int) -> None:
+        if isinstance(value, torch.Tensor):
+            m = self.settings.lbfgs_history
+            ok = value.ndim == 0 or value.shape == shape or (value.ndim == 1 and value.numel() == numel) \
+                or value.shape == (m, numel) \
+                or (value.ndim == 2 and value.shape[0] == value.shape[1] <= m)  # L-BFGS history (lbfgs.py)
+            if not ok or not (value.is_floating_point() or value.dtype in (torch.int64, torch.int32)):
+                _unfit(f"optimizer tensor {where} has shape {list(value.shape)} {value.dtype}")
+        elif isinstance(value, (list, tuple)):
+            for j, item in enumerate(value):
+                self._check_optimizer_value(item, f"{where}[{j}]", shape, numel)
+        elif not (value is None or isinstance(value, (int, float))):
+            _unfit(f"optimizer value {where} is a {type(value).__name__}")
+
+    def _check_generators(self, generator: Any, rng: Any) -> None:
         gen_size = torch.Generator().get_state().numel()
-        for name, g in (("generator", loop["generator"]), ("rng", loop["rng"])):
+        for name, g in (("generator", generator), ("rng", rng)):
             if name == "generator" and (g is None) != (self.generator is None):
-                fail("generator present in one of state and run only")
+                _unfit("generator present in one of state and run only")
             if g is not None and (not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != (gen_size,)):
-                fail(f"{name} state is not a CPU generator state")
+                _unfit(f"{name} state is not a CPU generator state")
+
+    def _check_progress(self, loop: dict[str, Any]) -> None:
+        """The steps taken, their losses, and the divergence record."""
         hist = loop["history_loss"]
         if not isinstance(hist, torch.Tensor) or hist.dtype != torch.float64 or hist.ndim != 1:
-            fail("history is not a float64 vector")
+            _unfit("history is not a float64 vector")
         it = loop["iterations"]
         if not (isinstance(it, int) and 0 <= it <= self.settings.iterations and hist.numel() == it):
-            fail(f"step {it!r} does not fit {self.settings.iterations} iterations and {hist.numel()} history entries")
+            _unfit(f"step {it!r} does not fit {self.settings.iterations} iterations and {hist.numel()} history entries")
         for key in ("final_loss", "wall_seconds", "lr_scale"):
             if not isinstance(loop[key], (int, float)) or isinstance(loop[key], bool):
-                fail(f"{key} is not a number")
+                _unfit(f"{key} is not a number")
         if not (0 < loop["lr_scale"] <= 1) or not isinstance(loop["retries_used"], int) \
                 or not isinstance(loop["recoveries"], list):
-            fail("divergence record is malformed")
+            _unfit("divergence record is malformed")
+
+    def interrupt(self, t: int, start: float) -> typing.NoReturn:
+        """SIGINT/SIGTERM arrived: save the state after the last finished step (step ``t``) and stop."""
+        session = self.session
+        self.result.wall_seconds = time.perf_counter() - start
+        if session.directory is not None:
+            session.save(self.snapshot())
+        raise Interrupted(session.interrupted, session.scope + self.phase, t, session.directory, session.resume_hint)
+
+    def recover(self, good: Snapshot, t: int, value: float) -> Snapshot | None:
+        """Step ``t`` left a non-finite loss (``value``) or variable: go back to ``good``. While
+        retries remain, with the learning rate scaled by the session's backoff, and return the
+        snapshot to go on from; else set ``diverged`` and return None."""
+        session, phase, result = self.session, self.phase, self.result
+        event = {"phase": phase, "iteration": t + 1, "loss": value if math.isfinite(value) else None,
+                 "restored_to": good.step}
+        used, scale = self.retries_used, self.lr_scale
+        self.restore(good, from_disk=False)
+        if used < session.retries:
+            self.retries_used, self.lr_scale = used + 1, scale * session.backoff
+            event["lr_scale"] = self.lr_scale
+            result.recoveries.append(event)
+            session.recoveries.append(dict(event))
+            _log.warning("gradleak: non-finite %s at iteration %d%s; restarting from iteration %d with "
+                         "lr x%g (retry %d of %d)", "loss" if event["loss"] is None else "candidates",
+                         t + 1, "" if phase == "main" else f" of {phase}", good.step, self.lr_scale,
+                         self.retries_used, session.retries)
+            return self.snapshot()  # same state, new lr scale and retry count
+        self.retries_used, self.lr_scale = used, scale
+        event.update(retries=used, message=(
+            f"non-finite {'loss' if event['loss'] is None else 'candidates'} at iteration {t + 1}"
+            f"{'' if phase == 'main' else ' of ' + phase} after {used} restart(s) with the learning rate "
+            f"x{session.backoff:g} each; kept the last good state (iteration {good.step})"))
+        result.diverged = event
+        session.diverged = dict(event)
+        return None
+
+    def resume_pending(self) -> None:
+        """Restore the session's pending state of this phase, if any (a StateFileError when it
+        does not fit this run)."""
+        session = self.session
+        pending = session.take_pending(self.phase)
+        if pending is None:
+            return
+        where = f"saved state {session.directory}: " if session.directory is not None else ""
+        try:
+            self.restore(pending, from_disk=True)
+        except StateFileError as exc:
+            raise StateFileError(f"{where}{exc}") from None
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+            raise StateFileError(f"{where}it does not fit this run: {exc}") from None
+        session.resumed_at.append({"phase": self.phase, "iteration": self.result.iterations})
+
+
+def _unfit(what: str) -> typing.NoReturn:
+    raise StateFileError(f"the saved state does not fit this run: {what}")
+
+
+def _check_settings(settings: LoopSettings) -> None:
+    if settings.iterations < 0:
+        raise ConfigError("iterations must be >= 0")
+    if settings.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer: unknown {settings.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    if settings.lr <= 0 or not math.isfinite(settings.lr):
+        raise ConfigError(f"lr must be a positive number, got {settings.lr}")
+
+
+def _closure(opt: torch.optim.Optimizer, objective: Objective, variables: list[torch.Tensor],
+             signed: bool) -> Objective:
+    """The optimizer's closure: the objective and its gradient (its sign for signed steps)."""
+    def closure() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = objective()
+        grads = torch.autograd.grad(loss, variables)
+        for v, g in zip(variables, grads, strict=True):
+            v.grad = g.sign() if signed else g
+        return loss.detach()
+    return closure
+
+
+def _langevin(noisy: list[torch.Tensor], noise: Callable[[torch.Tensor], torch.Tensor] | None,
+              generator: torch.Generator | None, lr_t: float, alpha_n: float) -> None:
+    """GradInversion Sec. 3.5: v += lr(t) * alpha_n * eta, eta ~ N(0, I), for each noisy variable."""
+    with torch.no_grad():
+        for v in noisy:
+            if noise is not None:
+                eta = noise(v)
+            else:
+                eta = torch.randn(v.shape, generator=generator, dtype=v.dtype, device="cpu").to(v.device)
+            v.add_(eta, alpha=lr_t * alpha_n)
+
+
+def _log_due(done: int, log_every: int, total: int) -> bool:
+    """Whether on_log runs after ``done`` steps: every ``log_every`` steps and after the last."""
+    return log_every > 0 and (done % log_every == 0 or done == total)
 
 
 def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: LoopSettings, *,
@@ -301,12 +407,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     rate times ``session.backoff``, at most ``session.retries`` times per phase. After that it
     stops at the last good state with ``result.diverged`` (and ``session.diverged``) set.
     """
-    if settings.iterations < 0:
-        raise ConfigError("iterations must be >= 0")
-    if settings.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer: unknown {settings.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
-    if settings.lr <= 0 or not math.isfinite(settings.lr):
-        raise ConfigError(f"lr must be a positive number, got {settings.lr}")
+    _check_settings(settings)
     variables = list(variables)
     tune_allocator()  # once per process: the step's large temporaries reuse heap pages (runtime.py)
     opt = _make_optimizer(variables, settings)
@@ -314,25 +415,8 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     session = session if session is not None else Session()
     run = _Run(variables, opt, settings, generator, state, session, phase)
     result = run.result
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = objective()
-        grads = torch.autograd.grad(loss, variables)
-        for v, g in zip(variables, grads):
-            v.grad = g.sign() if settings.signed else g
-        return loss.detach()
-
-    pending = session.take_pending(phase)
-    if pending is not None:
-        where = f"saved state {session.directory}: " if session.directory is not None else ""
-        try:
-            run.restore(pending, from_disk=True)
-        except StateFileError as exc:
-            raise StateFileError(f"{where}{exc}") from None
-        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
-            raise StateFileError(f"{where}it does not fit this run: {exc}") from None
-        session.resumed_at.append({"phase": phase, "iteration": result.iterations})
+    closure = _closure(opt, objective, variables, settings.signed)
+    run.resume_pending()
     good = run.snapshot()
     every = max(0, int(session.every))
     start = time.perf_counter() - result.wall_seconds
@@ -342,57 +426,30 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
         t = result.iterations
         while t < settings.iterations:
             if session.interrupted is not None:
-                result.wall_seconds = time.perf_counter() - start
-                if session.directory is not None:
-                    session.save(run.snapshot())
-                raise Interrupted(session.interrupted, session.scope + phase, t, session.directory, session.resume_hint)
+                run.interrupt(t, start)
             lr_t = learning_rate(settings, t) * run.lr_scale
             for group in opt.param_groups:
                 group["lr"] = lr_t
             loss = opt.step(closure)
             value = float(loss)
             if settings.langevin > 0:
-                with torch.no_grad():
-                    for v in noisy:
-                        if noise is not None:
-                            eta = noise(v)
-                        else:
-                            eta = torch.randn(v.shape, generator=generator, dtype=v.dtype, device="cpu").to(v.device)
-                        v.add_(eta, alpha=lr_t * settings.langevin)
+                _langevin(noisy, noise, generator, lr_t, settings.langevin)
             if after_step is not None:
                 with torch.no_grad():
                     after_step(t)
             if not (math.isfinite(value) and _all_finite(variables)):
-                event = {"phase": phase, "iteration": t + 1, "loss": value if math.isfinite(value) else None,
-                         "restored_to": good.step}
-                used, scale = run.retries_used, run.lr_scale
-                run.restore(good, from_disk=False)
-                if used < session.retries:
-                    run.retries_used, run.lr_scale = used + 1, scale * session.backoff
-                    event["lr_scale"] = run.lr_scale
-                    result.recoveries.append(event)
-                    session.recoveries.append(dict(event))
-                    _log.warning("gradleak: non-finite %s at iteration %d%s; restarting from iteration %d with "
-                                 "lr x%g (retry %d of %d)", "loss" if event["loss"] is None else "candidates",
-                                 t + 1, "" if phase == "main" else f" of {phase}", good.step, run.lr_scale,
-                                 run.retries_used, session.retries)
-                    good = run.snapshot()  # same state, new lr scale and retry count
-                    t = result.iterations
-                    bar.update(task, completed=t)
-                    continue
-                run.retries_used, run.lr_scale = used, scale
-                event.update(retries=used, message=(
-                    f"non-finite {'loss' if event['loss'] is None else 'candidates'} at iteration {t + 1}"
-                    f"{'' if phase == 'main' else ' of ' + phase} after {used} restart(s) with the learning rate "
-                    f"x{session.backoff:g} each; kept the last good state (iteration {good.step})"))
-                result.diverged = event
-                session.diverged = dict(event)
-                break
+                recovered = run.recover(good, t, value)
+                if recovered is None:
+                    break
+                good = recovered
+                t = result.iterations
+                bar.update(task, completed=t)
+                continue
             result.history.append({"iteration": t + 1, "loss": value})
             result.final_loss = value
             result.iterations = t + 1
             bar.update(task, completed=t + 1, loss=value)
-            if on_log is not None and log_every > 0 and ((t + 1) % log_every == 0 or t + 1 == settings.iterations):
+            if on_log is not None and _log_due(t + 1, log_every, settings.iterations):
                 with torch.no_grad():
                     on_log(t + 1)
             t += 1

@@ -30,7 +30,7 @@ def layer_l2(dummy: Tensors, target: Tensors, weights: Sequence[float] | None = 
 def cosine(dummy: Tensors, target: Tensors) -> torch.Tensor:
     """Inverting Gradients (Geiping et al. 2020, Eq. 4): 1 - <dW', dW> / (||dW'|| ||dW||), with the
     inner product and norms taken over all layers together."""
-    dot = torch.stack([(a * b).sum() for a, b in zip(dummy, target)]).sum()
+    dot = torch.stack([(a * b).sum() for a, b in zip(dummy, target, strict=True)]).sum()
     n1 = torch.stack(torch._foreach_norm(list(dummy), 2)).pow(2).sum()
     n2 = torch.stack(torch._foreach_norm(list(target), 2)).pow(2).sum()
     return 1 - dot / (n1.sqrt() * n2.sqrt()).clamp_min(1e-30)
@@ -56,7 +56,7 @@ class _Cosine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, target_norm: torch.Tensor, target: list[torch.Tensor], *grads: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         g0 = grads[0].shape[0]
-        dot = sum(g.reshape(g0, -1) @ t.reshape(-1) for g, t in zip(grads, target))
+        dot = sum(g.reshape(g0, -1) @ t.reshape(-1) for g, t in zip(grads, target, strict=True))
         norm = torch.sqrt(sum(g.reshape(g0, -1).pow(2).sum(dim=1) for g in grads))
         denom = (norm * target_norm).clamp_min(1e-30)
         ctx.save_for_backward(dot, norm, denom, *grads)
@@ -70,7 +70,7 @@ class _Cosine(torch.autograd.Function):
         c_t = -grad_out / denom
         c_g = grad_out * dot / (denom * norm.pow(2)).clamp_min(1e-30)
         out = [torch.addcmul(t.unsqueeze(0) * _per_candidate(c_t, g), g, _per_candidate(c_g, g))
-               for g, t in zip(grads, ctx.target)]
+               for g, t in zip(grads, ctx.target, strict=True)]
         return (None, None, *out)
 
 
@@ -87,7 +87,7 @@ class _LayerL2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weights: torch.Tensor, target: list[torch.Tensor], *grads: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         g0 = grads[0].shape[0]
-        diffs = [g - t.unsqueeze(0) for g, t in zip(grads, target)]
+        diffs = [g - t.unsqueeze(0) for g, t in zip(grads, target, strict=True)]
         norms = torch.stack([d.reshape(g0, -1).pow(2).sum(dim=1) for d in diffs], dim=1).clamp_min(1e-30).sqrt()
         ctx.save_for_backward(weights, norms, *diffs)
         return (norms * weights).sum(dim=1)

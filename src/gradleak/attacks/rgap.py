@@ -154,50 +154,46 @@ def _describe_refusal(name: str, m: nn.Module) -> str:
             "Linear, Sigmoid, Tanh, LeakyReLU, Identity, Flatten)")
 
 
-def _parse_chain(module: nn.Module, num_classes: int) -> list[_Layer]:
-    """The (layer, activation) chain from the module's leaves in registration order, or the
-    ModelMismatchError naming the first thing that is not part of such a chain."""
+def _check_plain(module: nn.Module) -> None:
+    """Every parameter belongs to a leaf (a Conv2d/Linear layer), none to a container."""
     for name, m in module.named_modules():
         if list(m.children()) and any(True for _ in m.parameters(recurse=False)):
             raise ModelMismatchError(f"rgap: module {name or '(the model itself)'} holds parameters outside a "
                                      "Conv2d/Linear layer; R-GAP needs a plain chain of layers")
-    chain: list[_Layer] = []
-    open_layer = False  # the last layer has no activation yet
-    for name, m in module.named_modules():
-        if list(m.children()):
-            continue
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            if isinstance(m, nn.Conv2d):
-                if m.groups != 1:
-                    raise ModelMismatchError(f"rgap: layer {name} is a grouped convolution (groups={m.groups}); "
-                                             "R-GAP here supports groups=1")
-                if m.padding_mode != "zeros":
-                    raise ModelMismatchError(f"rgap: layer {name} pads with {m.padding_mode!r}; R-GAP here "
-                                             "supports zero padding")
-                if isinstance(m.padding, str) and m.padding != "valid":
-                    raise ModelMismatchError(f"rgap: layer {name} uses padding={m.padding!r}; give the padding as "
-                                             "numbers")
-            chain.append(_Layer(name=name, module=m, activation="identity"))
-            open_layer = True
-        elif isinstance(m, _NO_OPS):
-            continue
-        elif isinstance(m, _ACTIVATIONS) and not (isinstance(m, nn.LeakyReLU) and m.negative_slope <= 0):
-            if not chain:
-                raise ModelMismatchError(f"rgap: activation {name} comes before the first Conv2d/Linear layer; "
-                                         "R-GAP needs the input to enter a layer first")
-            if not open_layer:
-                raise ModelMismatchError(f"rgap: activation {name} follows another activation; R-GAP needs one "
-                                         "activation per layer")
-            last = chain[-1]
-            if isinstance(m, nn.Sigmoid):
-                last.activation = "sigmoid"
-            elif isinstance(m, nn.Tanh):
-                last.activation = "tanh"
-            else:
-                last.activation, last.slope = "leaky_relu", float(m.negative_slope)
-            open_layer = False
-        else:
-            raise ModelMismatchError(_describe_refusal(name, m))
+
+
+def _check_conv(name: str, m: nn.Conv2d) -> None:
+    """The convolutions R-GAP's linear systems are built for: one group, zero padding given as numbers."""
+    if m.groups != 1:
+        raise ModelMismatchError(f"rgap: layer {name} is a grouped convolution (groups={m.groups}); "
+                                 "R-GAP here supports groups=1")
+    if m.padding_mode != "zeros":
+        raise ModelMismatchError(f"rgap: layer {name} pads with {m.padding_mode!r}; R-GAP here "
+                                 "supports zero padding")
+    if isinstance(m.padding, str) and m.padding != "valid":
+        raise ModelMismatchError(f"rgap: layer {name} uses padding={m.padding!r}; give the padding as "
+                                 "numbers")
+
+
+def _attach_activation(chain: list[_Layer], open_layer: bool, name: str, m: nn.Module) -> None:
+    """The activation ``m`` follows the chain's last layer, which has none yet."""
+    if not chain:
+        raise ModelMismatchError(f"rgap: activation {name} comes before the first Conv2d/Linear layer; "
+                                 "R-GAP needs the input to enter a layer first")
+    if not open_layer:
+        raise ModelMismatchError(f"rgap: activation {name} follows another activation; R-GAP needs one "
+                                 "activation per layer")
+    last = chain[-1]
+    if isinstance(m, nn.Sigmoid):
+        last.activation = "sigmoid"
+    elif isinstance(m, nn.Tanh):
+        last.activation = "tanh"
+    else:
+        last.activation, last.slope = "leaky_relu", float(m.negative_slope)
+
+
+def _check_classifier(chain: list[_Layer], num_classes: int) -> None:
+    """The chain ends in the classifier: an nn.Linear with a bias producing the logits."""
     if not chain:
         raise ModelMismatchError("rgap: the model has no Conv2d/Linear layer")
     last = chain[-1]
@@ -210,6 +206,30 @@ def _parse_chain(module: nn.Module, num_classes: int) -> list[_Layer]:
     if last.activation != "identity":
         raise ModelMismatchError(f"rgap: the classifier {last.name} is followed by a {last.activation}; the logits "
                                  "must be the last Linear layer's output")
+
+
+def _parse_chain(module: nn.Module, num_classes: int) -> list[_Layer]:
+    """The (layer, activation) chain from the module's leaves in registration order, or the
+    ModelMismatchError naming the first thing that is not part of such a chain."""
+    _check_plain(module)
+    chain: list[_Layer] = []
+    open_layer = False  # the last layer has no activation yet
+    for name, m in module.named_modules():
+        if list(m.children()):
+            continue
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            if isinstance(m, nn.Conv2d):
+                _check_conv(name, m)
+            chain.append(_Layer(name=name, module=m, activation="identity"))
+            open_layer = True
+        elif isinstance(m, _NO_OPS):
+            continue
+        elif isinstance(m, _ACTIVATIONS) and not (isinstance(m, nn.LeakyReLU) and m.negative_slope <= 0):
+            _attach_activation(chain, open_layer, name, m)
+            open_layer = False
+        else:
+            raise ModelMismatchError(_describe_refusal(name, m))
+    _check_classifier(chain, num_classes)
     return chain
 
 

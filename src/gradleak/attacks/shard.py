@@ -92,7 +92,7 @@ class SeedShard:
         buf = self._padded(t)
         parts = [torch.empty_like(buf) for _ in range(self.world)]
         dist.all_gather(parts, buf)
-        return torch.cat([p[:n] for p, n in zip(parts, self.counts)]).to(t.device)
+        return torch.cat([p[:n] for p, n in zip(parts, self.counts, strict=True)]).to(t.device)
 
     def gather_seeds(self, t: torch.Tensor, dst: int = 0) -> torch.Tensor | None:
         """Local per-seed tensors [n_local, ...] -> every seed's [total, ...] on rank ``dst``;
@@ -106,7 +106,7 @@ class SeedShard:
         dist.gather(buf, parts, dst=dst)
         if parts is None:
             return None
-        return torch.cat([p[:n] for p, n in zip(parts, self.counts)]).to(t.device)
+        return torch.cat([p[:n] for p, n in zip(parts, self.counts, strict=True)]).to(t.device)
 
     def seed_tensor(self, t: torch.Tensor, seed: int) -> torch.Tensor:
         """Global seed ``seed``'s slice of the local per-seed tensor ``t`` [n_local, ...], sent by

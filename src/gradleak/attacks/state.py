@@ -160,7 +160,7 @@ def _restore(where: str, current: Any, saved: Any, hint: Any) -> Any:
         if not (isinstance(saved, list) and len(saved) == len(current)):
             raise ValueError(f"{where}: {len(saved) if isinstance(saved, list) else 'no'} generators saved, "
                              f"this run has {len(current)}")
-        return [_restore(f"{where}[{i}]", c, v, torch.Generator) for i, (c, v) in enumerate(zip(current, saved))]
+        return [_restore(f"{where}[{i}]", c, v, torch.Generator) for i, (c, v) in enumerate(zip(current, saved, strict=True))]
     if isinstance(current, torch.Tensor):
         if not (isinstance(saved, torch.Tensor) and saved.shape == current.shape):
             got = list(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
