@@ -614,13 +614,9 @@ SUMMARY_KEYS = {
 }
 
 
-def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
-    from rich.console import Console
-
-    from .console import print_table
-
-    text = metrics.get("modality") == "text"
-    where = "text" if text else metrics["data"]
+def _summary_rows(metrics: dict[str, Any], text: bool) -> list[tuple[str, str]]:
+    """The summary table's rows: the modality's keys, then the defenses, epsilon, the inputs a
+    closed form separated and the attack's own convergence."""
     rows: list[tuple[str, str]] = []
 
     def fmt(v: Any) -> str:
@@ -651,35 +647,50 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
         rel = conv.get("relative_gradient_distance")
         rows.append(("attack converged", ("yes" if metrics["converged"] else "no")
                      + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else "")))
-    console = Console()
-    print_table(console, ["metric", "value"], rows,
-                title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
+    return rows
+
+
+def _summary_lines(metrics: dict[str, Any], text: bool) -> list[str]:
+    """The lines under the table: what auto tried, the positive control, the verdict and what
+    would decide it, the BN prior's note, and a text run's sentences."""
+    from .outcome import tried_summary
+
+    lines = []
     auto = metrics.get("auto")
     if isinstance(auto, dict):  # --attack auto: what it tried and what it used
-        from .outcome import tried_summary
-
-        console.print(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried_summary(auto)}", markup=False,
-                      highlight=False)
+        lines.append(f"auto: used {auto.get('used')}: {auto.get('why')}. Tried: {tried_summary(auto)}")
     if isinstance(metrics.get("control"), dict):   # the positive control outcome.py asked for
         c = metrics["control"]
-        console.print(f"control (the same attack without the defenses): {c.get('verdict')}"
-                      + (f", PSNR {c['psnr_mean']:.1f} dB" if isinstance(c.get("psnr_mean"), (int, float)) else ""),
-                      markup=False, highlight=False)
+        lines.append(f"control (the same attack without the defenses): {c.get('verdict')}"
+                     + (f", PSNR {c['psnr_mean']:.1f} dB" if isinstance(c.get("psnr_mean"), (int, float)) else ""))
     if metrics.get("verdict"):   # every run: the verdict on the client (outcome.py), and what would decide it
         line = f"verdict: {metrics['verdict']}: {metrics.get('verdict_reason', '')}"
         if metrics.get("next_step") and metrics["verdict"] != "leaked":
             line += f". Next: {metrics['next_step']}"
-        console.print(line, markup=False, highlight=False)
+        lines.append(line)
     if metrics.get("bn_prior_note"):
-        console.print(f"note: {metrics['bn_prior_note']}", markup=False, highlight=False)
+        lines.append(f"note: {metrics['bn_prior_note']}")
     if text:
         sentences = metrics.get("per_sentence") or []
         for r in sentences:
-            console.print(f"  original : {r['original']}", markup=False, highlight=False)
-            console.print(f"  recovered: {r['recovered']}", markup=False, highlight=False)
+            lines += [f"  original : {r['original']}", f"  recovered: {r['recovered']}"]
         if not sentences:
-            for sentence in metrics.get("recovered_sentences", []):
-                console.print(f"  recovered: {sentence}", markup=False, highlight=False)
+            lines += [f"  recovered: {sentence}" for sentence in metrics.get("recovered_sentences", [])]
+    return lines
+
+
+def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
+    from rich.console import Console
+
+    from .console import print_table
+
+    text = metrics.get("modality") == "text"
+    where = "text" if text else metrics["data"]
+    console = Console()
+    print_table(console, ["metric", "value"], _summary_rows(metrics, text),
+                title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
+    for line in _summary_lines(metrics, text):
+        console.print(line, markup=False, highlight=False)
     # LPIPS not computed: said once per folder of runs (runs/ by default), not on every run;
     # metrics.json and report.html keep saying it for each run (lpips_notice).
     notice = metrics.get("lpips_notice")

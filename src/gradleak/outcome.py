@@ -171,32 +171,9 @@ def judge(ev: Evidence) -> Outcome:
         how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
         return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
                                  "here, which protects nobody", retry)
-    # Does the answer explain the defended update as well as the client's true data do? With the
-    # truth's own distance recorded, that is the test (the attack's convergence line only models
-    # the defenses' noise; the truth measures it); without it, the attack's own verdict.
-    answer, truth, tol = finite(ev.answer_distance), finite(ev.truth_distance), finite(ev.tolerance)
-    floor = finite(ev.noise_floor)
-    if answer is not None and truth is not None and tol is not None:
-        if ev.unmodelled and (floor is None or truth > floor * (1 + TRUTH_FIT_SLACK) + tol):
-            # The attacker's simulation does not apply what the floor does not model (DP-SGD's
-            # per-sample clipping, pruning): the truth's distance then measures that mismatch, not
-            # how much the update says, and no answer can be held to it
-            return out(INCONCLUSIVE, f"under {', '.join(ev.unmodelled)} the attacker's simulation does not reproduce "
-                                     f"the client's update (the true data sit at relative distance {truth:.3g}, the "
-                                     f"modelled noise floor at {_fmt(floor)}): the truth's fit is no yardstick here",
-                       "attack with a defense the floor models, or judge by the PSNR alone")
-        if answer > truth * (1 + TRUTH_FIT_SLACK) + tol:
-            return out(INCONCLUSIVE, f"the true data explain the defended update better than the attack's answer "
-                                     f"(relative distance {truth:.3g} vs {answer:.3g}): an optimisation failure, not "
-                                     "evidence of protection", retry)
-        fit = f"its answer explains the defended update as well as the true data do (relative distance {answer:.3g} " \
-              f"vs {truth:.3g})"
-    elif ev.converged is not True:
-        why = "did not converge" if ev.converged is False else "recorded no convergence verdict"
-        return out(INCONCLUSIVE, f"the attack {nothing} but {why}: a failed attack, not evidence of protection", retry)
-    else:
-        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)}, but how well the true data "
-                                 "explain the defended update was not recorded", "rerun with this version of gradleak")
+    fit = _truth_fit(ev, out, nothing, retry)
+    if isinstance(fit, Outcome):
+        return fit
     if ev.modality != "text" and number(ev.psnr) is None:
         return out(INCONCLUSIVE, "no finite PSNR was recorded for the answer", "rerun the attack")
     if ev.modality != "text" and (ev.identified or 0) > 0:
@@ -223,6 +200,37 @@ def judge(ev: Evidence) -> Outcome:
                    "try an attack that rebuilds the undefended update (--attack auto)")
     return out(DEFENDED, f"{', '.join(ev.defenses)} stopped an attack that rebuilds the undefended update: {fit}, and "
                          f"it {nothing}")
+
+
+def _truth_fit(ev: Evidence, out: Any, nothing: str, retry: str) -> "Outcome | str":
+    """Does the answer explain the defended update as well as the client's true data do? With the
+    truth's own distance recorded, that is the test (the attack's convergence line only models
+    the defenses' noise; the truth measures it); without it, the attack's own verdict. Returns
+    the inconclusive Outcome when it does not, else the sentence that says it does."""
+    answer, truth, tol = finite(ev.answer_distance), finite(ev.truth_distance), finite(ev.tolerance)
+    floor = finite(ev.noise_floor)
+    if answer is not None and truth is not None and tol is not None:
+        if ev.unmodelled and (floor is None or truth > floor * (1 + TRUTH_FIT_SLACK) + tol):
+            # The attacker's simulation does not apply what the floor does not model (DP-SGD's
+            # per-sample clipping, pruning): the truth's distance then measures that mismatch, not
+            # how much the update says, and no answer can be held to it
+            return out(INCONCLUSIVE, f"under {', '.join(ev.unmodelled)} the attacker's simulation does not reproduce "
+                                     f"the client's update (the true data sit at relative distance {truth:.3g}, the "
+                                     f"modelled noise floor at {_fmt(floor)}): the truth's fit is no yardstick here",
+                       "attack with a defense the floor models, or judge by the PSNR alone")
+        if answer > truth * (1 + TRUTH_FIT_SLACK) + tol:
+            return out(INCONCLUSIVE, f"the true data explain the defended update better than the attack's answer "
+                                     f"(relative distance {truth:.3g} vs {answer:.3g}): an optimisation failure, not "
+                                     "evidence of protection", retry)
+        fit = f"its answer explains the defended update as well as the true data do (relative distance {answer:.3g} " \
+              f"vs {truth:.3g})"
+    elif ev.converged is not True:
+        why = "did not converge" if ev.converged is False else "recorded no convergence verdict"
+        return out(INCONCLUSIVE, f"the attack {nothing} but {why}: a failed attack, not evidence of protection", retry)
+    else:
+        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)}, but how well the true data "
+                                 "explain the defended update was not recorded", "rerun with this version of gradleak")
+    return fit
 
 
 def needs_control(ev: Evidence) -> bool:

@@ -60,7 +60,7 @@ from ..outcome import CONVERGED_BELOW
 def relative_distance(simulated: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> float:
     """||simulated - target||^2 / ||target||^2 over all tensors, in float64 (inf if not finite)."""
     with torch.no_grad():
-        num = sum(float((s.detach().double() - t.detach().double()).pow(2).sum()) for s, t in zip(simulated, target))
+        num = sum(float((s.detach().double() - t.detach().double()).pow(2).sum()) for s, t in zip(simulated, target, strict=True))
         den = sum(float(t.detach().double().pow(2).sum()) for t in target)
     value = num / den if den > 0 else (0.0 if num == 0 else math.inf)
     return value if math.isfinite(value) else math.inf

@@ -44,12 +44,12 @@ class Case(ABC):
         """What watches the attack (against the truth it holds), or None without a truth. It
         has ``points`` {iteration: value}, ``get_state()`` and ``set_state(dict)``."""
 
-    @abstractmethod
     def undefended(self) -> "Case":
         """The positive control's case for an update file: the same model and true data shared
         without the defenses (ConfigError where the files do not determine it)."""
         raise ConfigError(f"no positive control for a {type(self).__name__} update file")
 
+    @abstractmethod
     def metrics(self, cfg: AttackConfig, recon: Any, device: torch.device) -> dict[str, Any]:
         """metrics.json's case part: what leaked, scored against the truth when there is one."""
 

@@ -238,7 +238,7 @@ class ImageCase(Case):
 
                 summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_pool(cfg))
                 metrics.update(summary)
-                for row, extra in zip(metrics["per_image"], per_image):
+                for row, extra in zip(metrics["per_image"], per_image, strict=True):
                     row.update(extra)
             # How well the true data explain the (defended) update, on the attacker's own measure:
             # an answer that fits worse than the truth is an optimisation failure (outcome.py)
