@@ -260,7 +260,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     state_dir = find_state(args.resume)
     values = read_saved_config(state_dir)
     if "attack" not in values and values.get("modality", "image") == "image":
-        values["attack"] = "dlg"  # a state saved before 2026-11-26 leaves out the default attack of then
+        values["attack"] = "dlg"  # a state saved while the default attack was dlg does not name it
     # The saved state is a file too: a module:callable model in it runs only when the user names
     # the same model again (--model), their own decision.
     flag_model = getattr(args, "model", None)

@@ -31,7 +31,7 @@ class AttackConfig(BaseModel):
 
     # what is attacked
     modality: Literal["image", "text"] = Field("image", description="what the client trains on: image | text")
-    # The default is the worst case an auditor asks for first (issue 20: "closed form first"):
+    # The default is the worst case an auditor asks for first (closed form first):
     # auto runs the closed-form attacks that apply and falls back to optimisation (attacks/auto.py).
     attack: str = Field("auto", description="attack: auto | dlg | idlg | gradinversion | ig | analytic | rgap | imprint "
                         "(text: dlg | dlg-free | bow)")
@@ -136,7 +136,7 @@ class AttackConfig(BaseModel):
     @classmethod
     def _utf8(cls, v: Any) -> Any:
         # argv arrives with surrogate escapes for bytes that are not UTF-8: refuse them here,
-        # once, rather than deep in a tokenizer or a path (issue 15)
+        # once, rather than deep in a tokenizer or a path
         for text in (v if isinstance(v, list) else [v]):
             if isinstance(text, str):
                 try:

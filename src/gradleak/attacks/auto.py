@@ -62,7 +62,7 @@ from .verdict import converged_below, verdict
 # DLG optimises every pixel and label in float64 with L-BFGS: at 32-64 px (its paper's CIFAR and
 # LFW images) a batch of 4 takes ~50 s here; at 224 px one start costs hours on this CPU. Inverting
 # Gradients, likewise, is run up to 64 px (its ImageNet runs took 24k steps on a GPU).
-# GradInversion is the batch attack built for 224 px (issue 39's scale) and always runs.
+# GradInversion is the batch attack built for 224 px (ImageNet's 224 px) and always runs.
 DLG_MAX_SIDE = 64
 IG_MAX_SIDE = 64
 

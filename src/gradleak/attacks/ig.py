@@ -65,7 +65,7 @@ class KeptIterates(AttackState):
     x: torch.Tensor       # [R, K, C, H, W]
 
 
-# Run length (issue 20). With the authors' schedule compressed to the run, their 4800 iterations
+# Run length. With the authors' schedule compressed to the run, their 4800 iterations
 # end farther from the photo than 1000 do: the PSNR climbs while the lr is 0.1, jumps after the
 # first decay, then falls for the rest of the run while the objective keeps falling. The photo
 # itself scores lower on IG's objective than either answer (benchmarks/ig_objective_truth.json),
@@ -90,7 +90,7 @@ class KeptIterates(AttackState):
 # 15.41 dB vs 15.55 dB at 1000 (benchmarks/whole_runs.json). --iterations 4800 runs the authors' length.
 IG_DEFAULTS = dict(iterations=1000, lr=0.1, optimizer="adam", dtype="float32")
 IG_ALPHA_TV = 1e-1
-# alpha_TV per layer (issue 20). IG_ALPHA_TV, the authors' value, is for a network of the size it
+# alpha_TV per layer. IG_ALPHA_TV, the authors' value, is for a network of the size it
 # was chosen on here: the 14-parameter-tensor convnet, where of 0.05 / 0.1 / 0.2 / 0.4 at 300
 # iterations it is the best or within 0.35 dB of the best on each of 5 photos (3 CIFAR-10, 2
 # scikit-image; benchmarks/ig_tv.json; mean 18.3 dB, 0.4: 16.2). On a deeper network the

@@ -117,7 +117,7 @@ class Observer:
 
 
 # The threat model's flags and the threats they describe: given for another threat (with a value
-# other than the default), a flag would be ignored, so it is an error (issue 16).
+# other than the default), a flag would be ignored, so it is an error.
 THREAT_FLAGS = {"local_steps": "fedavg", "local_batch_size": "fedavg", "local_lr": "fedavg",
                 "clients": "aggregate", "inner": "aggregate"}
 
@@ -142,7 +142,7 @@ def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_o
     """The client-describing config values an update file stands for (its public metadata).
     With --update the file decides the fields ``decides``: given values must agree with the file;
     fields it does not record (the client's private choices, ``client_only``) may not be given
-    at all; config.json then records the file's values (issue 16: no flag ignored). Raises
+    at all; config.json then records the file's values (no flag is ignored). Raises
     ConfigError naming the first given flag that contradicts the file or does not apply."""
     rec = meta.threat if isinstance(meta.threat, dict) else {}
     name = str(rec.get("name", "fedsgd"))
