@@ -57,9 +57,9 @@ def _widths(headers: Sequence[str], cells: Sequence[Sequence[str]], width: int) 
     if sum(longest) <= room:
         return [None] * len(headers)
     least = [_min_width(col) for col in texts]
-    want = [max(0, a - b) for a, b in zip(longest, least)]
+    want = [max(0, a - b) for a, b in zip(longest, least, strict=True)]
     spare, total = room - sum(least), sum(want) or 1
-    return [b + spare * w // total for b, w in zip(least, want)]
+    return [b + spare * w // total for b, w in zip(least, want, strict=True)]
 
 
 def markdown_table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
@@ -87,7 +87,7 @@ def print_table(console: Any, columns: Sequence[str], rows: Sequence[Mapping[str
         console.print(markdown_table(list(columns), cells), markup=False, highlight=False, soft_wrap=True)
         return
     table = Table(title=title)
-    for h, width in zip(shown, _widths(shown, cells, console.width)):
+    for h, width in zip(shown, _widths(shown, cells, console.width), strict=True):
         table.add_column(h, width=width, overflow="fold")   # fold, never "..."
     for row in cells:
         table.add_row(*row)

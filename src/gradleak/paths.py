@@ -306,9 +306,9 @@ def atomic_write_files(files: Mapping[str | os.PathLike[str], bytes], *, force: 
     # the process at once) then neither cuts the pair in half nor leaves temporary files.
     with deferred_signals():
         try:
-            for p, data in zip(paths, files.values()):
+            for p, data in zip(paths, files.values(), strict=True):
                 _temp_copy(p, data, durable, temps)
-            for p, tmp in zip(paths, temps):
+            for p, tmp in zip(paths, temps, strict=True):
                 if force:
                     os.replace(tmp, p)
                     continue

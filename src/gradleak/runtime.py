@@ -181,8 +181,8 @@ def attack_precision(fn: F) -> F:
 # every parallel region. When other processes already keep cores busy, the thread that shares a
 # core stalls the others at each barrier: `gradleak attack --iterations 20` (DLG) took 236 s once
 # on this 2-core machine under load, 1.2-1.6 s normally; controlled, with two busy processes on
-# the 2 cores: 9.2 s with torch's 2 threads, 2.5 s with one (and, measured again 2026-11-25 with
-# two single-thread experiments running: attack loop 3.98 s with 2 threads, 1.93 s with 1, same
+# the 2 cores: 9.2 s with torch's 2 threads, 2.5 s with one (and, measured again with two
+# single-thread experiments running: attack loop 3.98 s with 2 threads, 1.93 s with 1, same
 # numbers). The CLI therefore asks how busy the cores are before a run that was given no
 # --threads, and starts only as many threads as there are idle cores (at least one).
 BUSY_SAMPLE_SECONDS = 0.25

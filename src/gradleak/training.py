@@ -41,7 +41,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -126,7 +126,16 @@ class TrainConfig:
     model_seed: int = 0
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
+        self._check_model_and_data()
+        self._normalise_run_length()
+        self._normalise_sgd()
+        self._normalise_defense()
+        self._normalise_checkpoints()
+        self._check_subsets_and_seeds()
+        self._check_paths()
+        parse_defenses(list(self.defense))  # ConfigError / UnknownNameError for a bad spec, now
+
+    def _check_model_and_data(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(f"training: model must be a model name, got {self.model!r}")
         if not isinstance(self.data, str) or not self.data.strip():
@@ -135,22 +144,31 @@ class TrainConfig:
             raise ConfigError(f"training: width must be a positive integer or None, got {self.width!r}")
         if self.image_size is not None and (not _is_int(self.image_size) or not 4 <= self.image_size <= 1024):
             raise ConfigError(f"training: image_size must be an integer in 4..1024 or None, got {self.image_size!r}")
+
+    def _normalise_run_length(self) -> None:
+        """epochs (a float), batch_size, and the width's upper bound."""
         epochs = _finite("epochs", self.epochs)
         if not 0 < epochs <= MAX_EPOCHS:
             raise ConfigError(f"training: epochs must be in (0, {MAX_EPOCHS}], got {self.epochs!r}")
-        set_(self, "epochs", epochs)
+        object.__setattr__(self, "epochs", epochs)
         if not _is_int(self.batch_size) or not 1 <= self.batch_size <= 65536:
             raise ConfigError(f"training: batch_size must be an integer in 1..65536, got {self.batch_size!r}")
         if self.width is not None and self.width > 4096:
             raise ConfigError(f"training: width must be at most 4096, got {self.width!r}")
+
+    def _normalise_sgd(self) -> None:
+        """lr and momentum as floats."""
         lr = _finite("lr", self.lr)
         if lr <= 0:
             raise ConfigError(f"training: lr must be > 0, got {self.lr!r}")
-        set_(self, "lr", lr)
+        object.__setattr__(self, "lr", lr)
         momentum = _finite("momentum", self.momentum)
         if not 0 <= momentum < 1:
             raise ConfigError(f"training: momentum must be in [0, 1), got {self.momentum!r}")
-        set_(self, "momentum", momentum)
+        object.__setattr__(self, "momentum", momentum)
+
+    def _normalise_defense(self) -> None:
+        """defense as a tuple of spec strings (one string is one spec)."""
         defense = (self.defense,) if isinstance(self.defense, str) else self.defense
         try:
             defense = tuple(defense)
@@ -158,7 +176,10 @@ class TrainConfig:
             raise ConfigError(f"training: defense must be a list of spec strings, got {self.defense!r}") from None
         if not all(isinstance(d, str) for d in defense):
             raise ConfigError(f"training: defense must be a list of spec strings, got {self.defense!r}")
-        set_(self, "defense", defense)
+        object.__setattr__(self, "defense", defense)
+
+    def _normalise_checkpoints(self) -> None:
+        """checkpoints as sorted distinct fractions in [0, 1] whose file names differ."""
         cps = (self.checkpoints,) if isinstance(self.checkpoints, (int, float)) else self.checkpoints
         try:
             cps = tuple(_finite("checkpoints", c) for c in cps)
@@ -173,7 +194,9 @@ class TrainConfig:
         if clash:
             raise ConfigError(f"training: checkpoints {list(cps)} give the same file name {clash[0]} "
                               "(fractions are written with 2 decimals)")
-        set_(self, "checkpoints", cps)
+        object.__setattr__(self, "checkpoints", cps)
+
+    def _check_subsets_and_seeds(self) -> None:
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
@@ -183,6 +206,9 @@ class TrainConfig:
             if not _is_int(v) or not 0 <= v <= MAX_SEED:
                 shown = f"an integer of {v.bit_length()} bits" if _is_int(v) and v > 10**30 else repr(v)
                 raise ConfigError(f"training: {name} must be an integer in 0..{MAX_SEED}, got {shown}")
+
+    def _check_paths(self) -> None:
+        """data and data_root must be text a path can hold."""
         for name in ("data", "data_root"):
             v = getattr(self, name)
             if v is not None:
@@ -190,7 +216,6 @@ class TrainConfig:
                     check_path_text(v)
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(f"training: {name} {one_line(repr(v), 80)} {exc}") from None
-        parse_defenses(list(defense))  # ConfigError / UnknownNameError for a bad spec, now
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -314,18 +339,36 @@ def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
 
     if not isinstance(meta, dict):
         raise UpdateFileError(f"{path}: checkpoint metadata must be a JSON object")
+    _check_meta_model(meta, bad)
+    shape = _check_meta_input(meta, bad)
+    frac = meta.get("fraction")
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 <= frac <= 1:
+        raise bad("fraction", "a number in [0, 1]")
+    if not _is_int(meta.get("step")) or meta["step"] < 0:
+        raise bad("step", "an integer >= 0")
+    meta["input_shape"] = tuple(shape)
+    meta["mean"], meta["std"] = tuple(float(x) for x in meta["mean"]), tuple(float(x) for x in meta["std"])
+    return meta
+
+
+def _check_meta_model(meta: dict[str, Any], bad: Callable[[str, str], UpdateFileError]) -> None:
+    """model, model_kwargs (defaulted to {}) and num_classes, within the bounds of what training
+    writes (and of an update file's metadata, fl.files): a file never makes gradleak build an
+    absurd model."""
     if not isinstance(meta.get("model"), str) or not meta["model"]:
         raise bad("model", "a model name")
     if not isinstance(meta.get("model_kwargs", {}), dict):
         raise bad("model_kwargs", "an object")
     meta.setdefault("model_kwargs", {})
-    # the bounds of what training writes (and of an update file's metadata, fl.files): a file
-    # never makes gradleak build an absurd model
     width = meta["model_kwargs"].get("width")
     if width is not None and (not _is_int(width) or not 1 <= width <= 4096):
         raise bad("model_kwargs", "an object with an integer width in 1..4096")
     if not _is_int(meta.get("num_classes")) or not 2 <= meta["num_classes"] <= 100_000:
         raise bad("num_classes", "an integer in 2..100000")
+
+
+def _check_meta_input(meta: dict[str, Any], bad: Callable[[str, str], UpdateFileError]) -> list[int]:
+    """input_shape (a square [C, H, W]) and the per-channel normalisation mean and std; returns the shape."""
     shape = meta.get("input_shape")
     if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(s) and s >= 1 for s in shape)
             or not 1 <= shape[0] <= 4 or not all(4 <= s <= 1024 for s in shape[1:])):
@@ -339,14 +382,7 @@ def _validate_meta(md: dict[str, str] | None, path: Path) -> dict[str, Any]:
             raise bad(key, f"{shape[0]} finite numbers (one per channel)")
     if min(meta["std"]) <= 0:
         raise bad("std", "positive numbers")
-    frac = meta.get("fraction")
-    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 <= frac <= 1:
-        raise bad("fraction", "a number in [0, 1]")
-    if not _is_int(meta.get("step")) or meta["step"] < 0:
-        raise bad("step", "an integer >= 0")
-    meta["input_shape"] = tuple(shape)
-    meta["mean"], meta["std"] = tuple(float(x) for x in meta["mean"]), tuple(float(x) for x in meta["std"])
-    return meta
+    return shape
 
 
 def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
@@ -371,46 +407,10 @@ def load_checkpoint(path: str | Path, *, trust_model_code: bool = False) -> tupl
     p = Path(path)
     with open_safetensors(p, "checkpoint") as f:
         meta = _validate_meta(f.metadata(), p)
-        if ":" in meta["model"] and meta["model"] not in model_names() and not trust_model_code:
-            raise UpdateFileError(f"{p}: checkpoint names the user model {meta['model']!r}, which would import "
-                                  "and run its code; pass trust_model_code=True if you trust this file")
-        c, h, _ = meta["input_shape"]
-        try:
-            spec = build_model(meta["model"], num_classes=meta["num_classes"], channels=c, image_size=h,
-                               width=meta["model_kwargs"].get("width"))
-        except ModelMismatchError as exc:
-            raise ModelMismatchError(f"{p}: cannot rebuild model {meta['model']}: {exc}") from None
-        if dict(spec.kwargs) != dict(meta["model_kwargs"]):
-            raise ModelMismatchError(f"{p}: model_kwargs {meta['model_kwargs']} are not what {meta['model']} "
-                                     f"is built with ({spec.kwargs})")
-        for key in ("mean", "std"):
-            if any(abs(a - b) > 1e-6 for a, b in zip(getattr(spec, key), meta[key])):
-                raise ModelMismatchError(f"{p}: checkpoint normalisation {key}={list(meta[key])} differs from "
-                                         f"model {meta['model']}'s {list(getattr(spec, key))}")
+        spec = _rebuild_model(p, meta, trust_model_code)
         state = spec.module.state_dict()
-        keys = set(f.keys())
-        missing, unknown = sorted(set(state) - keys), sorted(keys - set(state))
-        if missing:
-            raise ModelMismatchError(f"{p}: checkpoint lacks {len(missing)} tensors of model {meta['model']} "
-                                     f"(first: {missing[0]})")
-        if unknown:
-            raise ModelMismatchError(f"{p}: checkpoint has tensors that model {meta['model']} does not have "
-                                     f"(first: {unknown[0]})")
-        for k, ref in state.items():
-            sl = f.get_slice(k)
-            shape, dtype = tuple(int(s) for s in sl.get_shape()), str(sl.get_dtype())
-            if shape != tuple(ref.shape):
-                raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {meta['model']} "
-                                         f"expects {list(ref.shape)}")
-            if ref.is_floating_point() != (dtype in _FLOAT_DTYPES):
-                want = "a float" if ref.is_floating_point() else "an integer"
-                raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected {want} type")
-        tensors: dict[str, torch.Tensor] = {}
-        for k in state:
-            try:
-                tensors[k] = f.get_tensor(k)
-            except Exception as exc:  # noqa: BLE001 - truncated data section
-                raise UpdateFileError(f"{p}: cannot read tensor {k!r}: {exc}") from None
+        _check_tensor_layout(p, f, state, meta["model"])
+        tensors = _read_tensors(p, f, state)
     for k, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise NonFiniteError(f"{p}: checkpoint tensor {k!r} holds NaN or Inf")
@@ -420,6 +420,62 @@ def load_checkpoint(path: str | Path, *, trust_model_code: bool = False) -> tupl
         raise ModelMismatchError(f"{p}: weights do not fit model {meta['model']}: {exc}") from None
     spec.module.eval()
     return spec, meta
+
+
+def _rebuild_model(p: Path, meta: dict[str, Any], trust_model_code: bool) -> ModelSpec:
+    """The model the checkpoint's metadata names, built as training built it; its kwargs and
+    normalisation must be what the metadata records. A user model (``package.module:callable``)
+    only where its code is trusted, since building it imports and runs that code."""
+    if ":" in meta["model"] and meta["model"] not in model_names() and not trust_model_code:
+        raise UpdateFileError(f"{p}: checkpoint names the user model {meta['model']!r}, which would import "
+                              "and run its code; pass trust_model_code=True if you trust this file")
+    c, h, _ = meta["input_shape"]
+    try:
+        spec = build_model(meta["model"], num_classes=meta["num_classes"], channels=c, image_size=h,
+                           width=meta["model_kwargs"].get("width"))
+    except ModelMismatchError as exc:
+        raise ModelMismatchError(f"{p}: cannot rebuild model {meta['model']}: {exc}") from None
+    if dict(spec.kwargs) != dict(meta["model_kwargs"]):
+        raise ModelMismatchError(f"{p}: model_kwargs {meta['model_kwargs']} are not what {meta['model']} "
+                                 f"is built with ({spec.kwargs})")
+    for key in ("mean", "std"):
+        if any(abs(a - b) > 1e-6 for a, b in zip(getattr(spec, key), meta[key], strict=False)):
+            raise ModelMismatchError(f"{p}: checkpoint normalisation {key}={list(meta[key])} differs from "
+                                     f"model {meta['model']}'s {list(getattr(spec, key))}")
+    return spec
+
+
+def _check_tensor_layout(p: Path, f: Any, state: dict[str, torch.Tensor], model: str) -> None:
+    """Every tensor of the model's state_dict and no other, each of the model's shape and kind of
+    dtype (float or integer), checked from the header before any tensor is read."""
+    keys = set(f.keys())
+    missing, unknown = sorted(set(state) - keys), sorted(keys - set(state))
+    if missing:
+        raise ModelMismatchError(f"{p}: checkpoint lacks {len(missing)} tensors of model {model} "
+                                 f"(first: {missing[0]})")
+    if unknown:
+        raise ModelMismatchError(f"{p}: checkpoint has tensors that model {model} does not have "
+                                 f"(first: {unknown[0]})")
+    for k, ref in state.items():
+        sl = f.get_slice(k)
+        shape, dtype = tuple(int(s) for s in sl.get_shape()), str(sl.get_dtype())
+        if shape != tuple(ref.shape):
+            raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {model} "
+                                     f"expects {list(ref.shape)}")
+        if ref.is_floating_point() != (dtype in _FLOAT_DTYPES):
+            want = "a float" if ref.is_floating_point() else "an integer"
+            raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected {want} type")
+
+
+def _read_tensors(p: Path, f: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state_dict's tensors from the file; a truncated data section is an UpdateFileError."""
+    tensors: dict[str, torch.Tensor] = {}
+    for k in state:
+        try:
+            tensors[k] = f.get_tensor(k)
+        except Exception as exc:  # noqa: BLE001 - truncated data section
+            raise UpdateFileError(f"{p}: cannot read tensor {k!r}: {exc}") from None
+    return tensors
 
 
 def apply_checkpoint(model: ModelSpec, path: str | Path) -> dict[str, Any]:
@@ -488,6 +544,220 @@ def _json_float(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def _open_splits(cfg: TrainConfig) -> tuple[ImageSource, ImageSource]:
+    """The train and test splits of ``cfg.data``, which must agree on the classes."""
+    train_src, test_src = _open_split(cfg, "train"), _open_split(cfg, "test")
+    if train_src.num_classes != test_src.num_classes:
+        raise DataError(f"train and test splits of {cfg.data} disagree on the number of classes")
+    return train_src, test_src
+
+
+def _dp_defense(defenses: list[Defense], model: ModelSpec) -> DPSGD | None:
+    """The DP-SGD defense when it leads the chain; refused on a BN model now, not after the
+    first checkpoint."""
+    dp = defenses[0] if defenses and isinstance(defenses[0], DPSGD) else None
+    if dp is not None:
+        from .defenses.dpsgd import _check_no_batchnorm
+
+        _check_no_batchnorm(model)
+    return dp
+
+
+def _train_indices(cfg: TrainConfig, source: ImageSource) -> list[int]:
+    """The first ``train_subset`` images of a permutation of the train split seeded with ``cfg.seed``."""
+    n_all = len(source)
+    if cfg.train_subset is not None and cfg.train_subset > n_all:
+        raise ConfigError(f"training: train_subset={cfg.train_subset} but {cfg.data} has {n_all} train images")
+    perm = torch.randperm(n_all, generator=torch.Generator().manual_seed(_derive_seed(cfg.seed, "subset")))
+    idx = perm[: cfg.train_subset or n_all].tolist()
+    if len(idx) < cfg.batch_size:
+        raise ConfigError(f"training: batch_size={cfg.batch_size} is larger than the {len(idx)} training images")
+    return idx
+
+
+def _test_indices(cfg: TrainConfig, source: ImageSource) -> list[int]:
+    """All test images, or ``test_subset`` of them drawn with the fixed TEST_SUBSET_SEED, so runs
+    with different seeds or defenses are scored on the same images."""
+    n_all = len(source)
+    n = n_all if cfg.test_subset is None else min(cfg.test_subset, n_all)
+    if n == n_all:
+        return list(range(n_all))
+    perm = torch.randperm(n_all, generator=torch.Generator().manual_seed(TEST_SUBSET_SEED))
+    return sorted(perm[:n].tolist())
+
+
+def _privacy(dp: DPSGD | None, sample_rate: float, total_steps: int) -> tuple[float | None, dict[str, Any] | None]:
+    """DP-SGD's epsilon over the whole run and the record training.json keeps of it (None, None
+    without DP-SGD)."""
+    if dp is None:
+        return None, None
+    epsilon = dp_epsilon(dp.noise, sample_rate=sample_rate, steps=total_steps, delta=dp.delta)
+    return epsilon, {"epsilon": _json_float(epsilon), "delta": dp.delta, "noise_multiplier": dp.noise,
+                     "clip": dp.clip, "sample_rate": sample_rate, "steps": total_steps,
+                     "accountant": "opacus RDP (assumes Poisson sampling; training uses shuffled fixed-size batches)"}
+
+
+@dataclass
+class _Schedule:
+    """How many steps the run takes, and which checkpoint fractions fall on each step."""
+
+    steps_per_epoch: int
+    total_steps: int
+    plan: dict[int, list[float]]
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, n_train: int) -> _Schedule:
+        steps_per_epoch = n_train // cfg.batch_size  # full batches only: a fixed batch size every step
+        total_steps = max(1, int(math.floor(cfg.epochs * steps_per_epoch + 0.5)))
+        plan: dict[int, list[float]] = {}
+        for frac in cfg.checkpoints:
+            plan.setdefault(_checkpoint_step(frac, total_steps), []).append(frac)
+        return cls(steps_per_epoch, total_steps, plan)
+
+
+@dataclass
+class _Checkpointer:
+    """Scores the model and writes its checkpoint(s) at the steps the schedule plans them."""
+
+    cfg: TrainConfig
+    out: Path
+    model: ModelSpec
+    test_data: _Images
+    schedule: _Schedule
+    specs: list[str]
+    data_meta: dict[str, Any]
+    saved: list[CheckpointInfo] = field(default_factory=list)
+
+    def __call__(self, step: int) -> None:
+        fracs = self.schedule.plan.get(step)
+        if not fracs:
+            return
+        model, cfg = self.model, self.cfg
+        acc = evaluate_accuracy(model, self.test_data.pixels, self.test_data.labels)
+        for frac in fracs:
+            path = self.out / checkpoint_name(frac)
+            meta = {"format": CHECKPOINT_FORMAT, "model": model.name, "model_kwargs": dict(model.kwargs),
+                    "num_classes": model.num_classes, "input_shape": list(model.input_shape),
+                    "mean": list(model.mean), "std": list(model.std), "fraction": frac, "step": step,
+                    "total_steps": self.schedule.total_steps, "epochs": step / self.schedule.steps_per_epoch,
+                    "test_accuracy": acc, "test_images": len(self.test_data), "defenses": self.specs,
+                    "data": self.data_meta, "seed": cfg.seed, "model_seed": cfg.model_seed}
+            atomic_write_bytes(path, _checkpoint_bytes(model, meta))
+            self.saved.append(CheckpointInfo(fraction=frac, step=step, path=path, test_accuracy=acc))
+
+
+@dataclass
+class _ClientSteps:
+    """One defended FedSGD client's step per mini-batch, applied by ``torch.optim.SGD`` through
+    ``p.grad``; keeps the loss of every step."""
+
+    cfg: TrainConfig
+    model: ModelSpec
+    defenses: list[Defense]
+    params: dict[str, torch.Tensor]
+    update_bn: bool
+    losses: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.optimizer = torch.optim.SGD(list(self.params.values()), lr=self.cfg.lr, momentum=self.cfg.momentum)
+        self.noise_gen = torch.Generator().manual_seed(_derive_seed(self.cfg.seed, "defense"))
+
+    def __call__(self, batch: Batch, step: int, total_steps: int) -> float:
+        model, cfg = self.model, self.cfg
+        if self.defenses:
+            update = client_update(model, batch, self.defenses, self.noise_gen)
+        else:
+            update = fedsgd(model, batch)
+        loss = float(update.meta.loss)
+        if not math.isfinite(loss):
+            raise NonFiniteError(f"training diverged: the loss is {loss} at step {step + 1}/{total_steps}; "
+                                 f"lower lr (now {cfg.lr})")
+        if self.update_bn:  # fedsgd ran on cloned buffers: move the module's running stats here
+            with torch.no_grad():
+                model.module(model.normalize(batch.images))
+        for name, p in self.params.items():
+            p.grad = update.gradients[name].to(dtype=p.dtype, device=p.device)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(loss)
+        if not all(bool(torch.isfinite(p).all()) for p in self.params.values()):
+            raise NonFiniteError(f"training diverged: weights hold NaN/Inf after step {step + 1}/{total_steps}; "
+                                 f"lower lr (now {cfg.lr})")
+        return loss
+
+
+def _progress_bar(model: ModelSpec, specs: list[str], total_steps: int) -> tuple[Any, Any]:
+    """A started rich progress bar over the steps, and its task."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    task = bar.add_task(f"{model.name} {' '.join(specs) or 'no defense'}", total=total_steps)
+    bar.start()
+    return bar, task
+
+
+def _run_steps(client: _ClientSteps, train_data: _Images, schedule: _Schedule, save: _Checkpointer,
+               progress: bool) -> None:
+    """Every step of the schedule over reshuffled epochs of ``train_data``, with the checkpoints
+    (step 0: before the first step). Global RNG draws (dropout etc. in user models) come from a
+    seed of their own and leave the caller's RNG as it was."""
+    cfg, model, total_steps = client.cfg, client.model, schedule.total_steps
+    shuffle_gen = torch.Generator().manual_seed(_derive_seed(cfg.seed, "shuffle"))
+    bar, task = _progress_bar(model, save.specs, total_steps) if progress else (None, None)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_derive_seed(cfg.seed, "global"))
+            model.module.train()
+            save(0)
+            order = torch.empty(0, dtype=torch.int64)
+            for step in range(total_steps):
+                pos = step % schedule.steps_per_epoch
+                if pos == 0:
+                    order = torch.randperm(len(train_data), generator=shuffle_gen)
+                batch = train_data.batch(order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size], cfg.data)
+                loss = client(batch, step, total_steps)
+                save(step + 1)
+                if bar is not None:
+                    bar.update(task, advance=1, description=f"{model.name} loss {loss:.3f}")
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _summary(result: TrainResult, data_meta: dict[str, Any], parameters: int, update_bn: bool,
+             privacy: dict[str, Any] | None) -> dict[str, Any]:
+    """training.json: the run's config, model, data, schedule, checkpoints, losses and privacy."""
+    model = result.model
+    return {
+        "format": TRAINING_FORMAT, "config": result.config.to_dict(), "defenses": result.defenses,
+        "model": {"name": model.name, "kwargs": dict(model.kwargs), "num_classes": model.num_classes,
+                  "input_shape": list(model.input_shape), "mean": list(model.mean), "std": list(model.std),
+                  "parameters": parameters},
+        "data": {**data_meta, "test_subset_seed": TEST_SUBSET_SEED},
+        "steps_per_epoch": result.steps_per_epoch, "total_steps": result.total_steps,
+        "bn_running_stats": "updated by a no-grad train-mode forward per step" if update_bn else None,
+        "checkpoints": [{"fraction": c.fraction, "step": c.step, "path": c.path.name,
+                         "test_accuracy": c.test_accuracy} for c in result.checkpoints],
+        "final_test_accuracy": result.final_accuracy, "wall_seconds": round(result.wall_seconds, 3),
+        "privacy": privacy, "loss": [_json_float(x) for x in result.losses],
+        "plot": result.plot_path.name if result.plot_path else None,
+    }
+
+
+def _plot_or_none(result: TrainResult) -> Path | None:
+    """training.png, or None where drawing it failed: a figure must never lose a finished run."""
+    specs = result.defenses
+    title = f"{result.model.name} on {result.config.data}, {' + '.join(specs) or 'no defense'}"
+    try:
+        return _save_plot(result.out / "training.png", result.checkpoints, result.losses, title)
+    except GradleakError:
+        raise
+    except Exception:  # noqa: BLE001 - a figure must never lose a finished training run
+        return None
+
+
 def train(cfg: TrainConfig, out: str | Path, *, progress: bool = False) -> TrainResult:
     """Train ``cfg.model`` on ``cfg.data`` with every gradient step defended; write checkpoints,
     ``training.json`` and ``training.png`` to ``out``. See the module docstring.
@@ -504,158 +774,42 @@ def train(cfg: TrainConfig, out: str | Path, *, progress: bool = False) -> Train
         raise ConfigError(f"training: output {out} exists and is not a folder")
     defenses: list[Defense] = parse_defenses(list(cfg.defense))
 
-    train_src, test_src = _open_split(cfg, "train"), _open_split(cfg, "test")
-    if train_src.num_classes != test_src.num_classes:
-        raise DataError(f"train and test splits of {cfg.data} disagree on the number of classes")
+    train_src, test_src = _open_splits(cfg)
     channels = int(train_src.native_channels) if train_src.native_channels in (1, 3) else 3
     size = cfg.image_size or default_image_size(cfg.model)
     model = build_model(cfg.model, num_classes=train_src.num_classes, channels=channels, image_size=size,
                         seed=cfg.model_seed, width=cfg.width)
-    dp = defenses[0] if defenses and isinstance(defenses[0], DPSGD) else None
-    if dp is not None:
-        from .defenses.dpsgd import _check_no_batchnorm
-
-        _check_no_batchnorm(model)  # ConfigError now, not after the first checkpoint
-
-    n_train_all = len(train_src)
-    if cfg.train_subset is not None and cfg.train_subset > n_train_all:
-        raise ConfigError(f"training: train_subset={cfg.train_subset} but {cfg.data} has {n_train_all} train images")
-    perm = torch.randperm(n_train_all, generator=torch.Generator().manual_seed(_derive_seed(cfg.seed, "subset")))
-    train_idx = perm[: cfg.train_subset or n_train_all].tolist()
-    if len(train_idx) < cfg.batch_size:
-        raise ConfigError(f"training: batch_size={cfg.batch_size} is larger than the {len(train_idx)} training images")
-    n_test_all = len(test_src)
-    n_test = n_test_all if cfg.test_subset is None else min(cfg.test_subset, n_test_all)
-    if n_test == n_test_all:
-        test_idx = list(range(n_test_all))
-    else:
-        test_perm = torch.randperm(n_test_all, generator=torch.Generator().manual_seed(TEST_SUBSET_SEED))
-        test_idx = sorted(test_perm[:n_test].tolist())
+    dp = _dp_defense(defenses, model)
+    train_idx, test_idx = _train_indices(cfg, train_src), _test_indices(cfg, test_src)
     train_data = _decode(train_src, train_idx, size, channels)
     test_data = _decode(test_src, test_idx, size, channels)
 
-    n_train = len(train_data)
-    steps_per_epoch = n_train // cfg.batch_size  # full batches only: a fixed batch size every step
-    total_steps = max(1, int(math.floor(cfg.epochs * steps_per_epoch + 0.5)))
-    plan: dict[int, list[float]] = {}
-    for frac in cfg.checkpoints:
-        plan.setdefault(_checkpoint_step(frac, total_steps), []).append(frac)
-
-    epsilon: float | None = None
-    privacy: dict[str, Any] | None = None
-    if dp is not None:
-        sample_rate = cfg.batch_size / n_train
-        epsilon = dp_epsilon(dp.noise, sample_rate=sample_rate, steps=total_steps, delta=dp.delta)
-        privacy = {"epsilon": _json_float(epsilon), "delta": dp.delta, "noise_multiplier": dp.noise,
-                   "clip": dp.clip, "sample_rate": sample_rate, "steps": total_steps,
-                   "accountant": "opacus RDP (assumes Poisson sampling; training uses shuffled fixed-size batches)"}
-
-    module = model.module
-    params = trainable_parameters(module)
-    optimizer = torch.optim.SGD(list(params.values()), lr=cfg.lr, momentum=cfg.momentum)
-    update_bn = _has_bn_running_stats(module)
-    noise_gen = torch.Generator().manual_seed(_derive_seed(cfg.seed, "defense"))
-    shuffle_gen = torch.Generator().manual_seed(_derive_seed(cfg.seed, "shuffle"))
+    n_train, n_test = len(train_data), len(test_data)
+    schedule = _Schedule.of(cfg, n_train)
+    epsilon, privacy = _privacy(dp, cfg.batch_size / n_train, schedule.total_steps)
+    params = trainable_parameters(model.module)
+    client = _ClientSteps(cfg, model, defenses, params, _has_bn_running_stats(model.module))
     data_meta = {"source": cfg.data, "train_images": n_train, "test_images": n_test,
                  "image_size": size, "channels": channels}
     specs = [d.spec for d in defenses]
     out.mkdir(parents=True, exist_ok=True)
+    save = _Checkpointer(cfg, out, model, test_data, schedule, specs, data_meta)
+    _run_steps(client, train_data, schedule, save, progress)
 
-    checkpoints: list[CheckpointInfo] = []
-    losses: list[float] = []
-
-    def save_checkpoints(step: int) -> None:
-        fracs = plan.get(step)
-        if not fracs:
-            return
-        acc = evaluate_accuracy(model, test_data.pixels, test_data.labels)
-        for frac in fracs:
-            path = out / checkpoint_name(frac)
-            meta = {"format": CHECKPOINT_FORMAT, "model": model.name, "model_kwargs": dict(model.kwargs),
-                    "num_classes": model.num_classes, "input_shape": list(model.input_shape),
-                    "mean": list(model.mean), "std": list(model.std), "fraction": frac, "step": step,
-                    "total_steps": total_steps, "epochs": step / steps_per_epoch, "test_accuracy": acc,
-                    "test_images": n_test, "defenses": specs, "data": data_meta, "seed": cfg.seed,
-                    "model_seed": cfg.model_seed}
-            atomic_write_bytes(path, _checkpoint_bytes(model, meta))
-            checkpoints.append(CheckpointInfo(fraction=frac, step=step, path=path, test_accuracy=acc))
-
-    bar = None
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
-
-        bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
-        task = bar.add_task(f"{model.name} {' '.join(specs) or 'no defense'}", total=total_steps)
-        bar.start()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_derive_seed(cfg.seed, "global"))  # dropout etc. in user models
-            module.train()
-            save_checkpoints(0)
-            order = torch.empty(0, dtype=torch.int64)
-            for step in range(total_steps):
-                pos = step % steps_per_epoch
-                if pos == 0:
-                    order = torch.randperm(n_train, generator=shuffle_gen)
-                batch = train_data.batch(order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size], cfg.data)
-                if defenses:
-                    update = client_update(model, batch, defenses, noise_gen)
-                else:
-                    update = fedsgd(model, batch)
-                loss = float(update.meta.loss)
-                if not math.isfinite(loss):
-                    raise NonFiniteError(f"training diverged: the loss is {loss} at step {step + 1}/{total_steps}; "
-                                         f"lower lr (now {cfg.lr})")
-                if update_bn:  # fedsgd ran on cloned buffers: move the module's running stats here
-                    with torch.no_grad():
-                        module(model.normalize(batch.images))
-                for name, p in params.items():
-                    p.grad = update.gradients[name].to(dtype=p.dtype, device=p.device)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss)
-                if not all(bool(torch.isfinite(p).all()) for p in params.values()):
-                    raise NonFiniteError(f"training diverged: weights hold NaN/Inf after step {step + 1}/{total_steps}; "
-                                         f"lower lr (now {cfg.lr})")
-                save_checkpoints(step + 1)
-                if bar is not None:
-                    bar.update(task, advance=1, description=f"{model.name} loss {loss:.3f}")
-    finally:
-        if bar is not None:
-            bar.stop()
-    module.eval()
-    final = next((c.test_accuracy for c in checkpoints if c.step == total_steps), None)
+    model.module.eval()
+    checkpoints = save.saved
+    final = next((c.test_accuracy for c in checkpoints if c.step == schedule.total_steps), None)
     if final is None:
         final = evaluate_accuracy(model, test_data.pixels, test_data.labels)
     checkpoints.sort(key=lambda c: c.fraction)
     wall = time.perf_counter() - started
 
     result = TrainResult(config=cfg, out=out, model=model, checkpoints=checkpoints, final_accuracy=final,
-                         total_steps=total_steps, steps_per_epoch=steps_per_epoch, train_images=n_train,
-                         test_images=n_test, losses=losses, wall_seconds=wall, epsilon=epsilon, defenses=specs)
-    title = f"{model.name} on {cfg.data}, {' + '.join(specs) or 'no defense'}"
-    try:
-        result.plot_path = _save_plot(out / "training.png", checkpoints, losses, title)
-    except GradleakError:
-        raise
-    except Exception:  # noqa: BLE001 - a figure must never lose a finished training run
-        result.plot_path = None
-    summary = {
-        "format": TRAINING_FORMAT, "config": cfg.to_dict(), "defenses": specs,
-        "model": {"name": model.name, "kwargs": dict(model.kwargs), "num_classes": model.num_classes,
-                  "input_shape": list(model.input_shape), "mean": list(model.mean), "std": list(model.std),
-                  "parameters": sum(p.numel() for p in params.values())},
-        "data": {**data_meta, "test_subset_seed": TEST_SUBSET_SEED},
-        "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-        "bn_running_stats": "updated by a no-grad train-mode forward per step" if update_bn else None,
-        "checkpoints": [{"fraction": c.fraction, "step": c.step, "path": c.path.name,
-                         "test_accuracy": c.test_accuracy} for c in checkpoints],
-        "final_test_accuracy": final, "wall_seconds": round(wall, 3),
-        "privacy": privacy, "loss": [_json_float(x) for x in losses],
-        "plot": result.plot_path.name if result.plot_path else None,
-    }
+                         total_steps=schedule.total_steps, steps_per_epoch=schedule.steps_per_epoch,
+                         train_images=n_train, test_images=n_test, losses=client.losses, wall_seconds=wall,
+                         epsilon=epsilon, defenses=specs)
+    result.plot_path = _plot_or_none(result)
+    summary = _summary(result, data_meta, sum(p.numel() for p in params.values()), client.update_bn, privacy)
     result.summary_path = out / "training.json"
     atomic_write_bytes(result.summary_path, (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode())
     return result

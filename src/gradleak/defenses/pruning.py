@@ -73,6 +73,6 @@ class Prune(Defense):
             return out
         keep = torch.ones(abs_all.numel(), dtype=torch.bool, device=device)
         keep[_smallest(abs_all, k)] = False
-        for t, mask in zip(tensors, torch.split(keep, [t.numel() for t in tensors])):
+        for t, mask in zip(tensors, torch.split(keep, [t.numel() for t in tensors]), strict=True):
             t.view(-1)[~mask.to(t.device)] = 0
         return out

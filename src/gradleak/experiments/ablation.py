@@ -109,7 +109,7 @@ def _monotonicity_notes(summary: list[dict[str, Any]], spread: dict[str, dict[st
     """Say plainly where a step did not improve a metric (the paper's Table 2 improves all), with
     how many of each step's samples did not converge and its images' inconclusive verdicts."""
     notes = []
-    for prev, cur in zip(summary, summary[1:]):
+    for prev, cur in zip(summary, summary[1:], strict=False):
         worse = []
         for c in SUMMARY[1:]:
             a, b = prev[c], cur[c]

@@ -31,7 +31,7 @@ OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", init="zeros",
                                       "gradinversion": dict(share_bn_statistics=True)}
 # Iterations (smoke, full); None = the attack's own default (GradInversion's cpu preset: 600 Adam
 # steps; Inverting Gradients: 1000 signed-Adam steps, attacks/ig.py. reproduction/batch-size was
-# first computed at the authors' 4800, IG's default until 2026-11-26; its reading gives both).
+# first computed at the authors' 4800, IG's earlier default; its reading gives both).
 # DLG gets more smoke iterations than iDLG: its first start can stall on a plateau and is then
 # restarted (dlg.py), which the smoke budget must leave room for.
 ITERATIONS: dict[str, tuple[int, int | None]] = {"dlg": (60, 300), "idlg": (30, 300), "gradinversion": (150, None),

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, TypeVar
 
 from ..errors import ConfigError, DataError, GradleakError
 from ..paths import check_output_dir, loads_json, one_line
@@ -175,17 +175,18 @@ _IMAGE_NUMBERS = ("psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips")
 _IMAGE_INTEGERS = ("index", "label_true", "label_restored")
 
 
+def _is_number(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def check_stored_metrics(metrics: dict[str, Any], where: str) -> None:
     """DataError when a finished cell's stored metrics hold a value of a type the pipeline never
     writes where the experiments compute with it (a number that is text, rows that are no list)."""
-    def is_number(v: Any) -> bool:
-        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-
     def bad(name: str, v: Any, want: str) -> DataError:
         return DataError(f"{where}: the stored metrics.{name} is {one_line(repr(v), 40)}, not {want} ({STORE_CHANGED})")
 
     for name in _NUMBERS:
-        if name in metrics and not is_number(metrics[name]):
+        if name in metrics and not _is_number(metrics[name]):
             raise bad(name, metrics[name], "a number")
     for name in ("per_image", "history"):
         rows = metrics.get(name, [])
@@ -196,18 +197,23 @@ def check_stored_metrics(metrics: dict[str, Any], where: str) -> None:
             if name in metrics and metrics[name] is None:
                 raise bad(name, None, "a number")
     for i, row in enumerate(metrics.get("per_image", [])):
-        for name in _IMAGE_NUMBERS:
-            if name in row and not is_number(row[name]):
-                raise bad(f"per_image[{i}].{name}", row[name], "a number")
-        for name in ("psnr", "ssim"):
-            if name in row and row[name] is None:
-                raise bad(f"per_image[{i}].{name}", None, "a number")
-        for name in _IMAGE_INTEGERS:
-            if name in row and (isinstance(row[name], bool) or not isinstance(row[name], int)):
-                raise bad(f"per_image[{i}].{name}", row[name], "an integer")
+        _check_image_row(row, f"per_image[{i}]", bad)
     for name in ("convergence", "update", "settings"):
         if name in metrics and not isinstance(metrics[name], dict):
             raise bad(name, metrics[name], "an object")
+
+
+def _check_image_row(row: dict[str, Any], prefix: str, bad: Callable[[str, Any, str], DataError]) -> None:
+    """One per-image row: its scores numbers (PSNR and SSIM never null), its indices and labels integers."""
+    for name in _IMAGE_NUMBERS:
+        if name in row and not _is_number(row[name]):
+            raise bad(f"{prefix}.{name}", row[name], "a number")
+    for name in ("psnr", "ssim"):
+        if name in row and row[name] is None:
+            raise bad(f"{prefix}.{name}", None, "a number")
+    for name in _IMAGE_INTEGERS:
+        if name in row and (isinstance(row[name], bool) or not isinstance(row[name], int)):
+            raise bad(f"{prefix}.{name}", row[name], "an integer")
 
 
 @dataclass
@@ -260,7 +266,7 @@ class Workspace:
         threads = self.threads()
         configs = [{**dict(cells[k]), "threads": threads} for k in keys]
         spec, ids = cells_spec(configs, description=f"experiment {self.name}", exclude=RUN_ONLY)
-        by_key = dict(zip(keys, ids))
+        by_key = dict(zip(keys, ids, strict=True))
         wanted = {by_key[k] for k in run_folders}
         runs = self.cells_dir / "runs"
         with ResultStore(self.cells_dir) as store:

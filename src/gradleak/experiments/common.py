@@ -125,7 +125,8 @@ def leakage_rows(cells: dict[tuple[Any, ...], CellResult], names: tuple[str, ...
             continue
         c, q = cell.config, quality(cell)
         recovered = q["psnr"] >= THRESHOLD_DB
-        rows.append({**dict(zip(names, key)), **q, "model": c["model"], "width": c["width"], "seed": c["seed"],
+        rows.append({**dict(zip(names, key, strict=True)), **q,
+                     "model": c["model"], "width": c["width"], "seed": c["seed"],
                      "psnr_min": min(r["psnr"] for r in cell.metrics["per_image"]),
                      "recovered": recovered, **verdict_fields(cell, recovered)})
     return rows
@@ -357,7 +358,7 @@ def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str], values: Sequenc
     out = []
     for key, sel in groups.items():
         samples = {r.get(sample_key): r.get("converged") for r in sel}
-        s: dict[str, Any] = {**dict(zip(by, key)), "samples": len(samples)}
+        s: dict[str, Any] = {**dict(zip(by, key, strict=True)), "samples": len(samples)}
         if images:
             s["images"] = len(sel)
         for v in values:
@@ -400,8 +401,8 @@ def trend_notes(summary: Sequence[dict[str, Any]], x: str, *, falls: bool, claim
     notes = []
     for key, sel in groups.items():
         sel = sorted(sel, key=lambda s: s[x])
-        where = ", ".join(f"{k} {v}" for k, v in zip(within, key))
-        for a, b in zip(sel, sel[1:]):
+        where = ", ".join(f"{k} {v}" for k, v in zip(within, key, strict=True))
+        for a, b in zip(sel, sel[1:], strict=False):
             va, vb = a[f"{value}_mean"], b[f"{value}_mean"]
             if va is None or vb is None or (vb < va if falls else vb > va) or vb == va:
                 continue

@@ -22,7 +22,7 @@ weights. The attacked images are then from the split it trained on, as a client'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -73,49 +73,48 @@ SMOKE_TRAIN_SUBSET = 2000
 SMOKE_TEST_SUBSET = 500
 
 
-@experiment("identifiability", accepts=("trained",))
-def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
-    refuse_attacks(opt, "identifiability", "GradInversion")
-    model, width, data = victim(opt)
-    batch_sizes = opt.batch_sizes or ([1, 4] if opt.smoke else [1, 2, 4, 8])
-    samples = opt.samples or (1 if opt.smoke else 3)
-    iterations, seeds = budget(opt)
-    source = open_source(data)
-    size, channels = default_image_size(model), source.native_channels
-    spec = build_model(model, num_classes=source.num_classes, channels=channels, image_size=size, seed=0, width=width)
-    checkpoint, victim_state = None, "random init, seed 0"
-    if opt.trained:  # the paper's vulnerable population is defined on a trained network
-        from ..training import TrainConfig, apply_checkpoint
+def _train_victim(opt: ExperimentOptions, ws: Workspace, spec: Any, model: str, width: Any,
+                  data: str) -> tuple[str | None, str]:
+    """(checkpoint, how the victim's weights came about): with ``--trained`` the victim is trained
+    first and its weights applied to ``spec``, since the paper's vulnerable population is defined
+    on a trained network; else its random initial weights."""
+    if not opt.trained:
+        return None, "random init, seed 0"
+    from ..training import TrainConfig, apply_checkpoint
 
-        trained = ws.trained(TrainConfig(
-            model=model, width=width, data=data, checkpoints=(1.0,), seed=opt.seed, model_seed=0,
-            train_subset=SMOKE_TRAIN_SUBSET if opt.smoke else None,
-            test_subset=SMOKE_TEST_SUBSET if opt.smoke else 2000, **TRAIN))
-        final = trained.checkpoints[-1]
-        checkpoint = str(final.path)
-        apply_checkpoint(spec, checkpoint)
-        victim_state = (f"trained from seed 0's init: SGD one epoch on {data}'s training split"
+    trained = ws.trained(TrainConfig(
+        model=model, width=width, data=data, checkpoints=(1.0,), seed=opt.seed, model_seed=0,
+        train_subset=SMOKE_TRAIN_SUBSET if opt.smoke else None,
+        test_subset=SMOKE_TEST_SUBSET if opt.smoke else 2000, **TRAIN))
+    final = trained.checkpoints[-1]
+    checkpoint = str(final.path)
+    apply_checkpoint(spec, checkpoint)
+    return checkpoint, (f"trained from seed 0's init: SGD one epoch on {data}'s training split"
                         f"{f' (first {SMOKE_TRAIN_SUBSET} of a permutation)' if opt.smoke else ''}, batch 32, lr 0.01, "
                         f"momentum 0.9; test accuracy {100 * final.test_accuracy:.1f} %")
-    all_images = torch.stack([source.load(i, size, channels) for i in range(len(source))])
-    all_labels = torch.tensor([source.label(i) for i in range(len(source))], dtype=torch.int64)
-    norms = per_sample_gradient_norms(spec, all_images, all_labels)  # the same weights as the attacked model
-    vulnerable_sizes = batch_sizes[-1:] if opt.smoke else batch_sizes
+
+
+def _plan(opt: ExperimentOptions, base_cell: Callable[[int], dict[str, Any]], batch_sizes: list[int], samples: int,
+          vulnerable_sizes: list[int],
+          vulnerable: Callable[[int], list[int]]) -> dict[tuple[int, str, int], dict[str, Any]]:
+    """The attack cells: ``samples`` random batches per size, and at ``vulnerable_sizes`` the one
+    vulnerable batch, attacked from as many starts."""
     plan: dict[tuple[int, str, int], dict[str, Any]] = {}
     for k in batch_sizes:
-        base = gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
-                                  num_classes=source.num_classes, batch_size=k,
-                                  **({"checkpoint": checkpoint} if checkpoint else {}))
+        base = base_cell(k)
         for s in range(samples):
             plan[(k, "random", s)] = {**base, "seed": opt.seed + s}
         if k in vulnerable_sizes:  # one fixed batch; the samples differ in the attack's start
             for s in range(samples):
-                plan[(k, "vulnerable", s)] = {**base, "seed": opt.seed + s,
-                                              "indices": vulnerable_indices(source, norms, k)}
+                plan[(k, "vulnerable", s)] = {**base, "seed": opt.seed + s, "indices": vulnerable(k)}
+    return plan
+
+
+def _attacked_images(cells: dict[Any, Any], spec: Any) -> tuple[list[dict[str, Any]], Any, Any]:
+    """One row per attacked image (with its per-sample gradient norm and verdict), and the IIP
+    feature space and pool size the cells report."""
     rows: list[dict[str, Any]] = []
     feature_space, pool_size = None, None
-    # The first sample's run folders: the pictures show each size's first random and vulnerable batch.
-    cells = ws.run(plan, run_folders=[key for key in plan if key[2] == 0])
     for (k, population, sample), cell in cells.items():
         if not cell.ok:
             continue
@@ -129,8 +128,11 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
             r["grad_norm"] = float(batch_norms[r["image"]])
             r.update(verdict_fields(cell, bool(r["identified"]) if r["identified"] is not None else None))
         rows += img
-    by = ["batch_size", "population"]
-    spread = summarize(rows, by, values=("psnr", "identified"), images=True)
+    return rows, feature_space, pool_size
+
+
+def _iip_rows(rows: list[dict[str, Any]], batch_sizes: list[int]) -> list[dict[str, Any]]:
+    """IIP, mean PSNR and mean gradient norm per batch size and population."""
     iip_rows = []
     for k in batch_sizes:
         for population in ("random", "vulnerable"):
@@ -140,28 +142,71 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                  "iip": mean([float(bool(r["identified"])) for r in sel]),
                                  "psnr": mean([r["psnr"] for r in sel]),
                                  "grad_norm": mean([r["grad_norm"] for r in sel])})
+    return iip_rows
+
+
+def _iip_notes(rows: list[dict[str, Any]], iip_rows: list[dict[str, Any]], pool_size: Any) -> list[str]:
+    """The IIP table, the rank correlation of gradient norm and PSNR, and IIP's chance level."""
     rho = spearman([r["grad_norm"] for r in rows], [r["psnr"] for r in rows])
     rho_random = spearman([r["grad_norm"] for r in rows if r["population"] == "random"],
                           [r["psnr"] for r in rows if r["population"] == "random"])
-    notes = ["IIP per batch size and population (share of images whose nearest neighbour is their original):\n\n"
-             + markdown_table(["batch_size", "population", "images", "iip", "psnr", "grad_norm"], iip_rows) + "\n",
-             f"Spearman rank correlation of per-sample gradient norm and reconstruction PSNR: "
-             f"{'n/a' if rho is None else f'{rho:.3f}'} over all {len(rows)} images; "
-             f"{'n/a' if rho_random is None else f'{rho_random:.3f}'} over the random batches only.",
-             f"Chance level of IIP is about 1/{pool_size} (candidates searched)."]
-    notes += convergence_notes(cells.values())
-    notes += trend_notes(spread, "batch_size", falls=True, within=("population",), value="identified", unit="",
-                         claim="identifiability (IIP) falls as the batch size grows (GradInversion Fig. 8)")
+    return ["IIP per batch size and population (share of images whose nearest neighbour is their original):\n\n"
+            + markdown_table(["batch_size", "population", "images", "iip", "psnr", "grad_norm"], iip_rows) + "\n",
+            f"Spearman rank correlation of per-sample gradient norm and reconstruction PSNR: "
+            f"{'n/a' if rho is None else f'{rho:.3f}'} over all {len(rows)} images; "
+            f"{'n/a' if rho_random is None else f'{rho_random:.3f}'} over the random batches only.",
+            f"Chance level of IIP is about 1/{pool_size} (candidates searched)."]
+
+
+def _figures(out: Path, cells: dict[Any, Any], rows: list[dict[str, Any]], iip_rows: list[dict[str, Any]],
+             batch_sizes: list[int], title: str) -> list[str]:
+    """IIP vs batch size, gradient norm vs PSNR and (where any) the reconstructions."""
     figs = ["iip_vs_batch_size.png", "grad_norm_vs_psnr.png"]
     series = {p: [next((r["iip"] for r in iip_rows if r["batch_size"] == k and r["population"] == p), None)
                   for k in batch_sizes] for p in ("random", "vulnerable")}
-    save_line_plot(ws.out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP",
-                   title=f"IIP, {model}{' (trained)' if opt.trained else ''} on {data}, {feature_space}")
-    _scatter(ws.out / figs[1], rows)
-    if save_grids(ws.out / "reconstructions.png",
+    save_line_plot(out / figs[0], batch_sizes, series, xlabel="batch size K", ylabel="IIP", title=title)
+    _scatter(out / figs[1], rows)
+    if save_grids(out / "reconstructions.png",
                   [(f"K = {k}, {population}", [(_grid_title(cells[(k, population, 0)], rows), cells[(k, population, 0)])])
                    for k in batch_sizes for population in ("random", "vulnerable") if (k, population, 0) in cells]):
         figs.append("reconstructions.png")
+    return figs
+
+
+@experiment("identifiability", accepts=("trained",))
+def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    refuse_attacks(opt, "identifiability", "GradInversion")
+    model, width, data = victim(opt)
+    batch_sizes = opt.batch_sizes or ([1, 4] if opt.smoke else [1, 2, 4, 8])
+    samples = opt.samples or (1 if opt.smoke else 3)
+    iterations, seeds = budget(opt)
+    source = open_source(data)
+    size, channels = default_image_size(model), source.native_channels
+    spec = build_model(model, num_classes=source.num_classes, channels=channels, image_size=size, seed=0, width=width)
+    checkpoint, victim_state = _train_victim(opt, ws, spec, model, width, data)
+    all_images = torch.stack([source.load(i, size, channels) for i in range(len(source))])
+    all_labels = torch.tensor([source.label(i) for i in range(len(source))], dtype=torch.int64)
+    norms = per_sample_gradient_norms(spec, all_images, all_labels)  # the same weights as the attacked model
+    vulnerable_sizes = batch_sizes[-1:] if opt.smoke else batch_sizes
+
+    def base_cell(k: int) -> dict[str, Any]:
+        return gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
+                                  num_classes=source.num_classes, batch_size=k,
+                                  **({"checkpoint": checkpoint} if checkpoint else {}))
+    plan = _plan(opt, base_cell, batch_sizes, samples, vulnerable_sizes,
+                 lambda k: vulnerable_indices(source, norms, k))
+    # The first sample's run folders: the pictures show each size's first random and vulnerable batch.
+    cells = ws.run(plan, run_folders=[key for key in plan if key[2] == 0])
+    rows, feature_space, pool_size = _attacked_images(cells, spec)
+    by = ["batch_size", "population"]
+    spread = summarize(rows, by, values=("psnr", "identified"), images=True)
+    iip_rows = _iip_rows(rows, batch_sizes)
+    notes = _iip_notes(rows, iip_rows, pool_size)
+    notes += convergence_notes(cells.values())
+    notes += trend_notes(spread, "batch_size", falls=True, within=("population",), value="identified", unit="",
+                         claim="identifiability (IIP) falls as the batch size grows (GradInversion Fig. 8)")
+    figs = _figures(ws.out, cells, rows, iip_rows, batch_sizes,
+                    title=f"IIP, {model}{' (trained)' if opt.trained else ''} on {data}, {feature_space}")
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,

@@ -25,7 +25,7 @@ WIDTHS = (4, 8, 16, 32, 64)
 SMOKE_WIDTHS = (4, 16)
 # Iterations (smoke, full); None = the attack's default (Inverting Gradients: 1000 signed-Adam
 # steps, its step decay at 3/8, 5/8 and 7/8 of them; attacks/ig.py). reproduction/model-size was
-# first computed at the authors' 4800, IG's default until 2026-11-26; its reading gives both.
+# first computed at the authors' 4800, IG's earlier default; its reading gives both.
 ITERATIONS: dict[str, tuple[int, int | None]] = {"ig": (300, None)}
 OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", stop=DLG_STOP), "idlg": dict(dtype="float64", stop=DLG_STOP)}
 

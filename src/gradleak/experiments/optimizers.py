@@ -14,7 +14,7 @@ from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_note
 # The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
 # verdict (leaked / defended / inconclusive, gradleak/outcome.py) uses the common 20 dB line (LEAK_DB),
 # as every other experiment does: a converged answer at 22 dB has rebuilt the photo, although it
-# has not reached this experiment's 30 dB target (it read "not rebuilt" here before 2026-11-25).
+# has not reached this experiment's 30 dB target, so missing that target must not read "not rebuilt".
 THRESHOLD_DB = 30.0
 # Per optimizer: learning rate and iterations (full, smoke). One L-BFGS iteration runs up to 20
 # function evaluations, so it gets fewer iterations; compare on wall time.

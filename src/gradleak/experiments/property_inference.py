@@ -65,8 +65,8 @@ from ..models import ModelSpec, build_model
 from ..paths import one_line
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import CellResult, Workspace
-from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, setting,
-                     verdict_fields)
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, Setting, convergence_notes, lbfgs_cell,
+                     setting, verdict_fields)
 
 NAME = "property-inference"
 QUANTILE = 75.0            # the property: mean intensity above this percentile of the image's class
@@ -296,11 +296,8 @@ class Target:
     loss: float
 
 
-@experiment(NAME, "property inference from the update (Melis et al.'s classifier) vs the property read from DLG's "
-                  "reconstructions: AUC (rebuttal Table 2)")
-def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
-    st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="dlg", samples=TARGETS,
-                 iterations=ITERATIONS)
+def _sizes(opt: ExperimentOptions, st: Setting) -> tuple[int, int, int]:
+    """(K, target batches, auxiliary updates) from the options, checked."""
     if len(opt.attacks or []) > 1 or st.attack not in ("dlg", "idlg"):
         raise ConfigError(f"{NAME} runs one attack of the DLG family: --attacks dlg (the rebuttal's) or idlg")
     if opt.batch_sizes is not None and len(opt.batch_sizes) != 1:
@@ -313,36 +310,73 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
     if not 2 <= n_aux <= MAX_AUX:
         raise ConfigError(f"{NAME} trains the classifier on 2..{MAX_AUX} auxiliary updates (--batches), "
                           f"got {n_aux}")
-    _sklearn()  # before any work: a missing scikit-learn is one line
-    train, test = _splits(st.data)
+    return k, n_targets, n_aux
+
+
+def _native_size(st: Setting, train: FashionMNISTSource, k: int) -> int:
+    """The images' native side; K distinct labels must exist."""
     if k > train.num_classes:
         raise ConfigError(f"--batch-sizes {k}: a batch holds distinct labels and {st.data} has "
                           f"{train.num_classes} classes")
     size = int(train.native_size)
     if size <= 0:
         raise DataError(f"{st.data} images are not square; the property is read on native pixels")
+    return size
 
-    # The property, fixed on the train split; its rate per class on both splits.
-    values_tr, labels_tr = intensity_table(train)
-    values_te, labels_te = intensity_table(test)
-    thresholds = class_thresholds(values_tr, labels_tr, train.num_classes)
-    prop = Brightness(thresholds)
-    bright_tr = has_property(values_tr, labels_tr, thresholds)
-    bright_te = has_property(values_te, labels_te, thresholds)
 
-    # The global model the clients share with (the pipeline builds the same for each cell) and the
-    # updates: targets (test split) and the attacker's auxiliary batches (train split).
+@dataclass
+class _Property:
+    """The property, fixed on the train split, and which images of each split have it."""
+
+    thresholds: np.ndarray
+    labels_tr: np.ndarray
+    bright_tr: np.ndarray
+    labels_te: np.ndarray
+    bright_te: np.ndarray
+
+    @classmethod
+    def of(cls, train: FashionMNISTSource, test: FashionMNISTSource) -> _Property:
+        values_tr, labels_tr = intensity_table(train)
+        values_te, labels_te = intensity_table(test)
+        thresholds = class_thresholds(values_tr, labels_tr, train.num_classes)
+        return cls(thresholds, labels_tr, has_property(values_tr, labels_tr, thresholds),
+                   labels_te, has_property(values_te, labels_te, thresholds))
+
+    def rates(self, num_classes: int) -> tuple[list[float], list[float]]:
+        """The property's rate per class on the train and the test split."""
+        return ([float(self.bright_tr[self.labels_tr == c].mean()) for c in range(num_classes)],
+                [float(self.bright_te[self.labels_te == c].mean()) for c in range(num_classes)])
+
+
+@dataclass
+class _Classifier:
+    """Melis et al.'s property classifier, trained on the auxiliary updates, and its target batches."""
+
+    targets: list[Target]
+    p_targets: np.ndarray   # P(property) of each target update
+    features: int           # values per update
+    with_property: int      # auxiliary updates with the property
+    c: Any                  # the cross-validated inverse L2 strength
+    cv_auc: Any
+    seconds: float
+
+
+def _train_classifier(opt: ExperimentOptions, st: Setting, train: FashionMNISTSource, test: FashionMNISTSource,
+                      prop: _Property, k: int, n_targets: int, n_aux: int, size: int) -> _Classifier:
+    """The global model the clients share with (the pipeline builds the same for each cell) and the
+    updates: targets (test split) and the attacker's auxiliary batches (train split), on which the
+    classifier is trained."""
     start = time.perf_counter()
     spec = build_model(st.model, num_classes=train.num_classes, channels=train.native_channels, image_size=size,
                        seed=0, width=st.width)
     targets = []
     where = one_line(st.data, 120)
-    planned = plan_batches(labels_te, bright_te, k, n_targets, opt.seed, 0, f"the test split of {where}")
+    planned = plan_batches(prop.labels_te, prop.bright_te, k, n_targets, opt.seed, 0, f"the test split of {where}")
     for t, (ids, has) in enumerate(planned):
         batch = batch_of(test, ids, size, train.native_channels)
         feats, loss = update_features(spec, batch)
         targets.append(Target(t, ids, has, batch, feats, loss))
-    aux = plan_batches(labels_tr, bright_tr, k, n_aux, opt.seed, 1, f"the train split of {where}")
+    aux = plan_batches(prop.labels_tr, prop.bright_tr, k, n_aux, opt.seed, 1, f"the train split of {where}")
     x_aux = np.stack([update_features(spec, batch_of(train, ids, size, train.native_channels))[0] for ids, _ in aux])
     y_aux = np.asarray([has for _, has in aux], dtype=bool)
     classifier = fit_classifier(x_aux, y_aux, opt.seed)
@@ -354,15 +388,99 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
         print(f"{NAME}: classifier trained on {n_aux} auxiliary updates ({x_aux.shape[1]} features) in "
               f"{classifier_seconds:.0f} s; attacking {n_targets} target updates with {st.attack}",
               file=sys.stderr, flush=True)
+    return _Classifier(targets, p_targets, x_aux.shape[1], int(y_aux.sum()), chosen_c, cv_auc, classifier_seconds)
+
+
+def _notes(opt: ExperimentOptions, st: Setting, rows: list[dict[str, Any]], summary: list[dict[str, Any]],
+           boot: dict[str, np.ndarray], cells: dict[tuple[str, int], CellResult], losses: list[tuple[float, Any]],
+           rates: tuple[list[float], list[float]], sizes: tuple[int, int, int, int]) -> list[str]:
+    """The comparison, where this setting differs from the rebuttal's, the attack's errors and
+    convergence, the update check and the property's rates; ``sizes``: (K, px, targets, aux)."""
+    k, size, n_targets, n_aux = sizes
+    rates_tr, rates_te = rates
+    return (_comparison_notes(summary, boot, st.attack, len(rows))
+            + [f"Where this differs from the rebuttal's setting: Fashion-MNIST instead of LFW (not available "
+               f"offline); the property is a pixel statistic (brightest quartile of the class) instead of a "
+               f"semantic attribute (Eyeglasses, Asian), so a rebuilt batch gives it away exactly by the rule "
+               f"that defines it (no attribute detector on the reconstruction): {st.attack}'s AUC here measures "
+               f"whether it rebuilds the batch; the model is an untrained {st.model} at {size} px (the rebuttal does "
+               f"not say which); K = {k}; the classifier sees one client's single FedSGD update of a fixed model "
+               "(Melis et al.: aggregated updates over a joint training)."]
+            + _error_notes(rows, st.attack)
+            + convergence_notes(c for c in cells.values())
+            + [_update_check(losses)]
+            + [f"Property rate per class (train split, which set the thresholds): "
+               f"{', '.join(f'{r:.3f}' for r in rates_tr)}; test split: {', '.join(f'{r:.3f}' for r in rates_te)}. "
+               "The property is a within-class quartile, so the label says nothing about it."]
+            + ([f"Smoke setting: {n_targets} targets, {n_aux} auxiliary updates, {st.iterations} DLG iterations; the "
+                "AUCs of so few targets are coarse (steps of 1/(positives x negatives))."] if opt.smoke else []))
+
+
+def _setup(opt: ExperimentOptions, st: Setting, prop: _Property, clf: _Classifier, y: np.ndarray,
+           sizes: tuple[int, int, int, int]) -> dict[str, Any]:
+    """The setup table; ``sizes``: (K, px, targets, aux)."""
+    k, size, n_targets, n_aux = sizes
+    how = "images + soft labels" if st.attack == "dlg" else "labels restored from the update, then the images"
+    return {"data": f"{st.data} (native {size} px, no resampling): target batches from the test split (held out), "
+                    "auxiliary batches from the train split; LFW (the rebuttal's) is not available offline",
+            "property": f"the batch holds an image in the brightest quartile of its own class: mean intensity "
+                        f"of its 8-bit pixels > the class's {QUANTILE:g}th percentile on the train split "
+                        f"(thresholds per class: {', '.join(f'{v:.4f}' for v in prop.thresholds)}); ~25 % of the "
+                        "images of every class, independent of the label (the rebuttal: Eyeglasses, Asian on LFW)",
+            "model": f"{st.model}{f' width {st.width}' if st.width else ''} (random init, model seed 0, untrained: "
+                     "the global model the client receives)",
+            "client": f"FedSGD: the gradient of the mean cross-entropy of a batch of K = {k} images with "
+                      "distinct labels (gradleak.fl.fedsgd)",
+            "batch size": k,
+            "samples": f"{n_targets} target batches ({int(y.sum())} with the property, {int((~y).sum())} without); "
+                       "batch i has the property iff i is odd",
+            "classifier": f"Melis et al.'s passive property inference: standardised features = the whole "
+                          f"update ({clf.features} values, every layer's gradient), scikit-learn "
+                          f"LogisticRegression (L2, lbfgs; C from {list(C_GRID)} by {CV_FOLDS}-fold cross-validated "
+                          f"AUC on the auxiliary updates), trained on {n_aux} auxiliary updates "
+                          f"({clf.with_property} with the property) from the train split; score = P(property)",
+            "attack": f"{st.attack} ({how}; float64 L-BFGS, {st.iterations} iterations, start {LBFGS_INIT}) on "
+                      "each target update, one sweep cell per target",
+            "dlg score": "max over the reconstructed images of (mean intensity of its 8-bit pixels - the "
+                         "threshold of the class the attack restored for it); > 0 reads 'has the property'",
+            "truth score": "the same score on the true images and labels (> 0 exactly when the batch has the "
+                           "property: AUC 1 by construction, a check of the scorer)",
+            "auc": f"sklearn roc_auc_score over the target batches; 95 % interval: {BOOTSTRAP} paired bootstrap "
+                   "resamples of the targets (percentiles 2.5, 97.5)",
+            "accuracy": "classifier: P > 0.5; dlg and truth: score > 0",
+            "seeds": f"{opt.seed}: target batch i from numpy stream ({opt.seed}, 0, i), auxiliary batch i from "
+                     f"({opt.seed}, 1, i); the attack's start seed {opt.seed} + i",
+            "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch) or a recognisable image: "
+                                 f"leaked; {VERDICT_RULE}",
+            "rebuttal": "; ".join(f"{p}: property inference {a:.2f}, DLG {b:.2f}" for p, (a, b) in REBUTTAL.items())
+                        + " (AUC on LFW)",
+            "classifier C": clf.c,
+            "classifier cross-validated auc": clf.cv_auc,
+            "classifier seconds": round(clf.seconds, 1),
+            "smoke": opt.smoke}
+
+
+@experiment(NAME, "property inference from the update (Melis et al.'s classifier) vs the property read from DLG's "
+                  "reconstructions: AUC (rebuttal Table 2)")
+def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
+    st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="dlg", samples=TARGETS,
+                 iterations=ITERATIONS)
+    k, n_targets, n_aux = _sizes(opt, st)
+    _sklearn()  # before any work: a missing scikit-learn is one line
+    train, test = _splits(st.data)
+    size = _native_size(st, train, k)
+    prop = _Property.of(train, test)
+    clf = _train_classifier(opt, st, train, test, prop, k, n_targets, n_aux, size)
 
     plan = {(st.attack, t.index): lbfgs_cell(st, opt.seed + t.index, log_points=10, split="test", batch_size=k,
                                              indices=t.indices, image_size=size)
-            for t in targets}
+            for t in clf.targets}
     cells = ws.run(plan, run_folders=list(plan))
+    brightness = Brightness(prop.thresholds)
     rows, losses = [], []
-    for t, p in zip(targets, p_targets):
+    for t, p in zip(clf.targets, clf.p_targets, strict=True):
         cell = cells[(st.attack, t.index)]
-        rows.append(_row(t, float(p), cell, prop, opt.seed))
+        rows.append(_row(t, float(p), cell, brightness, opt.seed))
         if cell.ok:
             losses.append((t.loss, (cell.metrics.get("update") or {}).get("loss")))
 
@@ -370,67 +488,14 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
     summary, boot = _summary(rows, y, opt.seed, st.attack)
     figures = ["roc.png"]
     _roc_figure(ws.out / figures[0], rows, summary, st.attack, k, st.data)
-    if _reconstruction_figure(ws.out / "reconstructions.png", rows, cells, st.attack, prop):
+    if _reconstruction_figure(ws.out / "reconstructions.png", rows, cells, st.attack, brightness):
         figures.append("reconstructions.png")
-    rates_tr = [float(bright_tr[labels_tr == c].mean()) for c in range(train.num_classes)]
-    rates_te = [float(bright_te[labels_te == c].mean()) for c in range(train.num_classes)]
-    how = "images + soft labels" if st.attack == "dlg" else "labels restored from the update, then the images"
-    notes = (_comparison_notes(summary, boot, st.attack, len(rows))
-             + [f"Where this differs from the rebuttal's setting: Fashion-MNIST instead of LFW (not available "
-                f"offline); the property is a pixel statistic (brightest quartile of the class) instead of a "
-                f"semantic attribute (Eyeglasses, Asian), so a rebuilt batch gives it away exactly by the rule "
-                f"that defines it (no attribute detector on the reconstruction): {st.attack}'s AUC here measures "
-                f"whether it rebuilds the batch; the model is an untrained {st.model} at {size} px (the rebuttal does "
-                f"not say which); K = {k}; the classifier sees one client's single FedSGD update of a fixed model "
-                "(Melis et al.: aggregated updates over a joint training)."]
-             + _error_notes(rows, st.attack)
-             + convergence_notes(c for c in cells.values())
-             + [_update_check(losses)]
-             + [f"Property rate per class (train split, which set the thresholds): "
-                f"{', '.join(f'{r:.3f}' for r in rates_tr)}; test split: {', '.join(f'{r:.3f}' for r in rates_te)}. "
-                "The property is a within-class quartile, so the label says nothing about it."]
-             + ([f"Smoke setting: {n_targets} targets, {n_aux} auxiliary updates, {st.iterations} DLG iterations; the "
-                 "AUCs of so few targets are coarse (steps of 1/(positives x negatives))."] if opt.smoke else []))
+    sizes = (k, size, n_targets, n_aux)
+    notes = _notes(opt, st, rows, summary, boot, cells, losses, prop.rates(train.num_classes), sizes)
     return ExperimentResult(
         name=NAME, title="Property inference: Melis et al.'s classifier vs DLG's reconstructions (rebuttal Table 2)",
         columns=COLUMNS, rows=rows, figures=figures, summary=summary, summary_columns=SUMMARY_COLUMNS, notes=notes,
-        setup={"data": f"{st.data} (native {size} px, no resampling): target batches from the test split (held out), "
-                       "auxiliary batches from the train split; LFW (the rebuttal's) is not available offline",
-               "property": f"the batch holds an image in the brightest quartile of its own class: mean intensity "
-                           f"of its 8-bit pixels > the class's {QUANTILE:g}th percentile on the train split "
-                           f"(thresholds per class: {', '.join(f'{v:.4f}' for v in thresholds)}); ~25 % of the "
-                           "images of every class, independent of the label (the rebuttal: Eyeglasses, Asian on LFW)",
-               "model": f"{st.model}{f' width {st.width}' if st.width else ''} (random init, model seed 0, untrained: "
-                        "the global model the client receives)",
-               "client": f"FedSGD: the gradient of the mean cross-entropy of a batch of K = {k} images with "
-                         "distinct labels (gradleak.fl.fedsgd)",
-               "batch size": k,
-               "samples": f"{n_targets} target batches ({int(y.sum())} with the property, {int((~y).sum())} without); "
-                          "batch i has the property iff i is odd",
-               "classifier": f"Melis et al.'s passive property inference: standardised features = the whole "
-                             f"update ({x_aux.shape[1]} values, every layer's gradient), scikit-learn "
-                             f"LogisticRegression (L2, lbfgs; C from {list(C_GRID)} by {CV_FOLDS}-fold cross-validated "
-                             f"AUC on the auxiliary updates), trained on {n_aux} auxiliary updates "
-                             f"({int(y_aux.sum())} with the property) from the train split; score = P(property)",
-               "attack": f"{st.attack} ({how}; float64 L-BFGS, {st.iterations} iterations, start {LBFGS_INIT}) on "
-                         "each target update, one sweep cell per target",
-               "dlg score": "max over the reconstructed images of (mean intensity of its 8-bit pixels - the "
-                            "threshold of the class the attack restored for it); > 0 reads 'has the property'",
-               "truth score": "the same score on the true images and labels (> 0 exactly when the batch has the "
-                              "property: AUC 1 by construction, a check of the scorer)",
-               "auc": f"sklearn roc_auc_score over the target batches; 95 % interval: {BOOTSTRAP} paired bootstrap "
-                      "resamples of the targets (percentiles 2.5, 97.5)",
-               "accuracy": "classifier: P > 0.5; dlg and truth: score > 0",
-               "seeds": f"{opt.seed}: target batch i from numpy stream ({opt.seed}, 0, i), auxiliary batch i from "
-                        f"({opt.seed}, 1, i); the attack's start seed {opt.seed} + i",
-               "success threshold": f"PSNR >= {THRESHOLD_DB} dB (mean over the batch) or a recognisable image: "
-                                    f"leaked; {VERDICT_RULE}",
-               "rebuttal": "; ".join(f"{p}: property inference {a:.2f}, DLG {b:.2f}" for p, (a, b) in REBUTTAL.items())
-                           + " (AUC on LFW)",
-               "classifier C": chosen_c,
-               "classifier cross-validated auc": cv_auc,
-               "classifier seconds": round(classifier_seconds, 1),
-               "smoke": opt.smoke})
+        setup=_setup(opt, st, prop, clf, y, sizes))
 
 
 def _splits(data: str) -> tuple[FashionMNISTSource, FashionMNISTSource]:
@@ -681,9 +746,9 @@ def _reconstruction_figure(path: Path, rows: list[dict[str, Any]], cells: dict[t
         originals.append(truth.images)
         rebuilt.append(images[perm])
         caps_o += [f"t{r['target']} {'with' if r['property'] else 'without'}\nlabel {y}, {s:+.3f}"
-                   for y, s in zip(true_labels, prop.scores(truth.images, true_labels))]
+                   for y, s in zip(true_labels, prop.scores(truth.images, true_labels), strict=True)]
         caps_r += [f"t{r['target']} {r['psnr']:.0f} dB\nlabel {y}, {s:+.3f}"
-                   for y, s in zip(labels, prop.scores(images[perm], labels))]
+                   for y, s in zip(labels, prop.scores(images[perm], labels), strict=True)]
     save_image_grid(path, [torch.cat(originals), torch.cat(rebuilt)],
                     ["true images: target, property of the batch; label, image score (> 0: brightest quartile)",
                      f"{attack} reconstructions (paired): target, batch PSNR; restored label, image score"],

@@ -87,5 +87,5 @@ def fedsgd(model: ModelSpec, batch: Batch, *, share_bn_statistics: bool = False)
     bn: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if share_bn_statistics:
         bn = {k: (m.detach().clone(), v.detach().clone()) for k, (m, v) in rec.stats.items()}
-    return SharedUpdate(gradients={n: g.detach() for n, g in zip(params, grads)},
+    return SharedUpdate(gradients={n: g.detach() for n, g in zip(params, grads, strict=True)},
                         global_weights=global_weights, meta=meta, bn_statistics=bn)

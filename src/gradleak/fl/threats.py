@@ -161,7 +161,7 @@ def fedavg(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed:
                       bn_statistics_shared=share_bn_statistics and bool(bn_layers))
     bn: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if share_bn_statistics:
-        bn = dict(zip(bn_layers, mean_over_steps([[step[n] for n in bn_layers] for step in run.aux])))
+        bn = dict(zip(bn_layers, mean_over_steps([[step[n] for n in bn_layers] for step in run.aux]), strict=True))
     return SharedUpdate(gradients=run.update(), global_weights=global_weights, meta=meta, bn_statistics=bn)
 
 

@@ -100,7 +100,7 @@ def local_sgd(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[to
                 value = loss(p, *batch)
                 g = torch.autograd.grad(value[0] if has_aux else value, list(p.values()),
                                         create_graph=mode == "graph")
-                grads = dict(zip(p, g))
+                grads = dict(zip(p, g, strict=True))
             step_loss, aux = value if has_aux else (value, None)
             p = {n: w - lr * grads[n] for n, w in p.items()}
             if mode == "client":

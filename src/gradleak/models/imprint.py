@@ -106,7 +106,7 @@ def default_brightness_prior(spec: ModelSpec) -> tuple[float, float]:
     ((mu - mean_c) / std_c, sigma / std_c), averaged over the channels (h is the mean over all
     entries of the normalised image, channels included)."""
     c = len(spec.mean)
-    mean = sum((PUBLIC_BRIGHTNESS_MEAN - m) / s for m, s in zip(spec.mean, spec.std)) / c
+    mean = sum((PUBLIC_BRIGHTNESS_MEAN - m) / s for m, s in zip(spec.mean, spec.std, strict=True)) / c
     std = sum(PUBLIC_BRIGHTNESS_STD / s for s in spec.std) / c
     return float(mean), float(std)
 

@@ -225,7 +225,7 @@ def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
 
     handles = []
     if it_loss:
-        xs, ys = zip(*it_loss)
+        xs, ys = zip(*it_loss, strict=True)
         (h,) = ax.plot(xs, ys, color="tab:blue", lw=1.4, label="loss")
         handles.append(h)
         # A log axis needs positive values; a loss that hits exactly 0 is masked, not fatal.
@@ -234,7 +234,7 @@ def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
     ax.grid(True, which="major", alpha=0.3)
     if it_psnr:
         ax2 = ax.twinx()
-        xs, ys = zip(*it_psnr)
+        xs, ys = zip(*it_psnr, strict=True)
         (h,) = ax2.plot(xs, ys, color="tab:orange", lw=1.2, marker="o", ms=3, label="PSNR (dB)")
         ax2.set_ylabel("PSNR (dB)")
         handles.append(h)
@@ -418,11 +418,11 @@ def verdict_bars_png(counts: Mapping[str, Mapping[str, int]], order: Sequence[st
         widths = [float(counts.get(c, {}).get(verdict, 0)) for c in order]
         if any(widths):
             ax.barh(ys, widths, left=left, color=colour, label=verdict, height=0.62)
-            for y, l0, w in zip(ys, left, widths):
+            for y, l0, w in zip(ys, left, widths, strict=True):
                 if w:
                     ax.text(l0 + w / 2, y, f"{int(w)}", ha="center", va="center", color="white", fontsize=8,
                             fontweight="bold")
-            left = [a + b for a, b in zip(left, widths)]
+            left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_yticks(ys)
     ax.set_yticklabels([_short(str(c), 24) for c in order], fontsize=8)
     ax.set_ylabel(ylabel)

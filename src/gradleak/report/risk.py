@@ -222,7 +222,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, keys: Sequen
     for i, row in enumerate(rows):
         rv = row_verdicts[i] if row_verdicts is not None and i < len(row_verdicts) else None
         tr = f' class="r-{escape(rv)}"' if rv in _RANK else ""
-        body.append(f"<tr{tr}>" + "".join(cell_html(str(k), v) for k, v in zip(keys, row)) + "</tr>")
+        body.append(f"<tr{tr}>" + "".join(cell_html(str(k), v) for k, v in zip(keys, row, strict=False)) + "</tr>")
     c = f' class="{cls}"' if cls else ""
     return f'<div class="scroll"><table{c}><tr>{head}</tr>{"".join(body)}</table></div>'
 

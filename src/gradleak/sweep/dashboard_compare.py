@@ -240,7 +240,7 @@ def _pairs_table(a: Source, b: Source, pairs: Sequence[tuple[Item, Item]], shown
     cols = ["B verdict", "A verdict", *setting_cols, "PSNR A", "PSNR B", "ΔPSNR", "rel. distance A", "rel. distance B"]
     keys = ["verdict", "verdict", *setting_cols, "psnr", "psnr", "delta", "rel", "rel"]
     rows = [[badge(pb.verdict), badge(pa.verdict), *s, pa.psnr, pb.psnr, _delta(pa, pb), pa.rel, pb.rel]
-            for (pa, pb), s in zip(ordered[:MAX_TABLE_ROWS], setting)]
+            for (pa, pb), s in zip(ordered[:MAX_TABLE_ROWS], setting, strict=False)]
     more = (f'<p class="muted">{len(ordered) - MAX_TABLE_ROWS} more pairs not listed</p>'
             if len(ordered) > MAX_TABLE_ROWS else "")
     return ("<h2>Matched pairs (worst in B first)</h2>"

@@ -165,7 +165,7 @@ def derived_fields(records: Sequence[CellRecord], fields: Sequence[str]) -> dict
             if g == f or g in out or not (distinct[g] > distinct[f] or (distinct[g] == distinct[f] and j < i)):
                 continue
             seen: dict[str, str] = {}
-            if all(seen.setdefault(b, a) == a for a, b in zip(texts[f], texts[g])):
+            if all(seen.setdefault(b, a) == a for a, b in zip(texts[f], texts[g], strict=True)):
                 out[f] = g
                 break
     return out
@@ -265,7 +265,7 @@ def read_audit(path: Path) -> tuple[list[str], list[dict[str, str]]]:
                 continue
             if len(fields) != len(header):
                 raise DataError(f"audit file {path} line {line}: {len(fields)} fields, the header has {len(header)}")
-            row = dict(zip(header, fields))
+            row = dict(zip(header, fields, strict=True))
             try:
                 rnd = int(row["round"])
             except ValueError:

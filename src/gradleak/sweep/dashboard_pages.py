@@ -276,7 +276,7 @@ def _settings(src: Source, axes: Sequence[str]) -> tuple[str, list[tuple[str, st
                                             len(members), c.get(LEAKED, 0), c.get(DEFENDED, 0),
                                             c.get(INCONCLUSIVE, 0), c.get(FAILED, 0), best,
                                             mean_std(judged_psnr)[0] if judged_psnr else None, worst.key], v))
-        summary.append((v, ", ".join(f"{a}={k}" for a, k in zip(axes, key)), best))
+        summary.append((v, ", ".join(f"{a}={k}" for a, k in zip(axes, key, strict=True)), best))
     rows.sort(key=lambda r: r[0])
     summary.sort(key=lambda s: worst_first(s[0], s[2]))
     cols = ["verdict", *axes, "cells", "leaked", "defended", "inconclusive", "failed", "max PSNR",

@@ -180,6 +180,17 @@ def parse_spec(raw: Any) -> SweepSpec:
     Raises ConfigError naming the offending key: unknown fields, an empty or non-list grid
     entry, a value of the wrong type, a field set in both base and grid, duplicates.
     """
+    base, grid, description = _spec_parts(raw)
+    for name in base:
+        _check_field("base", name)
+    _validated("base", base)
+    _check_grid_size(base, grid)
+    norm_grid = _normalised_grid(base, grid)
+    return SweepSpec(base=dict(base), grid=norm_grid, description=description, cells=_expand(base, norm_grid))
+
+
+def _spec_parts(raw: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(base, grid, description) of a spec of known keys, each of its type."""
     check_tree(raw, "sweep spec", max_depth=MAX_SPEC_DEPTH, max_items=MAX_SPEC_ITEMS, error=ConfigError)
     if not isinstance(raw, dict):
         raise ConfigError("sweep spec: must be a mapping with keys base: and grid:")
@@ -195,9 +206,12 @@ def parse_spec(raw: Any) -> SweepSpec:
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise ConfigError("sweep spec description: must be a string")
-    for name in base:
-        _check_field("base", name)
-    _validated("base", base)
+    return base, grid, description
+
+
+def _check_grid_size(base: dict[str, Any], grid: dict[str, Any]) -> None:
+    """Each grid field a known field not in base with a non-empty list of values, and at most
+    MAX_CELLS cells, refused before a single value is validated."""
     total = 1
     for name, values in grid.items():
         _check_field("grid", name)
@@ -208,8 +222,12 @@ def parse_spec(raw: Any) -> SweepSpec:
         if not values:
             raise ConfigError(f"sweep spec grid.{name}: empty list (a grid field needs at least one value)")
         total *= len(values)
-    if total > MAX_CELLS:  # refused before a single value is validated
+    if total > MAX_CELLS:
         raise ConfigError(f"sweep spec grid: {total} cells is more than {MAX_CELLS}; split the sweep")
+
+
+def _normalised_grid(base: dict[str, Any], grid: dict[str, Any]) -> dict[str, list[Any]]:
+    """The grid with list fields' single strings as one-item lists; each value valid on base, none twice."""
     norm_grid: dict[str, list[Any]] = {}
     for name, values in grid.items():
         if _is_list_field(name):  # defense: ["a", ["b", "c"], []] -> [["a"], ["b", "c"], []]
@@ -222,11 +240,17 @@ def parse_spec(raw: Any) -> SweepSpec:
                 raise ConfigError(f"sweep spec grid.{name}[{i}]: duplicate value {one_line(repr(v), 100)}")
             seen.add(key)
         norm_grid[name] = values
+    return norm_grid
+
+
+def _expand(base: dict[str, Any], norm_grid: dict[str, list[Any]]) -> list[Cell]:
+    """One cell per combination of the grid's values, in product order; combinations whose
+    configs are the same cell (the same identity) once."""
     names = list(norm_grid)
     cells: list[Cell] = []
     ids: set[str] = set()
     for combo in itertools.product(*(norm_grid[n] for n in names)):
-        values = dict(zip(names, combo))
+        values = dict(zip(names, combo, strict=True))
         where = "grid(" + ", ".join(f"{k}={one_line(repr(v), 60)}" for k, v in values.items()) + ")"
         config = _validated(where, {**base, **values}).model_dump(mode="json")
         cid = cell_identity(config)
@@ -235,7 +259,7 @@ def parse_spec(raw: Any) -> SweepSpec:
         ids.add(cid)
         shown = {n: config[n] for n in names}
         cells.append(Cell(cell_id=cid, grid=shown, config=config))
-    return SweepSpec(base=dict(base), grid=norm_grid, description=description, cells=cells)
+    return cells
 
 
 def cells_spec(configs: list[dict[str, Any]], *, description: str = "",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attacks.engine import Engine
-from ..attacks.loop import LoopSettings
+from ..attacks.loop import LoopResult, LoopSettings
 from ..attacks.objectives import squared_l2
 from ..catalog import unknown
 from ..errors import ConfigError, GradleakError
@@ -499,6 +500,257 @@ def check_text_batch(k: int, length: int, num_classes: int, content_tokens: int,
                           f"logits, more than the bound of {MAX_LABEL_VALUES}; attack a smaller batch")
 
 
+class _Relaxation(ABC):
+    """The continuous dummy sentences DLG for text optimises (K sentences of ``n_content``
+    positions between [CLS] and [SEP]) and how they become discrete tokens again."""
+
+    sim: TextSimulator
+    variable: torch.Tensor
+
+    def __init__(self, model: TextModel, k: int, n_content: int, dtype: torch.dtype, device: torch.device):
+        self.tok, self.k, self.n_content, self.dtype, self.device = model.tokenizer, k, n_content, dtype, device
+
+    @abstractmethod
+    def inputs(self) -> torch.Tensor:
+        """The simulator's input for the current dummy sentences, [CLS] and [SEP] included."""
+
+    @abstractmethod
+    def current_ids(self) -> torch.Tensor:
+        """Each position's current discrete choice [K, n_content]."""
+
+    @abstractmethod
+    def candidates(self) -> list[list[int]]:
+        """The choices the order search may put at each position."""
+
+    @abstractmethod
+    def blank(self, length: int) -> torch.Tensor:
+        """[K, length] rows: [CLS] at position 0, [SEP] (its embedding under the masked padding) after it."""
+
+    @abstractmethod
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of :meth:`blank` that discrete choices ``ids`` stand for."""
+
+    @abstractmethod
+    def embed(self, full: torch.Tensor) -> torch.Tensor:
+        """The simulator's input for rows ``full`` [K, length]."""
+
+    @abstractmethod
+    def token_ids(self, row: list[int]) -> list[int]:
+        """The tokenizer's ids of one sentence's discrete choices."""
+
+    def discrete_inputs(self, idx: torch.Tensor, lengths: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[CLS] content [SEP] then padding (masked; its embedding is irrelevant, [SEP]'s)."""
+        m = torch.zeros((self.k, length), dtype=torch.long, device=self.device)
+        full = self.blank(length)
+        for a, n in enumerate(lengths):
+            full[a, 1:n + 1] = self.rows_of(idx[a, :n])
+            m[a, :n + 2] = 1
+        return self.embed(full), m
+
+
+class _BagRelaxation(_Relaxation):
+    """Restricted to the leaked bag of words: each content position is a softmax over the bag's
+    tokens, its embedding the mixture of their rows of W (rows 0 and 1: [CLS] and [SEP])."""
+
+    def __init__(self, model: TextModel, update: SharedUpdate, content_ids: list[int], k: int, n_content: int,
+                 dtype: torch.dtype, device: torch.device, gen: torch.Generator):
+        super().__init__(model, k, n_content, dtype, device)
+        self.content_ids = content_ids
+        rows = [self.tok.cls_id, self.tok.sep_id] + content_ids      # W rows that are variables
+        self.sim = TextSimulator(model, update, rows=rows, dtype=dtype, device=device)
+        self.n_rows = len(rows)
+        self.variable = torch.randn((k, n_content, len(content_ids)), generator=gen,
+                                    dtype=dtype).to(device).requires_grad_(True)
+        edge = torch.zeros((k, 1, self.n_rows), dtype=dtype, device=device)
+        self.cls_row, self.sep_row = edge.clone(), edge.clone()
+        self.cls_row[..., 0], self.sep_row[..., 1] = 1.0, 1.0
+        self.pad = torch.zeros((k, n_content, 2), dtype=dtype, device=device)
+
+    def inputs(self) -> torch.Tensor:
+        probs = torch.softmax(self.variable, dim=-1)
+        return torch.cat([self.cls_row, torch.cat([self.pad, probs], dim=-1), self.sep_row], dim=1)
+
+    def current_ids(self) -> torch.Tensor:  # indices into content_ids [K, n_content]
+        return self.variable.detach().argmax(dim=-1)
+
+    def candidates(self) -> list[list[int]]:
+        return [list(range(len(self.content_ids)))] * (self.k * self.n_content)
+
+    def blank(self, length: int) -> torch.Tensor:
+        full = torch.ones((self.k, length), dtype=torch.long, device=self.device)  # row 1: [SEP]
+        full[:, 0] = 0
+        return full
+
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + 2
+
+    def embed(self, full: torch.Tensor) -> torch.Tensor:
+        return F.one_hot(full, self.n_rows).to(self.dtype)
+
+    def token_ids(self, row: list[int]) -> list[int]:
+        return [self.content_ids[i] for i in row]
+
+
+class _FreeRelaxation(_Relaxation):
+    """Plain DLG for text: free dummy embeddings, each position read as its nearest
+    non-special row of W."""
+
+    def __init__(self, model: TextModel, update: SharedUpdate, content_ids: list[int], k: int, n_content: int,
+                 dtype: torch.dtype, device: torch.device, gen: torch.Generator):
+        super().__init__(model, k, n_content, dtype, device)
+        self.sim = TextSimulator(model, update, rows=None, dtype=dtype, device=device)
+        w = self.w = self.sim.params[model.word_embedding].detach()
+        scale = float(w.std())
+        self.variable = (torch.randn((k, n_content, w.shape[1]), generator=gen, dtype=dtype)
+                         * scale).to(device).requires_grad_(True)
+        self.cls_e = w[self.tok.cls_id].expand(k, 1, -1)
+        self.sep_e = w[self.tok.sep_id].expand(k, 1, -1)
+        self.allowed = torch.ones(w.shape[0], dtype=torch.bool, device=device)
+        self.allowed[list(self.tok.special_ids)] = False
+
+    def _distances(self) -> torch.Tensor:
+        """Each position's distance to every row of W, special tokens out of reach."""
+        d = torch.cdist(self.variable.detach().reshape(-1, self.w.shape[1]), self.w)
+        d[:, ~self.allowed] = float("inf")
+        return d
+
+    def inputs(self) -> torch.Tensor:
+        return torch.cat([self.cls_e, self.variable, self.sep_e], dim=1)
+
+    def current_ids(self) -> torch.Tensor:  # token ids [K, n_content]: nearest rows of W
+        return self._distances().argmin(dim=1).reshape(self.k, self.n_content)
+
+    def candidates(self) -> list[list[int]]:
+        # the 8 nearest non-special tokens of each position's optimised embedding
+        return [r.tolist() for r in self._distances().topk(8, largest=False).indices]
+
+    def blank(self, length: int) -> torch.Tensor:
+        full = torch.full((self.k, length), self.tok.sep_id, dtype=torch.long, device=self.device)
+        full[:, 0] = self.tok.cls_id
+        return full
+
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def embed(self, full: torch.Tensor) -> torch.Tensor:
+        return self.w[full]
+
+    def token_ids(self, row: list[int]) -> list[int]:
+        return row
+
+
+def _text_dtype(s: TextAttackSettings) -> torch.dtype:
+    """The resolved settings' dtype, after checking their label mode."""
+    if s.labels is not None and s.labels not in LABEL_MODES:
+        raise ConfigError(f"labels: text attacks restore labels as {' or '.join(LABEL_MODES)}, got {s.labels!r}")
+    try:
+        return DTYPES[str(s.dtype)]
+    except KeyError:
+        raise ConfigError(f"dtype: unknown {s.dtype!r}; known: {', '.join(DTYPES)}") from None
+
+
+def _sentence_length(bag: BagOfWords, max_length: int, content_tokens: int) -> tuple[int, bool]:
+    """(L, guessed): the leaked length, or where noise (or pruning) hid the position rows, a guess
+    of one position per leaked token."""
+    if bag.length is None or bag.length < 3:
+        return max(3, min(max_length, content_tokens + 2, 10)), True
+    return bag.length, False
+
+
+def _label_mode(labels: str | None, k: int) -> str:
+    """The bias rule for one sentence, soft labels for a batch, unless the settings name one."""
+    label_mode = labels or ("bias" if k == 1 else "soft")
+    if label_mode == "bias" and k != 1:
+        raise ConfigError("labels 'bias' restores the label of one sentence; use soft labels for batches")
+    return label_mode
+
+
+class _TextDLG:
+    """One run of DLG for text over a relaxation: the optimisation, the rounding to tokens and
+    the order search, with the history of all three (``done``: iterations so far)."""
+
+    def __init__(self, relax: _Relaxation, length: int, y_soft: torch.Tensor | None,
+                 fixed_labels: torch.Tensor | None, observer: TextObserver | None):
+        self.relax, self.sim, self.length, self.observer = relax, relax.sim, length, observer
+        self.y_soft, self.fixed_labels = y_soft, fixed_labels
+        self.mask = torch.ones((relax.k, length), dtype=torch.long, device=relax.device)
+        self.history: list[dict[str, float]] = []
+        self.done = 0
+
+    def target_labels(self) -> torch.Tensor:
+        if self.y_soft is not None:
+            return torch.softmax(self.y_soft, dim=-1)
+        return self.fixed_labels  # type: ignore[return-value]
+
+    def objective(self) -> torch.Tensor:
+        return squared_l2(self.sim(self.relax.inputs(), self.mask, self.target_labels()), self.sim.target)
+
+    def to_tokens(self, idx: torch.Tensor, lengths: list[int] | None = None) -> list[list[int]]:
+        tok = self.relax.tok
+        out = []
+        for a, row in enumerate(idx.tolist()):
+            row = row[:lengths[a]] if lengths is not None else row
+            out.append([tok.cls_id, *self.relax.token_ids(row), tok.sep_id])
+        return out
+
+    def score(self, idx: torch.Tensor, lengths: list[int], labels: torch.Tensor) -> float:
+        inp, m = self.relax.discrete_inputs(idx, lengths, self.length)
+        return self.sim.distance(inp, m, labels)
+
+    def optimise(self, engine: Engine, loop: LoopSettings, gen: torch.Generator,
+                 log_every: int) -> LoopResult:
+        """The continuous phase: the dummy inputs (and soft labels) under the engine's loop."""
+        variables = [self.relax.variable]
+        if self.y_soft is not None:
+            variables.append(self.y_soft)
+        log = None
+        if self.observer is not None:
+            observer = self.observer
+
+            def log(t: int) -> None:
+                observer(t, self.to_tokens(self.relax.current_ids()))
+        res = engine.optimise(variables, self.objective, loop, generator=gen, on_log=log, log_every=log_every)
+        self.history = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"} for h in res.history]
+        self.done = res.iterations
+        return res
+
+    def rounded(self) -> tuple[_State, list[list[int]]]:
+        """Each position's most probable token and each sentence's most probable label, scored;
+        and those sentences as token ids."""
+        with torch.no_grad():
+            labels0 = (self.y_soft.detach().argmax(dim=-1) if self.y_soft is not None
+                       else self.fixed_labels).clone()  # type: ignore[union-attr]
+        ids0 = self.relax.current_ids().clone()
+        full_lengths = [self.relax.n_content] * self.relax.k
+        first = _State(ids0, full_lengths, labels0, self.score(ids0, full_lengths, labels0))
+        self.history.append({"iteration": self.done + 1, "loss": first.loss, "phase": "discrete"})
+        self.done += 1
+        tokens = self.to_tokens(ids0)
+        if self.observer is not None:
+            self.observer(self.done, tokens)
+        return first, tokens
+
+    def search(self, search: OrderSearch, first: _State, s: TextAttackSettings) -> tuple[_State, float]:
+        """The order search from ``first``: (its best sentences, the update's squared norm, which
+        its stop and the relative distance are measured against)."""
+        with _progress("order search", 1, s.progress) as bar:
+            task = bar.add_task("order search", total=None, loss=first.loss)
+
+            def accept(st: _State) -> None:
+                self.done += 1
+                self.history.append({"iteration": self.done, "loss": st.loss, "phase": "search"})
+                bar.update(task, advance=1, loss=st.loss)
+                if self.observer is not None and (self.done % max(1, s.log_every) == 0):
+                    self.observer(self.done, self.to_tokens(st.ids, st.lengths))
+            # Stop early once the sentences explain the update (relative distance ~ rounding).
+            scale = float(sum(float(t.double().pow(2).sum()) for t in self.sim.target))
+            final = search.run(first, accept, generator=torch.Generator().manual_seed(s.seed + 7),
+                               stop_loss=EXACT * scale) if s.search_evaluations > 0 else first
+        if self.observer is not None:
+            self.observer(self.done, self.to_tokens(final.ids, final.lengths))
+        return final, scale
+
+
 @attack_precision
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
              observer: TextObserver | None = None, *, restrict: bool = True,
@@ -511,167 +763,48 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     the search takes effect when the run ends (a second one stops it at once)."""
     engine = engine if engine is not None else Engine(device=settings.device)
     s = settings.resolved(model)
-    if s.labels is not None and s.labels not in LABEL_MODES:
-        raise ConfigError(f"labels: text attacks restore labels as {' or '.join(LABEL_MODES)}, got {s.labels!r}")
-    try:
-        dtype = DTYPES[str(s.dtype)]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown {s.dtype!r}; known: {', '.join(DTYPES)}") from None
+    dtype = _text_dtype(s)
     device = resolve_device(s.device)
-    tok = model.tokenizer
     k = update.meta.batch_size
     bag = bag_of_words(update, model)
-    content_ids = [t for t in bag.token_ids if t not in tok.special_ids]
+    content_ids = [t for t in bag.token_ids if t not in model.tokenizer.special_ids]
     if not content_ids:
         restrict = False  # no token set leaked (noise, pruning): plain DLG on free embeddings
-    length, length_guessed = bag.length, False
-    if length is None or length < 3:
-        # Noise (or pruning) hid the position rows: guess one position per leaked token.
-        length, length_guessed = max(3, min(model.max_length, len(content_ids) + 2, 10)), True
-    n_content = length - 2
-    label_mode = s.labels or ("bias" if k == 1 else "soft")
-    if label_mode == "bias" and k != 1:
-        raise ConfigError("labels 'bias' restores the label of one sentence; use soft labels for batches")
+    length, length_guessed = _sentence_length(bag, model.max_length, len(content_ids))
+    label_mode = _label_mode(s.labels, k)
     check_text_batch(k, length, model.num_classes if label_mode != "bias" else 0, len(content_ids), bag.exact)
     gen = torch.Generator().manual_seed(s.seed)
-    mask = torch.ones((k, length), dtype=torch.long, device=device)
     fixed_labels = bias_labels(update, model).to(device) if label_mode == "bias" else None
     y_soft = None
     if fixed_labels is None:
         y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
+    relaxation = _BagRelaxation if restrict else _FreeRelaxation
+    run = _TextDLG(relaxation(model, update, content_ids, k, length - 2, dtype, device, gen),
+                   length, y_soft, fixed_labels, observer)
 
-    if restrict:
-        rows = [tok.cls_id, tok.sep_id] + content_ids      # W rows that are variables
-        sim = TextSimulator(model, update, rows=rows, dtype=dtype, device=device)
-        n_rows = len(rows)
-        z = torch.randn((k, n_content, len(content_ids)), generator=gen, dtype=dtype).to(device).requires_grad_(True)
-        edge = torch.zeros((k, 1, n_rows), dtype=dtype, device=device)
-        cls_row, sep_row = edge.clone(), edge.clone()
-        cls_row[..., 0], sep_row[..., 1] = 1.0, 1.0
-        pad = torch.zeros((k, n_content, 2), dtype=dtype, device=device)
-
-        def inputs() -> torch.Tensor:
-            return torch.cat([cls_row, torch.cat([pad, torch.softmax(z, dim=-1)], dim=-1), sep_row], dim=1)
-
-        def current_ids() -> torch.Tensor:  # indices into content_ids [K, n_content]
-            return z.detach().argmax(dim=-1)
-        variables = [z]
-    else:
-        sim = TextSimulator(model, update, rows=None, dtype=dtype, device=device)
-        w = sim.params[model.word_embedding].detach()
-        scale = float(w.std())
-        x = (torch.randn((k, n_content, w.shape[1]), generator=gen, dtype=dtype) * scale).to(device).requires_grad_(True)
-        cls_e = w[tok.cls_id].expand(k, 1, -1)
-        sep_e = w[tok.sep_id].expand(k, 1, -1)
-        allowed = torch.ones(w.shape[0], dtype=torch.bool, device=device)
-        allowed[list(tok.special_ids)] = False
-
-        def inputs() -> torch.Tensor:
-            return torch.cat([cls_e, x, sep_e], dim=1)
-
-        def current_ids() -> torch.Tensor:  # token ids [K, n_content]: nearest rows of W
-            d = torch.cdist(x.detach().reshape(-1, w.shape[1]), w)
-            d[:, ~allowed] = float("inf")
-            return d.argmin(dim=1).reshape(k, n_content)
-        variables = [x]
-    if y_soft is not None:
-        variables.append(y_soft)
-
-    def target_labels() -> torch.Tensor:
-        return torch.softmax(y_soft, dim=-1) if y_soft is not None else fixed_labels  # type: ignore[return-value]
-
-    def objective() -> torch.Tensor:
-        return squared_l2(sim(inputs(), mask, target_labels()), sim.target)
-
-    def to_tokens(idx: torch.Tensor, lengths: list[int] | None = None) -> list[list[int]]:
-        out = []
-        for a, row in enumerate(idx.tolist()):
-            row = row[:lengths[a]] if lengths is not None else row
-            body = [content_ids[i] for i in row] if restrict else row
-            out.append([tok.cls_id, *body, tok.sep_id])
-        return out
-
-    log = None
-    if observer is not None:
-        def log(t: int) -> None:
-            observer(t, to_tokens(current_ids()))
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         progress=s.progress, description="dlg (text)" if restrict else "dlg-free (text)")
-    res = engine.optimise(variables, objective, loop, generator=gen, on_log=log, log_every=s.log_every)
-    history: list[dict[str, float]] = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"}
-                                       for h in res.history]
-    done = res.iterations
+    res = run.optimise(engine, loop, gen, s.log_every)
 
     # ---- discrete sentences: each position's most probable token, then the order search
     start = time.perf_counter()
-    if restrict:
-        candidates = [list(range(len(content_ids)))] * (k * n_content)
-    else:
-        # candidates: the 8 nearest non-special tokens of each position's optimised embedding
-        d = torch.cdist(x.detach().reshape(-1, w.shape[1]), w)
-        d[:, ~allowed] = float("inf")
-        candidates = [r.tolist() for r in d.topk(8, largest=False).indices]
-
-    def inputs_from(idx: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[CLS] content [SEP] then padding (masked; its embedding is irrelevant, [SEP]'s)."""
-        m = torch.zeros((k, length), dtype=torch.long, device=device)
-        if restrict:
-            full = torch.ones((k, length), dtype=torch.long, device=device)  # row 1: [SEP]
-            full[:, 0] = 0
-        else:
-            full = torch.full((k, length), tok.sep_id, dtype=torch.long, device=device)
-            full[:, 0] = tok.cls_id
-        for a, n in enumerate(lengths):
-            full[a, 1:n + 1] = idx[a, :n] + 2 if restrict else idx[a, :n]
-            m[a, :n + 2] = 1
-        if restrict:
-            return F.one_hot(full, n_rows).to(dtype), m
-        return w[full], m
-    with torch.no_grad():
-        labels0 = (y_soft.detach().argmax(dim=-1) if y_soft is not None else fixed_labels).clone()  # type: ignore[union-attr]
-
-    def score(idx: torch.Tensor, lengths: list[int], labels: torch.Tensor) -> float:
-        inp, m = inputs_from(idx, lengths)
-        return sim.distance(inp, m, labels)
-
-    ids0 = current_ids().clone()
-    full_lengths = [n_content] * k
-    first = _State(ids0, full_lengths, labels0, score(ids0, full_lengths, labels0))
-    dlg_tokens = to_tokens(ids0)
-    history.append({"iteration": done + 1, "loss": first.loss, "phase": "discrete"})
-    done += 1
-    if observer is not None:
-        observer(done, dlg_tokens)
+    candidates = run.relax.candidates()
+    first, dlg_tokens = run.rounded()
     # One sentence: its length is the leaked L. K sentences: only the longest is known to be L.
-    search = OrderSearch(score, candidates, k, n_content, model.num_classes if fixed_labels is None else 0,
+    search = OrderSearch(run.score, candidates, k, length - 2, model.num_classes if fixed_labels is None else 0,
                          int(s.search_evaluations), lengths=k > 1)
-    with _progress("order search", 1, s.progress) as bar:
-        task = bar.add_task("order search", total=None, loss=first.loss)
-
-        def accept(st: _State) -> None:
-            nonlocal done
-            done += 1
-            history.append({"iteration": done, "loss": st.loss, "phase": "search"})
-            bar.update(task, advance=1, loss=st.loss)
-            if observer is not None and (done % max(1, s.log_every) == 0):
-                observer(done, to_tokens(st.ids, st.lengths))
-        # Stop early once the sentences explain the update (relative distance ~ rounding).
-        scale = float(sum(float(t.double().pow(2).sum()) for t in sim.target))
-        final = search.run(first, accept, generator=torch.Generator().manual_seed(s.seed + 7),
-                           stop_loss=EXACT * scale) if s.search_evaluations > 0 else first
-    if observer is not None:
-        observer(done, to_tokens(final.ids, final.lengths))
+    final, scale = run.search(search, first, s)
     search_seconds = time.perf_counter() - start
     return TextReconstruction(
-        token_ids=to_tokens(final.ids, final.lengths), labels=final.labels.cpu().long(), bag=bag, history=history,
-        iterations=done, wall_seconds=res.wall_seconds + search_seconds,
+        token_ids=run.to_tokens(final.ids, final.lengths), labels=final.labels.cpu().long(), bag=bag,
+        history=run.history, iterations=run.done, wall_seconds=res.wall_seconds + search_seconds,
         label_method=label_mode if fixed_labels is not None else "soft",
         extra={"gradient_distance": final.loss, "gradient_distance_dlg": first.loss,
                # the verdict's evidence (attacks/verdict.py): the final sentences' relative distance
                "relative_gradient_distance": final.loss / scale if scale > 0 else float("inf"),
                "plateau": False, "restarts_used": 0,
                "dlg_token_ids": dlg_tokens, "search_evaluations": search.evaluations,
-               "search_moves": len([h for h in history if h.get("phase") == "search"]),
+               "search_moves": len([h for h in run.history if h.get("phase") == "search"]),
                "dlg_iterations": res.iterations, "search_seconds": round(search_seconds, 3),
                "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed})
 

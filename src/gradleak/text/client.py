@@ -78,7 +78,8 @@ def text_fedsgd(model: TextModel, batch: TextBatch) -> SharedUpdate:
     loss = batch_loss(model, live, buffers, batch.input_ids, batch.attention_mask, batch.labels)
     grads = torch.autograd.grad(loss, list(live.values()))
     meta = text_meta(model, batch.size, float(loss.detach()), {"name": "fedsgd"})
-    return SharedUpdate(gradients={n: g.detach() for n, g in zip(live, grads)}, global_weights=weights, meta=meta)
+    return SharedUpdate(gradients={n: g.detach() for n, g in zip(live, grads, strict=True)}, global_weights=weights,
+                        meta=meta)
 
 
 def text_fedavg(model: TextModel, batch: TextBatch, threat: ThreatModel, *, private_seed: int) -> SharedUpdate:
@@ -104,7 +105,8 @@ def per_sentence_gradients(model: TextModel, batch: TextBatch) -> list[dict[str,
         live = {name: p.clone().requires_grad_(True) for name, p in params.items()}
         loss = batch_loss(model, live, buffers, batch.input_ids[k:k + 1, :n], batch.attention_mask[k:k + 1, :n],
                           batch.labels[k:k + 1])
-        out.append({name: g.detach() for name, g in zip(live, torch.autograd.grad(loss, list(live.values())))})
+        grads = torch.autograd.grad(loss, list(live.values()))
+        out.append({name: g.detach() for name, g in zip(live, grads, strict=True)})
     return out
 
 

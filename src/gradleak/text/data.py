@@ -95,7 +95,7 @@ def text_batch(sentences: Sequence[str], model: TextModel, batch_size: int, seed
     chosen = [sentences[i] for i in idx]
     tok = model.tokenizer
     encoded = [tok.encode(s) for s in chosen]
-    for s, ids in zip(chosen, encoded):
+    for s, ids in zip(chosen, encoded, strict=True):
         content = [i for i in ids if i not in (tok.cls_id, tok.sep_id)]
         if not content:
             raise DataError(f"sentence {s!r} has no tokens")

@@ -29,7 +29,7 @@ def _content(ids: Sequence[int], special: frozenset[int] | set[int]) -> list[int
 
 def position_matches(truth: Sequence[int], recovered: Sequence[int]) -> int:
     """Positions where both sequences hold the same token (compared up to the shorter one)."""
-    return sum(1 for a, b in zip(truth, recovered) if a == b)
+    return sum(1 for a, b in zip(truth, recovered, strict=False) if a == b)
 
 
 def token_accuracy(truth: Sequence[Sequence[int]], recovered: Sequence[Sequence[int]]) -> float:
@@ -37,7 +37,7 @@ def token_accuracy(truth: Sequence[Sequence[int]], recovered: Sequence[Sequence[
     total = sum(len(t) for t in truth)
     if total == 0:
         return float("nan")
-    return sum(position_matches(t, r) for t, r in zip(truth, recovered)) / total
+    return sum(position_matches(t, r) for t, r in zip(truth, recovered, strict=False)) / total
 
 
 def token_set_scores(truth: Sequence[Sequence[int]], recovered: Sequence[Sequence[int]] | set[int]) -> tuple[float, float]:
@@ -101,7 +101,7 @@ def pair_sentences(truth: Sequence[Sequence[int]], recovered: Sequence[Sequence[
             gain[s:s + step] += (t_pad[s:s + step, None, :] == r_pad[None, :, :]).sum(-1)
     rows, cols = linear_sum_assignment(-gain)
     perm = [0] * k
-    for i, j in zip(rows, cols):
+    for i, j in zip(rows, cols, strict=True):
         perm[int(i)] = int(j)
     return perm
 
@@ -168,7 +168,7 @@ def evaluate_text(truth_ids: Sequence[Sequence[int]], truth_labels: Sequence[int
     hyps = [tokenizer.decode(s) for s in r_paired]
     rows: list[dict[str, Any]] = []
     rouges = []
-    for i, (t, r) in enumerate(zip(t_content, r_paired)):
+    for i, (t, r) in enumerate(zip(t_content, r_paired, strict=True)):
         t_set = set(t)
         rg = rouge(hyps[i], refs[i])
         rouges.append(rg)
@@ -187,7 +187,7 @@ def evaluate_text(truth_ids: Sequence[Sequence[int]], truth_labels: Sequence[int
         token_accuracy=acc, token_set_precision=precision, token_set_recall=recall, bleu=bleu(hyps, refs),
         rouge1=sum(r["rouge1"] for r in rouges) / k, rouge2=sum(r["rouge2"] for r in rouges) / k,
         rougeL=sum(r["rougeL"] for r in rouges) / k,
-        label_accuracy=sum(int(a == b) for a, b in zip(truth_labels, labels_paired)) / k,
+        label_accuracy=sum(int(a == b) for a, b in zip(truth_labels, labels_paired, strict=False)) / k,
         per_sentence=rows, perm=perm)
 
 

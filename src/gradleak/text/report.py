@@ -70,7 +70,7 @@ def _defenses(v: Any) -> list[Any]:
 
 
 def _tokens(tokens: list[Any], classes: list[str]) -> str:
-    return "".join(f'<span class="tok {c}">{escape(str(t))}</span>' for t, c in zip(tokens, classes)) or \
+    return "".join(f'<span class="tok {c}">{escape(str(t))}</span>' for t, c in zip(tokens, classes, strict=True)) or \
         '<span class="muted">(none)</span>'
 
 
@@ -135,7 +135,7 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
         pts = [(num(h.get("iteration")), num(h.get("loss"))) for h in history if h.get("phase") == phase]
         pts = [(x, y) for x, y in pts if y > 0 and math.isfinite(y)]
         if pts:
-            ax.plot(*zip(*pts), ".-" if phase != "dlg" else "-", color=colour, ms=3, lw=1.2,
+            ax.plot(*zip(*pts, strict=True), ".-" if phase != "dlg" else "-", color=colour, ms=3, lw=1.2,
                     label={"dlg": "optimisation", "discrete": "rounded to tokens", "search": "order search"}.get(phase))
     ax.set_yscale("log")
     ax.set_xlabel("iteration")
@@ -145,7 +145,7 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
     acc = [(x, y) for x, y in acc if math.isfinite(y)]
     if acc:
         ax2 = ax.twinx()
-        ax2.plot(*zip(*acc), "o", color="C2", ms=3, label="token accuracy")
+        ax2.plot(*zip(*acc, strict=True), "o", color="C2", ms=3, label="token accuracy")
         ax2.set_ylim(-0.02, 1.02)
         ax2.set_ylabel("token accuracy")
         h2, l2 = ax2.get_legend_handles_labels()
