@@ -389,6 +389,14 @@ def convergence_notes(cells: Iterable[CellResult]) -> list[str]:
     return notes
 
 
+def _share(summary_row: dict[str, Any], verdict: str) -> str:
+    """A verdict's count over what it counts: the rows (images, where a sample is a batch of them;
+    summarize's ``images``), else the samples."""
+    if "images" in summary_row:
+        return f"{summary_row[verdict]}/{summary_row['images']} images"
+    return f"{summary_row[verdict]}/{summary_row['samples']}"
+
+
 def trend_notes(summary: Sequence[dict[str, Any]], x: str, *, falls: bool, claim: str,
                 within: Sequence[str] = (), value: str = "psnr", unit: str = "dB") -> list[str]:
     """Flag each pair of neighbouring settings (ordered by ``x``, within each group of ``within``)
@@ -412,8 +420,8 @@ def trend_notes(summary: Sequence[dict[str, Any]], x: str, *, falls: bool, claim
                 f"{_num(abs(vb - va))}; std {_num(a[f'{value}_std'])} / {_num(b[f'{value}_std'])}; range "
                 f"{_num(a[f'{value}_min'])}..{_num(a[f'{value}_max'])} / {_num(b[f'{value}_min'])}.."
                 f"{_num(b[f'{value}_max'])}; mean over converged samples {_num(a[f'{value}_mean_converged'])} / "
-                f"{_num(b[f'{value}_mean_converged'])}; inconclusive {a['inconclusive']}/{a['samples']} / "
-                f"{b['inconclusive']}/{b['samples']}).")
+                f"{_num(b[f'{value}_mean_converged'])}; inconclusive {_share(a, 'inconclusive')} / "
+                f"{_share(b, 'inconclusive')}).")
     if not notes and summary:
         notes.append(f"No neighbouring settings contradict the stated trend ({claim}) in the mean {value} over all "
                      "samples.")
