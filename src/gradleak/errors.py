@@ -1,5 +1,12 @@
 """One exception family. The CLI turns every :class:`GradleakError` into one line and exit 2."""
 
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Any, Iterator
+
 
 class GradleakError(Exception):
     """Base class of every error gradleak raises on purpose (bad input, impossible request)."""
@@ -57,3 +64,32 @@ class Terminated(KeyboardInterrupt):
         except ValueError:
             name = f"signal {self.signum}"
         return f"interrupted ({name})"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the sweep like Ctrl-C does (finished cells kept, running ones stopped),
+    raising :class:`Terminated`, for the commands that run long (a sweep, the Flower audit, the
+    dashboard). (Ray's ray.init installs its own SIGTERM handlers: the Ray
+    executor puts this one back, see gradleak.localray.init_ray.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        # Ray's blocking calls (ray.wait, ray.get) check for signals themselves and turn the
+        # handler's exception into a plain KeyboardInterrupt: say it was SIGTERM all the same.
+        if received and not isinstance(exc, Terminated):
+            raise Terminated(received[-1]) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -58,7 +58,7 @@ def add_audit_flower_parser(sub: Any) -> None:
 def cmd_audit_flower(args: argparse.Namespace) -> int:
     from ..catalog import DEFENSES, check, unknown
     from ..paths import StagedDir, check_output_dir
-    from ..sweep.engine import sigterm_as_interrupt
+    from ..errors import sigterm_as_interrupt
     from .settings import FederationSettings
 
     # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a

@@ -31,7 +31,7 @@ def cmd_dashboard(args: Any) -> int:
             raise DataError(f"sweep folder {one_line(str(Path(folder)))} does not exist")
     from ..report.html import display_name
     from .dashboard import render_dashboard
-    from .engine import sigterm_as_interrupt
+    from ..errors import sigterm_as_interrupt
 
     with sigterm_as_interrupt():   # SIGTERM: the page is left as it was, no temporary file (exit 143)
         path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None))

@@ -3,15 +3,12 @@ executor, and commit each finished cell at once (store row, then results.csv rew
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any, Collection
 
-from ..errors import ConfigError, Terminated
+from ..errors import ConfigError, Terminated, sigterm_as_interrupt  # noqa: F401 - where sweeps (and tests) find them
 from ..paths import one_line
 from .executors import EXECUTORS, available_cpus, run_cells
 from .spec import SweepSpec
@@ -42,32 +39,6 @@ class SweepSummary:
         return self.skipped + len(self.computed)
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the sweep like Ctrl-C does (finished cells kept, running ones stopped),
-    raising :class:`Terminated`. (Ray's ray.init installs its own SIGTERM handlers: the Ray
-    executor puts this one back, see gradleak.localray.init_ray.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    received: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(signum)
-        raise Terminated(signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        # Ray's blocking calls (ray.wait, ray.get) check for signals themselves and turn the
-        # handler's exception into a plain KeyboardInterrupt: say it was SIGTERM all the same.
-        if received and not isinstance(exc, Terminated):
-            raise Terminated(received[-1]) from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _eta(seconds: float | None) -> str:
