@@ -299,14 +299,16 @@ def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
     assert cell_identity(named) == hashlib.sha256(json.dumps(
         {k: v for k, v in named.items() if k not in ("out", "progress", "box")},
         sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-    # DLG's defaults never changed: its cells keep their ids (BASE is a DLG cell)
+    # DLG's L-BFGS gained a line search: its cells that leave the optimizer to DLG get new ids
+    # (BASE is a DLG cell); one that names the optimizer keeps its id
     dlg = parse_spec({"base": unset, "grid": {"seed": [0]}}).cells[0].config
-    assert dlg["iterations"] is None and changed_defaults(dlg) == {}
-    # auto without a fallback may run GradInversion and IG, and its portfolio is itself a change
+    assert dlg["iterations"] is None and set(changed_defaults(dlg)) == {"dlg.optimizer"}
+    assert changed_defaults({**dlg, "optimizer": "lbfgs"}) == {}
+    # auto without a fallback may run DLG, GradInversion and IG, and its portfolio is itself a change
     auto = {**dlg, "attack": "auto"}
     assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn", "ig.iterations",
-                                           "ig.alpha_tv", "auto.fallback"}
-    assert changed_defaults({**auto, "fallback": "idlg"}) == {}
+                                           "ig.alpha_tv", "auto.fallback", "dlg.optimizer", "idlg.optimizer"}
+    assert set(changed_defaults({**auto, "fallback": "idlg"})) == {"idlg.optimizer"}
 
 
 def test_auto_portfolio_of_the_cell_identity_is_autos_choices():

@@ -52,6 +52,8 @@ CHANGED_DEFAULTS: dict[tuple[str, str], str] = {
     ("ig", "alpha_tv"): "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
     ("gradinversion", "alpha_g"): "preset x reference / parameter tensors since 2026-11-25",
     ("gradinversion", "alpha_bn"): "preset x reference / BN layers since 2026-11-25",
+    ("dlg", "optimizer"): "L-BFGS with a strong Wolfe line search since 2026-11-27 (none before)",
+    ("idlg", "optimizer"): "L-BFGS with a strong Wolfe line search since 2026-11-27 (none before)",
     ("auto", "fallback"): "a portfolio on batches and aggregates (DLG, GradInversion, IG) since 2026-11-27 "
                           "(GradInversion alone before)",
 }
