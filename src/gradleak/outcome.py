@@ -296,7 +296,7 @@ def tried_summary(auto: Mapping[str, Any]) -> str:
         if rel is not None:
             bits.append(f"distance {rel:.2e}")
         if secs is not None:
-            bits.append(f"{secs:.0f} s")
+            bits.append(f"{secs:.3g} s")
         if psnr is not None:
             bits.append(f"{psnr:.1f} dB")
         if isinstance(t.get("verdict"), str):
