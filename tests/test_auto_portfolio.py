@@ -170,6 +170,12 @@ def test_a_real_batch_scores_every_member_and_keeps_the_worst_case(tmp_path, cap
     assert m["verdict"] == (LEAKED if any(t.get("verdict") == LEAKED for t in ran) else m["verdict"])
     text = capsys.readouterr().out
     assert "auto: used" in text and "gradinversion (" in text and " dB" in text
+    # every other member's answer is a picture of the run, shown in the report with its verdict
+    html = (out / "report.html").read_text()
+    for t in ran:
+        if t["attack"] != m["attack"]:
+            assert (out / f"reconstruction-{t['attack']}.png").is_file()
+            assert f"auto also ran {t['attack']} on this update: {t['verdict']}" in html
     # the rerun command holds the flags given, not one member's constants
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["attack"] == "auto" and cfg["fallback"] is None and cfg["iterations"] == 6 and cfg["lr"] is None

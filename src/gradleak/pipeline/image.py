@@ -294,6 +294,15 @@ class ImageCase(Case):
         else:
             save_image_grid(folder / "reconstruction.png", [recon.images], ["reconstruction"],
                             [[f"label {int(y)}" for y in recon.labels]])
+        for name, alt in getattr(recon, "alternatives", []):   # auto's other attacks: each answer too
+            if self.truth is not None:
+                ev = evaluate(alt, self.truth)
+                save_image_grid(folder / f"reconstruction-{name}.png", [self.truth.images, ev.paired_images],
+                                ["original", name], [[f"label {s.label_true}" for s in ev.per_image],
+                                                     [f"{s.psnr:.1f} dB / label {s.label_restored}" for s in ev.per_image]])
+            else:
+                save_image_grid(folder / f"reconstruction-{name}.png", [alt.images], [name],
+                                [[f"label {int(y)}" for y in alt.labels]])
         if recon.candidates is not None:
             rows = [c for c in recon.candidates] + [recon.images]
             titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]

@@ -15,6 +15,7 @@ Run folder contract (see :func:`render_report`)::
     history.csv          optional: iteration,loss,psnr
     reconstruction.png   optional: originals above paired reconstructions
     candidates.png       optional: one row per seed plus the consensus
+    reconstruction-<attack>.png  optional: the answers of the other attacks ``auto`` ran
 """
 
 from __future__ import annotations
@@ -277,7 +278,8 @@ def _attacked(metrics: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _pictures(recon: bytes | None, candidates: bytes | None, has_truth: bool) -> str:
+def _pictures(recon: bytes | None, candidates: bytes | None, has_truth: bool,
+              others: Sequence[tuple[str, bytes, str]] = ()) -> str:
     parts = ["<h2>Pictures</h2>"]
     if recon is not None:
         caption = ("Originals (top) and the reconstructions paired with them (bottom)."
@@ -288,7 +290,28 @@ def _pictures(recon: bytes | None, candidates: bytes | None, has_truth: bool) ->
     if candidates is not None:
         parts.append(figure(candidates, "candidates",
                             "Candidates: one row per seed, then the consensus."))
+    for name, png, verdict in others:   # auto's other attacks on the same update
+        parts.append(figure(png, f"reconstruction by {name}", f"auto also ran {name} on this update: {verdict}."))
     return "".join(parts)
+
+
+def _other_answers(run_dir: Path, metrics: Mapping[str, Any]) -> list[tuple[str, bytes, str]]:
+    """The pictures of the other attacks ``auto`` ran (reconstruction-<attack>.png), each with its
+    verdict and PSNR from metrics.json's auto.tried."""
+    auto = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else {}
+    tried = auto.get("tried") if isinstance(auto.get("tried"), list) else []
+    out = []
+    for t in tried:
+        name = t.get("attack") if isinstance(t, Mapping) else None
+        if not isinstance(name, str) or name == auto.get("used") or not name.isidentifier():
+            continue
+        png = _read_png(run_dir / f"reconstruction-{name}.png")
+        if png is None:
+            continue
+        psnr = t.get("psnr_mean")
+        verdict = str(t.get("verdict") or ("converged" if t.get("converged") else "not converged"))
+        out.append((name, png, verdict + (f", {psnr:.1f} dB" if isinstance(psnr, (int, float)) else "")))
+    return out
 
 
 def _per_image(metrics: Mapping[str, Any], has_truth: bool) -> str:
@@ -407,7 +430,8 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
     title = f"{field('attack')} on {field('model')}, {field('data')}"
     body = "\n".join([
         _summary(metrics, has_truth),
-        f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>{_pictures(recon, candidates, has_truth)}</div></div>',
+        f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>'
+        f'{_pictures(recon, candidates, has_truth, _other_answers(run_dir, metrics))}</div></div>',
         _per_image(metrics, has_truth),
         _other_metrics(metrics),
         _loss(history, metrics),
