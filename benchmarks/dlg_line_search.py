@@ -8,9 +8,9 @@ test images (seeds 0-3, as the experiment draws them), and untrained on CIFAR-10
 Why it exists: on the trained checkpoints DLG without a line search takes an L-BFGS step of
 length lr = 1 into the sigmoids' saturation after ~14 steps (the loss jumps from 2e-3 to 1.3 and
 stays there: the gradient vanishes), and every restart ends the same way (relative distance
-1e2..1e4). Note for whoever patches the constant at run time: ``import gradleak.attacks.dlg as
-m`` binds the *function* ``dlg`` (the package re-exports it under the module's name); use
-importlib.import_module("gradleak.attacks.dlg"), as here.
+1e2..1e4). (An earlier attempt to patch the constant through ``import gradleak.attacks.dlg as m``
+reached nothing: the package then bound the *function* dlg under the module's name. It no longer
+does; importlib.import_module, as here, gives the module either way.)
 
 Writes benchmarks/dlg_line_search.json (about 15 minutes, one thread).
 

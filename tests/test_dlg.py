@@ -110,7 +110,7 @@ def test_default_idlg_meets_the_papers_mse_with_one_start(cifar10):
 def test_stop_budget_runs_every_step(cifar10, monkeypatch):
     import importlib
 
-    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module (the package exports a function of that name)
+    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module
     batch, model, update = _case(cifar10, seed=3)
     # a rule that fires at the first step below the verdict line, so both runs stay short
     monkeypatch.setattr(dlg_module, "SETTLE_PATIENCE", 1)

@@ -111,7 +111,7 @@ def test_gradinversion_registered_resume_is_bit_identical(convnet_case, tmp_path
 def test_dlg_resume_inside_a_later_trial_is_bit_identical(lenet_case, tmp_path, monkeypatch):
     """Every trial but the last 'stalls' after 4 steps (patched criterion), so the run goes
     through 4 trials; it is interrupted inside the third one (trial 2)."""
-    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the package re-exports dlg()
+    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module
 
     monkeypatch.setattr(dlg_module, "_stalled", lambda history: len(history) >= 4)
     spec, update = lenet_case
@@ -240,7 +240,7 @@ def test_loop_gives_up_after_three_retries_and_keeps_the_last_good_state():
 
 
 def test_forced_nan_in_dlg_is_recovered_and_the_run_finishes(tmp_path, capsys, caplog, monkeypatch):
-    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the package re-exports dlg()
+    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module
 
     real = dlg_module.squared_l2
     calls = [0]

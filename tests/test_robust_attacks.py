@@ -137,7 +137,7 @@ def test_defaults_on_a_trained_checkpoint_find_the_leak_a_single_start_finds(tra
     one and rebuilds the image whenever any single start does."""
     import importlib
 
-    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the package exports a function of that name
+    dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module
     model = trained_lenet
     source = open_source("fashion-mnist", split="test")
     batch = batch_of(source, [0], 32, 1)

@@ -14,18 +14,19 @@ from .configs import CLOSED_FORM, IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resol
 from .engine import Engine
 from .gradinversion import layer_counts
 from .state import AttackState
-from .analytic import analytic
-from .dlg import dlg, idlg
-from .imprint import imprint_attack
-from .rgap import rgap
-from .gradinversion import GradInversionSettings, gradinversion
-from .ig import inverting_gradients
+# The attack modules under aliases: binding their functions here (``from .dlg import dlg``) would
+# shadow the submodules of the same name, so that ``import gradleak.attacks.dlg as m`` gave the
+# function dlg and a constant patched on it reached nothing.
+from . import analytic as _analytic, dlg as _dlg, gradinversion as _gradinversion, ig as _ig, imprint as _imprint
+from . import rgap as _rgap
+from .gradinversion import GradInversionSettings
 from .labels import LABEL_METHODS, restore_labels
 from .reconstruction import Reconstruction
 
 # The attack functions by name (for calling one directly with its own extra arguments).
-ATTACKS = {"dlg": dlg, "idlg": idlg, "gradinversion": gradinversion, "ig": inverting_gradients,
-           "analytic": analytic, "rgap": rgap, "imprint": imprint_attack}
+ATTACKS = {"dlg": _dlg.dlg, "idlg": _dlg.idlg, "gradinversion": _gradinversion.gradinversion,
+           "ig": _ig.inverting_gradients, "analytic": _analytic.analytic, "rgap": _rgap.rgap,
+           "imprint": _imprint.imprint_attack}
 
 
 def attack_names() -> list[str]:
