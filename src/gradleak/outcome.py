@@ -6,7 +6,9 @@ Vocabulary, worst first:
                      (mean PSNR >= LEAK_PSNR_DB) or shows them recognisably (an image whose SSIM
                      against the client's is >= RECOGNISABLE_SSIM), or, for
                      text, a sentence comes back exactly or TEXT_LEAK_TOKEN_ACCURACY of the tokens
-                     in place. A leak is never hidden, whatever the attack's own convergence line.
+                     in place; or, for ``auto``, any other attack of its portfolio leaked on the same
+                     update (the worst case over the attacks run). A leak is never hidden, whatever
+                     the attack's own convergence line.
 ``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
                      an undefended update (converged; the defenses' modelled noise floor at most the
                      attack's own line, nothing unmodelled): on this project's measurements such
