@@ -184,8 +184,9 @@ def _preset_drift() -> dict[str, Any]:
 
 
 def _batched_drift(iterations: list[int]) -> list[dict[str, Any]]:
-    from gradleak.attacks import AttackSettings
-    from gradleak.attacks.gradinversion import GradInversionSettings, gradinversion
+    from gradleak.attacks import Engine
+    from gradleak.attacks.configs import resolve_attack
+    from gradleak.attacks.gradinversion import layer_counts, preset_values
     from gradleak.data import open_source, sample_batch
     from gradleak.fl import fedsgd
     from gradleak.metrics import evaluate
@@ -195,15 +196,18 @@ def _batched_drift(iterations: list[int]) -> list[dict[str, Any]]:
     batch = sample_batch(open_source("cifar10-samples"), 4, seed=0, image_size=32, channels=3)
     update = fedsgd(spec, batch, share_bn_statistics=True)
     seeds = 3
+
+    def gradinversion(seed: int, **values: Any):  # the cpu preset's constants as given, then ``values``
+        cfg = resolve_attack({**preset_values("cpu"), **values, "attack": "gradinversion", "seed": seed},
+                             bn_statistics_shared=True, layers=layer_counts(spec.module))
+        return Engine().run(cfg, update, spec)
+
     rows = []
     for dtype in ("float32", "float64"):
         for it in iterations:
-            gi = replace(GradInversionSettings.preset("cpu"), iterations=it, warmup=min(5, it), seeds=seeds,
-                         group="none")
-            settings = AttackSettings(seed=11, dtype=dtype)
-            together = gradinversion(update, spec, settings, gi=gi)
-            apart = [gradinversion(update, spec, replace(settings, seed=11 + g), gi=replace(gi, seeds=1))
-                     for g in range(seeds)]
+            gi = dict(iterations=it, warmup=min(5, it), seeds=seeds, group="none", dtype=dtype)
+            together = gradinversion(11, **gi)
+            apart = [gradinversion(11 + g, **{**gi, "seeds": 1}) for g in range(seeds)]
             stacked = torch.stack([r.candidates[0] for r in apart])
             p_together = [evaluate(replace(together, images=together.candidates[g]), batch).psnr_mean
                           for g in range(seeds)]

@@ -43,14 +43,14 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 import gradleak
-from gradleak.attacks.gradinversion import PRESETS, gradinversion
+from gradleak.attacks.engine import Engine
+from gradleak.attacks.gradinversion import PRESETS
 from gradleak.attacks.group import Registration
 from gradleak.attacks.priors import bn_prior, bn_targets, l2_norm, total_variation
 from gradleak.attacks.labels import restore_labels
@@ -58,6 +58,7 @@ from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
 from gradleak.errors import GradleakError
 from gradleak.pipeline import build_case
+from gradleak.pipeline.image import image_attack_config
 from gradleak.runtime import allocator, ieee_float32, resolve_device
 
 HERE = Path(__file__).resolve().parent
@@ -66,8 +67,8 @@ from extras import measure_seeds  # noqa: E402
 from report import gib, render_markdown  # noqa: E402
 
 MODELS = ("efficientnet-lite0", "resnet50")
-PAPER = PRESETS["paper"]
-PAPER_FITS = len(range(PAPER.registration_start, PAPER.iterations + 1, PAPER.registration_every))  # 150
+PAPER: dict[str, Any] = dict(PRESETS["paper"])
+PAPER_FITS = len(range(PAPER["registration_start"], PAPER["iterations"] + 1, PAPER["registration_every"]))  # 150
 
 
 def log(msg: str) -> None:
@@ -111,13 +112,14 @@ def _case(model: str, *, size: int, batch: int, seeds: int, device: torch.device
     return cfg, case, time.perf_counter() - t
 
 
-def _settings(cfg: Any, case: Any, device: torch.device) -> Any:
-    """The run's AttackSettings (seed, init, dtype, optimizer, device) from its typed attack config,
-    with iterations and lr left to the GradInversionSettings ``gi`` each call passes (the schedule
-    measured here is not the preset's 20 000 steps)."""
-    typed = case.attack_config(cfg)
-    return replace(typed.settings(device=str(device), log_every=cfg.log_every, progress=False),
-                   iterations=None, lr=None)
+def gradinversion(cfg: Any, case: Any, device: torch.device, *, seed: int = 0, **gi: Any) -> Any:
+    """GradInversion on the case through its typed config and an Engine on ``device``: the run's
+    flat config (init, dtype, optimizer), then every constant of the paper preset as printed
+    (PAPER, not scaled to the model), then ``gi`` (the schedule measured here is not the preset's
+    20 000 steps)."""
+    values = {**cfg.model_dump(), **PAPER, **gi, "attack": "gradinversion", "seed": seed}
+    typed = image_attack_config(values, case.update, case.model)
+    return Engine(device=device, log_every=cfg.log_every, progress=False).run(typed, case.update, case.model)
 
 
 def _memory(device: torch.device) -> dict[str, float | None]:
@@ -136,25 +138,26 @@ def _reset_memory(device: torch.device) -> None:
 def measure_paper(model: str, *, device: torch.device, iterations: int, size: int, batch: int, seeds: int,
                   threads: int | None) -> dict[str, Any]:
     cfg, case, client_s = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
-    settings = _settings(cfg, case, device)
-    gi = replace(PAPER, iterations=iterations, seeds=seeds)  # paper schedule: the first fit is after 5000 steps
-    warm_s, _ = timed(lambda: gradinversion(case.update, case.model, settings, gi=replace(gi, iterations=3)), device)
+    # the paper's schedule as given (first fit after 5000 steps), not scaled to the iterations run here
+    gi = dict(iterations=iterations, seeds=seeds, warmup=PAPER["warmup"],
+              registration_start=PAPER["registration_start"], registration_every=PAPER["registration_every"])
+    warm_s, _ = timed(lambda: gradinversion(cfg, case, device, **{**gi, "iterations": 3}), device)
     _reset_memory(device)
-    total_s, rec = timed(lambda: gradinversion(case.update, case.model, settings, gi=gi), device)
+    total_s, rec = timed(lambda: gradinversion(cfg, case, device, **gi), device)
     memory = _memory(device)
     step_s = rec.wall_seconds / max(1, rec.iterations)
-    reg = Registration((seeds, batch, *case.model.input_shape), steps=PAPER.registration_steps)
+    reg = Registration((seeds, batch, *case.model.input_shape), steps=PAPER["registration_steps"])
     x = torch.randn((seeds, batch, *case.model.input_shape), generator=torch.Generator().manual_seed(0)).to(device)
     with ieee_float32(device):  # as inside the attack
         reg.fit(x)  # warm-up
         fit_s, _ = timed(lambda: reg.fit(x), device)
-    projected = PAPER.iterations * step_s + PAPER_FITS * fit_s
+    projected = PAPER["iterations"] * step_s + PAPER_FITS * fit_s
     return {"model": model, "image_size": size, "batch_size": batch, "seeds": seeds, "iterations": rec.iterations,
             "registrations_in_timed_steps": rec.extra.get("registrations"),
             "client_setup_s": client_s, "warmup_s": warm_s, "run_s": total_s, "loop_s": rec.wall_seconds,
             "seconds_per_iteration": step_s, "iterations_per_second": 1.0 / step_s if step_s > 0 else None,
-            "registration_fit_s": fit_s, "registration_steps": PAPER.registration_steps,
-            "paper_iterations": PAPER.iterations, "paper_fits": PAPER_FITS,
+            "registration_fit_s": fit_s, "registration_steps": PAPER["registration_steps"],
+            "paper_iterations": PAPER["iterations"], "paper_fits": PAPER_FITS,
             "projected_paper_run_s": projected, **memory}
 
 
@@ -178,20 +181,16 @@ def measure_seeds_224(model: str, *, device: torch.device, iterations: int, size
                       threads: int | None) -> dict[str, Any]:
     """G seeds batched vs G single-seed runs (group none: the same attack), same client update."""
     cfg, case, _ = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
-    base = replace(PAPER, iterations=iterations, group="none")
+    base = dict(iterations=iterations, group="none", warmup=PAPER["warmup"],
+                registration_start=PAPER["registration_start"], registration_every=PAPER["registration_every"])
 
-    base_settings = _settings(cfg, case, device)  # no seeds field: the count comes from gi (G batched, 1 sequential)
-
-    def settings_for(seed: int) -> Any:
-        return replace(base_settings, seed=seed)
-
-    def batched() -> Any:
-        return gradinversion(case.update, case.model, settings_for(0), gi=replace(base, seeds=seeds))
+    def batched() -> Any:  # the seed count comes from ``seeds`` (G batched, 1 sequential)
+        return gradinversion(cfg, case, device, seed=0, **base, seeds=seeds)
 
     def sequential() -> list[Any]:
-        return [gradinversion(case.update, case.model, settings_for(s), gi=replace(base, seeds=1)) for s in range(seeds)]
+        return [gradinversion(cfg, case, device, seed=s, **base, seeds=1) for s in range(seeds)]
 
-    gradinversion(case.update, case.model, settings_for(0), gi=replace(base, seeds=1, iterations=2))  # warm-up
+    gradinversion(cfg, case, device, seed=0, **{**base, "seeds": 1, "iterations": 2})  # warm-up
     b_s, b_rec = timed(batched, device)
     s_s, s_recs = timed(sequential, device)
     assert b_rec.candidates.shape[0] == seeds and all(r.candidates.shape[0] == 1 for r in s_recs)
@@ -206,7 +205,7 @@ def measure_precision(model: str, *, device: torch.device, size: int, batch: int
                       threads: int | None) -> dict[str, Any]:
     """One GradInversion objective + image gradient (Eq. 3 + Eq. 9-10) under three precisions."""
     cfg, case, _ = _case(model, size=size, batch=batch, seeds=seeds, device=device, threads=threads)
-    labels = restore_labels(case.update, case.model, batch, PAPER.labels).to(device)
+    labels = restore_labels(case.update, case.model, batch, PAPER["labels"]).to(device)
     victim = UpdateSimulator(case.model, case.update, device=device)
     targets = bn_targets(case.update, victim.bn_names, "exact", dtype=torch.float32, device=device)
     x0 = torch.randn((seeds, batch, *case.model.input_shape), generator=torch.Generator().manual_seed(0)).to(device)
@@ -214,8 +213,8 @@ def measure_precision(model: str, *, device: torch.device, size: int, batch: int
     def step() -> torch.Tensor:
         x = x0.detach().requires_grad_(True)
         grads, stats = victim.batched(x, labels)
-        loss = PAPER.alpha_g * victim.gradient.layer_l2(grads) + PAPER.alpha_tv * total_variation(x) \
-            + PAPER.alpha_l2 * l2_norm(x) + PAPER.alpha_bn * bn_prior(stats, targets)
+        loss = PAPER["alpha_g"] * victim.gradient.layer_l2(grads) + PAPER["alpha_tv"] * total_variation(x) \
+            + PAPER["alpha_l2"] * l2_norm(x) + PAPER["alpha_bn"] * bn_prior(stats, targets)
         return torch.autograd.grad(loss.sum(), [x])[0]
 
     def bf16() -> torch.Tensor:

@@ -83,7 +83,9 @@ class Case:
     --batch-size 8 --share-bn-statistics` builds it, and the attacker's pieces of GradInversion."""
 
     def __init__(self) -> None:
-        from gradleak.attacks.gradinversion import GradInversionSettings, layer_counts, per_layer
+        from types import SimpleNamespace
+
+        from gradleak.attacks.gradinversion import layer_counts, per_layer, preset_values
         from gradleak.attacks.labels import restore_labels
         from gradleak.attacks.priors import bn_targets
         from gradleak.attacks.simulate import UpdateSimulator
@@ -97,7 +99,8 @@ class Case:
         self.labels = restore_labels(self.update, self.model, K, "gradinversion")
         self.victim = UpdateSimulator(self.model, self.update)
         self.targets = bn_targets(self.update, self.victim.bn_names, "exact")
-        self.paper = per_layer(GradInversionSettings.preset("paper"), layer_counts(self.model.module))
+        # the paper preset per layer of this model (its constants as attributes: p.alpha_g, ...)
+        self.paper = SimpleNamespace(**per_layer("paper", preset_values("paper"), layer_counts(self.model.module)))
         self.lo = self.model.normalize(torch.zeros(1, 3, SIZE, SIZE))
         self.hi = self.model.normalize(torch.ones(1, 3, SIZE, SIZE))
         self._feats: list[torch.Tensor] = []

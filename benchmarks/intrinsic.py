@@ -6,7 +6,7 @@ Also measured, as a reference: a "naive" gradient-matching step written in the m
 (forward, ``torch.autograd.grad(create_graph=True)``, squared distance to a target gradient,
 backward to the input), the floor a double-backward attack cannot go much below.
 
-Attack steps, each the real gradleak attack loop run for a few iterations via ``run_attack``:
+Attack steps, each the real gradleak attack loop run for a few iterations via ``gradleak.pipeline.attack_update``:
 
 * ``lenet-dlg`` batch 1: DLG. One iteration is an L-BFGS step of up to 20 objective
   evaluations, so the step time is the loop time divided by the evaluations L-BFGS reports
@@ -29,9 +29,8 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from gradleak.attacks import AttackSettings, run_attack
 from gradleak.config import make_config
-from gradleak.pipeline import build_case
+from gradleak.pipeline import attack_update, build_case
 
 
 @contextmanager
@@ -111,13 +110,12 @@ def measure(target: Target, *, rounds: int, train_reps: int, attack_iterations: 
         (gx,) = torch.autograd.grad(dist, dummy)
         del gx
 
-    settings = AttackSettings(iterations=attack_iterations, dtype=target.dtype, seed=0, log_every=10**9,
-                              preset=target.fields.get("preset"), seeds=target.fields.get("seeds"),
-                              group=target.fields.get("group"))
+    flags = {k: target.fields[k] for k in ("preset", "seeds", "group") if k in target.fields}
 
     def attack_step() -> float:
         with lbfgs_instances() as made:
-            rec = run_attack(target.attack, case.update, case.model, settings)
+            rec = attack_update(case.update, case.model, target.attack, iterations=attack_iterations,
+                                dtype=target.dtype, seed=0, log_every=10**9, **flags)
         evaluations = lbfgs_evaluations(made) if made else rec.iterations
         return rec.wall_seconds / max(1, evaluations)
 

@@ -132,7 +132,7 @@ def _seeds(sd: dict[str, Any]) -> list[str]:
         f"GradInversion, `{sd['model']}` batch {sd['batch_size']}, 32 px, preset `{sd['preset']}`, group "
         f"`{sd['group']}` (so batched and sequential are the same attack), {sd['iterations']} iterations each; "
         f"sequential = {sd['seeds']} runs with `--seeds 1` and seeds 0..{sd['seeds'] - 1}; wall time of "
-        f"`run_attack` (set-up included), median of {sd['rounds']} round(s), order alternated. Target <= 0.5x.", "",
+        f"`Engine.run` (set-up included), median of {sd['rounds']} round(s), order alternated. Target <= 0.5x.", "",
         "| | batched G = 8 (s) | 8 sequential (s) | batched / sequential | loop only |", "|---|---|---|---|---|",
     ]
     for i, r in enumerate(sd["rows"]):
@@ -448,7 +448,7 @@ def render_markdown(res: dict[str, Any], gpu: dict[str, Any] | None = None, floo
             "",
             "Same process, same model, batch and precision; median over interleaved rounds. Training step = "
             "forward + backward to the parameters. Attack step = one objective evaluation of the real gradleak "
-            "loop (`run_attack`; for DLG the L-BFGS loop time divided by its evaluations). 'Naive' = forward + "
+            "loop (`gradleak.pipeline.attack_update`; for DLG the L-BFGS loop time divided by its evaluations). 'Naive' = forward + "
             "`autograd.grad(create_graph=True)` + squared distance + backward to the input, written directly. "
             "Target: attack step <= 2.5x a training step.",
             "",

@@ -5,7 +5,7 @@ audit is the three marked lines in the ServerApp: describe the model to gradleak
 create a LeakageAuditor, and wrap the strategy in AuditedStrategy. The clients are unchanged
 (the optional "client-info" record only names them in the audit rows).
 
-    FLWR_TELEMETRY_ENABLED=0 python examples/flower_existing_app.py    # writes audit-example/audit.csv
+    FLWR_TELEMETRY_ENABLED=0 python examples/flower_existing_app.py    # writes audit-example/ (audit.csv, runs/)
 
 Runs Flower's simulation engine (Ray) with 3 clients for 2 rounds; about a minute on 2 cores.
 """
@@ -85,8 +85,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=CLIENTS, min_available_nodes=CLIENTS)
     # --- the audit: three lines -----------------------------------------------------------------
     spec = ModelSpec(name="Net", module=Net(), input_shape=(1, 28, 28), num_classes=10, mean=(0.0,), std=(1.0,))
-    auditor = LeakageAuditor(spec, AuditSettings(attack={"attack": "idlg", "iterations": 20},
-                                                 out="audit-example", save_reconstructions=True))
+    auditor = LeakageAuditor(spec, AuditSettings(attack={"attack": "idlg", "iterations": 20}, out="audit-example"))
     strategy = AuditedStrategy(strategy, auditor)   # reads lr / local-steps / batch-size from the train config
     # ---------------------------------------------------------------------------------------------
     strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=ROUNDS,

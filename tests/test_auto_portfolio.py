@@ -12,7 +12,7 @@ import torch
 
 from gradleak.attacks import Engine, resolve_attack
 from gradleak.attacks.auto import auto_portfolio
-from gradleak.attacks.configs import DLGConfig, GradInversionConfig, IGConfig
+from gradleak.attacks.configs import CONFIGS
 from gradleak.attacks.engine import ATTACK_RUNNERS
 from gradleak.attacks.reconstruction import Reconstruction
 from gradleak.attacks.state import state_dir_for
@@ -70,7 +70,7 @@ def _fake(monkeypatch, distances, observed=None):
     """Replace the three members' runners: each returns a constant answer with the given relative
     gradient distance (an Exception instance: raised), and observes iteration 1 with its index."""
     calls = []
-    for i, cls in enumerate((DLGConfig, GradInversionConfig, IGConfig)):
+    for i, cls in enumerate(CONFIGS[name] for name in ("dlg", "gradinversion", "ig")):
         def run(cfg, update, model, engine, i=i):
             calls.append(cfg.attack)
             rel = distances[cfg.attack]

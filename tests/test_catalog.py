@@ -13,7 +13,10 @@ from gradleak import catalog
 
 
 def test_catalog_equals_the_registries():
+    import importlib
+
     from gradleak.attacks import attack_names
+    from gradleak.attacks.configs import CONFIGS
     from gradleak.data import SOURCE_NAMES
     from gradleak.defenses import defense_names
     from gradleak.experiments.base import EXPERIMENTS, experiment_names
@@ -25,7 +28,11 @@ def test_catalog_equals_the_registries():
 
     assert describe_models() == dict(sorted(catalog.MODELS.items()))
     assert tuple(SOURCE_NAMES) == catalog.SOURCES
-    assert tuple(attack_names()) == catalog.IMAGE_ATTACKS
+    assert tuple(attack_names()) == tuple(catalog.IMAGE_ATTACKS)
+    assert tuple(catalog.IMAGE_ATTACKS) == ("analytic", "auto", "dlg", "gradinversion", "idlg", "ig", "imprint", "rgap")
+    for name, summary in catalog.IMAGE_ATTACKS.items():  # what the catalog read is what each module declares
+        module = importlib.import_module(CONFIGS[name].spec.module)
+        assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)
     assert tuple(defense_names()) == catalog.DEFENSES
     assert tuple(SERVERS) == catalog.SERVERS
     assert tuple(sorted(PRESETS)) == catalog.PRESETS

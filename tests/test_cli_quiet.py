@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import stored_cells  # tests/ is on sys.path (no package)
-from gradleak.cli import ATTACK_DEFAULTS, LAZY_HELP, TRAIN_DEFAULTS, build_parser, command_parser
+from gradleak.cli import LAZY_HELP, attack_defaults, TRAIN_DEFAULTS, build_parser, command_parser
 from gradleak.console import notice_once, print_table
 
 GRADLEAK = [sys.executable, "-m", "gradleak.cli"]
@@ -129,7 +129,7 @@ def test_a_sub_command_parses_its_flags_and_errors_stay_one_line(capsys):
 
 # ------------------------------------------------------------------ defaults in --help
 def _resolved(family: str, variant: str | None) -> list[dict]:
-    """The config a run resolves for the attacks of an ATTACK_DEFAULTS row when no flag is given."""
+    """The config a run resolves for the attacks of an attack_defaults() row when no flag is given."""
     from gradleak.attacks.configs import resolve_attack
     from gradleak.text.configs import resolve_text_attack
 
@@ -154,7 +154,7 @@ def test_help_defaults_are_what_a_run_resolves():
     """Every per-attack default --help states is the value the run's config resolution gives
     (attacks.configs, the GradInversion presets, the text models' defaults)."""
     checked = 0
-    for family, values, variants in ATTACK_DEFAULTS:
+    for family, values, variants in attack_defaults():
         for variant, expected in ((None, values), *variants):
             full = {**values, **expected}
             for resolved in _resolved(family, variant):
@@ -179,7 +179,7 @@ def test_help_defaults_are_what_a_run_resolves():
     assert "gradinversion" in _help_of(attack, "--labels").split("(default:")[1]
     assert "exact when the update carries" in _help_of(attack, "--bn")
     assert "(default: cpu)" in _help_of(attack, "--preset")
-    assert "dlg, idlg 300; ig 1000; gradinversion 600, with --preset paper 20000" in _help_of(attack, "--iterations")
+    assert "dlg, idlg 300; gradinversion 600, with --preset paper 20000; ig 1000" in _help_of(attack, "--iterations")
 
 
 def test_every_attack_flag_with_a_default_shows_it():
@@ -282,8 +282,8 @@ def test_console_summaries_at_80_columns(monkeypatch, capsys):
     _print_summary(metrics, None)
     _print_experiment(ExperimentResult(name="defenses", title="Defenses", columns=WIDE,
                                        rows=[{c: "x" * 5 for c in WIDE}], setup={}), Path("exp"))
-    _print_rows([{"round": 1, "client": "0", "status": "ok", "psnr_mean": 11.107, "ssim_mean": 0.583,
-                  "label_accuracy": 1.0, "gradient_distance": 3.204e-05}], Path("audit"), 3.0)
+    _print_rows([{"round": 1, "client": "0", "status": "ok", "verdict": "inconclusive", "psnr_mean": 11.107,
+                  "relative_gradient_distance": 3.204e-05, "run": "runs/round-001-client-0"}], Path("audit"), 3.0)
     out = capsys.readouterr().out
     assert "…" not in out, out
     for text in ("dpsgd:clip=1.0,noise=1.0", "relative distance 8.21e-02", "relative_gradient_distance",

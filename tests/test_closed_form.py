@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from gradleak.attacks import run_attack
 from gradleak.attacks.analytic import analytic
 from gradleak.attacks.rgap import rgap
 from gradleak.attacks.verdict import verdict
@@ -28,6 +27,7 @@ from gradleak.fl.threats import ThreatModel, client_share
 from gradleak.metrics import evaluate
 from gradleak.models import build_model
 from gradleak.models.server import parse_server
+from gradleak.pipeline import attack_update
 
 FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
@@ -172,7 +172,7 @@ def test_auto_falls_back_to_optimisation_and_says_why(tmp_path):
     # the API runs the chooser too
     model = build_model("mlp", num_classes=10, seed=0)
     batch = batch_of(open_source("cifar10-samples"), [2], 32, 3)
-    rec = run_attack("auto", fedsgd(model, batch), model)
+    rec = attack_update(fedsgd(model, batch), model, "auto")
     assert rec.extra["attack_used"] == "analytic"
 
 

@@ -8,6 +8,7 @@ visible, nothing is loaded or refused, and the screenshot is not blank."""
 import base64
 import csv
 import io
+import json
 import math
 import os
 import re
@@ -17,15 +18,21 @@ import pytest
 import torch
 
 from gradleak.cli import main
+from gradleak.report.dashboard import render_dashboard as render_page
 from gradleak.report.figures import save_image_grid
 from gradleak.report.risk import DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, judge
 from gradleak.sweep import ResultStore, parse_spec
-from gradleak.sweep.dashboard import render_dashboard
+from gradleak.sweep.dashboard_cli import sweep_stores
 
 BASE = {"attack": "idlg", "model": "lenet-dlg", "iterations": 5, "paper_metrics": False, "threads": 1}
 CHART = re.compile(r'<figure class="chart" data-axis="([^"]*)" data-metric="([^"]*)">')
 STAT = re.compile(r'<div class="stat s-(\w+)"><div class="n">(\d+)</div>')
 BADGE = re.compile(r'<span class="badge v-(\w+)[^"]*"')
+
+
+def render_dashboard(folder, out=None, **kwargs):
+    """The page as `gradleak dashboard` writes it (the sweep stores handed in)."""
+    return render_page(folder, out, stores=sweep_stores(), **kwargs)
 
 
 def picture(path: Path, seed: int = 0, k: int = 1) -> Path:
@@ -96,7 +103,7 @@ def test_verdict_rule_is_the_outcome_rule():
     control, which only a run's metrics carry."""
     from gradleak.experiments import common, defense_tradeoff
     from gradleak.outcome import LEAK_PSNR_DB
-    from gradleak.sweep.dashboard import LEAKED_DB
+    from gradleak.report.dashboard import LEAKED_DB
 
     assert LEAK_THRESHOLD_DB == LEAKED_DB == common.THRESHOLD_DB == defense_tradeoff.THRESHOLD_DB == LEAK_PSNR_DB == 20.0
     for psnr in (-3.0, 5.0, 19.99, 20.0, 20.01, 84.0, float("inf")):
@@ -199,12 +206,19 @@ def test_saved_reconstructions_are_embedded_worst_first_and_bounded(tmp_path):
     assert base64.b64encode(png).decode() in gallery
 
 
-def _audit_csv(folder: Path, rows: list[dict]) -> Path:
-    from gradleak.audit import CSV_COLUMNS
+# The 27 columns of an audit.csv written before run folders (each row held everything): the
+# dashboard still reads such audits; hand-made ones test its reading and judging of rows.
+LEGACY_AUDIT_COLUMNS = ("round", "client", "node_id", "attack", "status", "verdict", "num_examples", "local_steps",
+                        "local_batch_size", "local_lr", "defenses", "psnr_mean", "ssim_mean", "mse_mean",
+                        "label_accuracy", "gradient_distance", "converged", "relative_gradient_distance",
+                        "noise_floor", "unmodelled_defenses", "labels_restored", "labels_true", "iterations",
+                        "attack_seconds", "update_norm", "reconstruction", "error")
 
+
+def _audit_csv(folder: Path, rows: list[dict]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=list(LEGACY_AUDIT_COLUMNS), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
         w.writerow({"attack": "idlg", "status": "ok", "num_examples": 1, **r})
@@ -251,7 +265,7 @@ def test_an_experiments_folder_gets_its_dashboard(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def audit_dir(tmp_path_factory):
     """The example federation's LeNet, 2 clients x 2 rounds of FedAvg updates attacked by the
-    auditor with --save-reconstructions; client "0" is scored against its data, client "1" has
+    auditor (a run folder per update); client "0" is scored against its data, client "1" has
     no ground truth (a real client's view). iDLG is given 5 steps: the page is under test here,
     not the attack."""
     from gradleak.audit import AuditSettings, LeakageAuditor
@@ -261,7 +275,7 @@ def audit_dir(tmp_path_factory):
     s = FederationSettings(rounds=2, clients=2, examples=1, local_steps=1, batch_size=1, lr=0.05)
     out = tmp_path_factory.mktemp("audit") / "audit"
     auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "idlg", "iterations": 5},
-                                                                   out=out, save_reconstructions=True, local_lr=0.05),
+                                                                   out=out, local_lr=0.05),
                              truth_fn=lambda rnd, client: client_batch(s, int(client), rnd) if client == "0" else None)
     threat = ThreatModel(name="fedavg", local_steps=1, local_lr=0.05)
     global_weights = {k: v.clone() for k, v in build_example_model(s).module.state_dict().items()}
@@ -276,13 +290,19 @@ def audit_dir(tmp_path_factory):
 
 
 def test_audit_page_shows_each_clients_reconstruction_and_verdict_per_round(audit_dir):
-    from gradleak.sweep.dashboard_data import audit_verdict
+    from gradleak.audit import INDEX_COLUMNS
+    from gradleak.report.dashboard.data import audit_item
 
     rows = list(csv.DictReader(open(audit_dir / "audit.csv")))
+    assert list(rows[0]) == list(INDEX_COLUMNS)
     assert sorted((r["round"], r["client"]) for r in rows) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
-    for r in rows:   # the auditor's verdict column is the dashboard's rule on the row's own numbers
-        assert r["status"] == "ok" and r["verdict"] == audit_verdict(r).label, r
-        assert (r["psnr_mean"] != "") == (r["client"] == "0") and float(r["noise_floor"]) == 0.0
+    for r in rows:   # the auditor's verdict column is the dashboard's rule on the run's metrics.json
+        assert r["status"] == "ok" and r["run"] == f"runs/round-00{r['round']}-client-{r['client']}", r
+        assert r["verdict"] == audit_item(r, audit_dir).label, r
+        m = json.loads((audit_dir / r["run"] / "metrics.json").read_text())
+        assert (r["psnr_mean"] != "") == (r["client"] == "0") == (m["psnr_mean"] is not None)
+        assert m["convergence"]["noise_floor"] == 0.0 and m["audit"]["round"] == int(r["round"])
+        assert {"config.json", "history.csv", "reconstruction.png", "report.html"} <= set(os.listdir(audit_dir / r["run"]))
     page = render_dashboard(audit_dir).read_text()
     matrix = section(page, "Verdict per client and round")
     by_row = {m.group(1): BADGE.findall(m.group(2)) for m in re.finditer(r"<tr><th>(\d)</th>(.*?)</tr>", matrix)}
@@ -294,10 +314,12 @@ def test_audit_page_shows_each_clients_reconstruction_and_verdict_per_round(audi
         assert re.findall(r'alt="round \d client (\d)"', part) == ["0", "1"]
         for r in rows:
             if r["round"] == rnd:
-                png = (audit_dir / r["reconstruction"]).read_bytes()
+                png = (audit_dir / r["run"] / "reconstruction.png").read_bytes()
                 assert base64.b64encode(png).decode() in part
     assert "dB" in section(gallery, "Round 1").split("client 0")[1][:400]       # scored: its PSNR
     assert "No ground truth" not in page and "partly with ground truth" in page
+    table = section(page, "All audited updates (worst first)")   # the details come from the run folders
+    assert table.count('>report.html</a>') == 4 and "examples" in table and "attack time" in table
 
 
 # ------------------------------------------------------------------ comparison
@@ -362,7 +384,7 @@ def test_names_from_the_files_are_escaped(tmp_path):
                                      "attack": evil, "defenses": evil, "error": evil}])
     for page in (render_dashboard(d).read_text(), render_dashboard(d, compare=d).read_text()):
         # the page's only script is its own sort-and-filter one (allowed by hash in its CSP)
-        from gradleak.sweep.dashboard import SORT_AND_FILTER
+        from gradleak.report.dashboard.render import SORT_AND_FILTER
         assert evil not in page and "&lt;script&gt;" in page
         assert page.lower().count("<script") == 1 and f"<script>{SORT_AND_FILTER}</script>" in page
 

@@ -2,12 +2,12 @@
 
 import torch
 
-from gradleak.attacks import AttackSettings, run_attack
 from gradleak.attacks.labels import fc_weight_gradient, idlg_label
 from gradleak.data import sample_batch
 from gradleak.fl import fedsgd, load_update, save_update
 from gradleak.metrics import evaluate
 from gradleak.models import build_model
+from gradleak.pipeline import attack_update
 
 
 def _case(cifar10, seed=0):
@@ -18,7 +18,7 @@ def _case(cifar10, seed=0):
 
 def test_dlg_reconstructs_a_real_cifar10_photo(cifar10):
     batch, model, update = _case(cifar10)
-    rec = run_attack("dlg", update, model, AttackSettings(iterations=180))
+    rec = attack_update(update, model, "dlg", iterations=180)
     ev = evaluate(rec, batch)
     # Declared threshold: MSE <= 1e-4 on [0,1] pixels (PSNR >= 40 dB) within 180 L-BFGS steps.
     assert ev.mse_mean <= 1e-4, ev.to_dict()
@@ -28,7 +28,7 @@ def test_dlg_reconstructs_a_real_cifar10_photo(cifar10):
 
 def test_idlg_reconstructs_a_real_cifar10_photo(cifar10):
     batch, model, update = _case(cifar10, seed=3)
-    rec = run_attack("idlg", update, model, AttackSettings(iterations=130))
+    rec = attack_update(update, model, "idlg", iterations=130)
     ev = evaluate(rec, batch)
     assert rec.label_method == "idlg"
     assert ev.mse_mean <= 1e-4, ev.to_dict()
@@ -58,9 +58,9 @@ def test_attack_is_deterministic_and_file_round_trip_is_exact(cifar10, tmp_path)
     assert loaded.meta == update.meta
     for k in update.gradients:
         assert torch.equal(loaded.gradients[k], update.gradients[k])
-    settings = AttackSettings(iterations=15, seed=5)
-    a = run_attack("idlg", update, model, settings)
-    b = run_attack("idlg", loaded, model2, settings)
+    settings = dict(iterations=15, seed=5)
+    a = attack_update(update, model, "idlg", **settings)
+    b = attack_update(loaded, model2, "idlg", **settings)
     assert torch.equal(a.images, b.images)
     assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
 
@@ -68,7 +68,7 @@ def test_attack_is_deterministic_and_file_round_trip_is_exact(cifar10, tmp_path)
 def test_attack_does_not_touch_the_model(cifar10):
     batch, model, update = _case(cifar10)
     before = {k: v.clone() for k, v in model.module.state_dict().items()}
-    run_attack("dlg", update, model, AttackSettings(iterations=2))
+    attack_update(update, model, "dlg", iterations=2)
     assert all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
     assert all(p.grad is None for p in model.module.parameters())
 

@@ -1,8 +1,9 @@
 """The Flower audit: the auditor's SharedUpdate equals gradleak's fedavg threat model for a plain
 PyTorch client, the attack never sees the truth, and the example federation (Flower's
-simulation engine) logs leakage for every client and round."""
+simulation engine) writes a standard run folder for every client and round, indexed in audit.csv."""
 
 import csv
+import json
 import math
 import os
 
@@ -76,17 +77,29 @@ def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Engine, "run", spy)
     auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "idlg", "iterations": 5},
-                                                                   out=tmp_path, save_reconstructions=True),
-                             truth_fn=truth)
+                                                                   out=tmp_path), truth_fn=truth)
     threat = ThreatModel(name="fedavg", local_steps=1, local_lr=0.05)
     row = auditor.audit(1, "0", g, c, num_examples=1, threat=threat)
     assert events == ["attack", "truth"]
-    assert row["status"] == "ok" and row["label_accuracy"] == 1.0 and math.isfinite(row["psnr_mean"])
-    assert (tmp_path / row["reconstruction"]).is_file()
+    assert row["status"] == "ok" and math.isfinite(row["psnr_mean"]) and row["run"] == "runs/round-001-client-0"
+    run = tmp_path / row["run"]   # a standard run folder, as `gradleak attack` writes it
+    assert {"config.json", "metrics.json", "history.csv", "reconstruction.png", "reconstruction.safetensors",
+            "report.html"} <= set(os.listdir(run))
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["label_accuracy"] == 1.0 and m["psnr_mean"] == row["psnr_mean"] and m["data"] == batch.source
+    assert m["audit"] == {"round": 1, "client": "0", "node_id": "", "update_norm": m["audit"]["update_norm"],
+                          "attack_seconds": m["audit"]["attack_seconds"]} and m["audit"]["update_norm"] > 0
+    config = json.loads((run / "config.json").read_text())
+    assert (config["attack"], config["threat"], config["batch_size"], config["local_lr"]) == ("idlg", "fedavg", 1, 0.05)
+    assert config["out"] == row["run"]
     skipped = auditor.audit(1, "1", g, c, num_examples=1000, threat=threat)      # too many examples to attack
-    assert skipped["status"] == "skipped" and events == ["attack", "truth"]
+    assert skipped["status"] == "skipped" and skipped["run"] is None and events == ["attack", "truth"]
+    again = auditor.audit(1, "0", g, c, num_examples=1, threat=threat)          # the same client again: a new folder
+    assert again["run"] == "runs/round-001-client-0-2" and (tmp_path / again["run"] / "metrics.json").is_file()
     rows = list(csv.DictReader(open(tmp_path / "audit.csv")))
-    assert [(r["round"], r["client"], r["status"]) for r in rows] == [("1", "0", "ok"), ("1", "1", "skipped")]
+    assert [(r["round"], r["client"], r["status"], r["run"]) for r in rows] == [
+        ("1", "0", "ok", "runs/round-001-client-0"), ("1", "1", "skipped", ""), ("1", "0", "ok", "runs/round-001-client-0-2")]
+    assert sorted(os.listdir(tmp_path / "runs")) == ["round-001-client-0", "round-001-client-0-2"]   # nothing staged left
     with pytest.raises(ConfigError, match="seeds"):
         LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "dlg", "seeds": 2}, out=tmp_path))
     with pytest.raises(ConfigError, match="batch_size"):
@@ -149,20 +162,25 @@ def test_flower_example_federation_audits_every_client_every_round(tmp_path, cap
     before = {key: os.environ.get(key) for key in ENVIRONMENT}
     out = tmp_path / "audit"
     code = main(["audit-flower", "--rounds", "2", "--clients", "2", "--attack", "idlg", "--iterations", "8",
-                 "--out", str(out), "--save-reconstructions"])
+                 "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     assert {key: os.environ.get(key) for key in ENVIRONMENT} == before
+    from gradleak.audit import INDEX_COLUMNS
+
     rows = list(csv.DictReader(open(out / "audit.csv")))
-    assert {"round", "client", "attack", "psnr_mean", "label_accuracy"} <= set(rows[0])
+    assert list(rows[0]) == list(INDEX_COLUMNS)
     assert sorted((r["round"], r["client"]) for r in rows) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
     for r in rows:
-        assert r["status"] == "ok" and r["attack"] == "idlg", r
-        assert math.isfinite(float(r["psnr_mean"])) and float(r["label_accuracy"]) == 1.0   # iDLG label is exact
-        assert r["local_steps"] == "1" and r["num_examples"] == "1" and float(r["local_lr"]) == 0.01
-        assert (out / r["reconstruction"]).is_file()
+        assert r["status"] == "ok" and r["attack"] == "idlg" and r["run"] == f"runs/round-00{r['round']}-client-{r['client']}"
+        m = json.loads((out / r["run"] / "metrics.json").read_text())
+        assert math.isfinite(float(r["psnr_mean"])) and m["label_accuracy"] == 1.0   # iDLG label is exact
+        assert m["threat"]["local_steps"] == 1 and m["batch_size"] == 1 and m["threat"]["local_lr"] == 0.01
+        assert m["verdict"] in ("leaked", "inconclusive") and (out / r["run"] / "reconstruction.png").is_file()
+        assert (out / r["run"] / "report.html").is_file()
     assert len({r["node_id"] for r in rows}) == 2
-    assert (out / "audit.json").is_file()
+    assert sorted(os.listdir(out)) == ["audit.csv", "audit.json", "runs"]
+    assert len(json.loads((out / "audit.json").read_text())["rows"]) == 4
 
 
 def test_auditor_runs_the_closed_form_chooser(tmp_path):
@@ -174,8 +192,9 @@ def test_auditor_runs_the_closed_form_chooser(tmp_path):
                                                                            "iterations": 5}, out=tmp_path),
                              truth_fn=lambda rnd, client: batch)
     row = auditor.audit(1, "0", g, c, num_examples=1, threat=ThreatModel(name="fedavg", local_steps=1, local_lr=0.05))
-    assert row["status"] == "ok" and row["attack"] == "rgap" and row["converged"] is True, row
-    assert row["psnr_mean"] >= 30 and row["label_accuracy"] == 1.0
+    m = json.loads((tmp_path / row["run"] / "metrics.json").read_text())
+    assert row["status"] == "ok" and row["attack"] == m["attack"] == "rgap" and m["converged"] is True, row
+    assert row["psnr_mean"] >= 30 and m["label_accuracy"] == 1.0 and row["verdict"] == "leaked"
 
 
 def test_the_existing_app_example_runs_flower_on_gradleaks_loopback_ray(tmp_path, monkeypatch):

@@ -12,15 +12,17 @@ Everything runs on ``convnet`` width 16 (random init, BatchNorm) with real CIFAR
 from __future__ import annotations
 
 import copy
+import importlib
 from dataclasses import replace
 
 import pytest
 import torch
 
-from gradleak.attacks import ATTACKS, AttackSettings, run_attack
-from gradleak.attacks.gradinversion import PRESETS, GradInversionSettings, gradinversion, resolve_settings
+from gradleak.attacks import CONFIGS, Engine
+from gradleak.attacks.configs import resolve_attack
+from gradleak.attacks.gradinversion import PRESETS, layer_counts, preset_values, settings_record
 from gradleak.attacks.group import GroupConsistency, Registration, group_penalty, lazy_mean
-from gradleak.attacks.ig import IG_ALPHA_TV, inverting_gradients
+from gradleak.attacks.ig import IG_ALPHA_TV
 from gradleak.attacks.priors import bn_prior, bn_targets, l2_norm, total_variation, tv_l1_mean
 from gradleak.attacks.victim import DummyGradient
 from gradleak.data import open_source, sample_batch
@@ -28,6 +30,7 @@ from gradleak.errors import ConfigError, UnknownNameError
 from gradleak.fl import BNStatisticsRecorder, fedsgd
 from gradleak.metrics import evaluate
 from gradleak.models import build_model
+from gradleak.pipeline import attack_update
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,20 @@ def batch():
 @pytest.fixture(scope="module")
 def update(spec, batch):
     return fedsgd(spec, batch, share_bn_statistics=True)
+
+
+def gi_values(**changes):
+    """Every GradInversion constant of the cpu preset as given (unscaled, as tuned), with ``changes``."""
+    return {**preset_values("cpu"), **changes}
+
+
+def gradinversion(update, model, *, seed=0, observer=None, log_every=10, **values):
+    """GradInversion with the constants ``values`` (the rest: the preset's, resolved on this model)
+    through its typed config and an Engine, as a run does."""
+    cfg = resolve_attack({"attack": "gradinversion", "seed": seed, **values},
+                         bn_statistics_shared=bool(update.meta.bn_statistics_shared),
+                         layers=layer_counts(model.module))
+    return Engine(observer=observer, log_every=log_every).run(cfg, update, model)
 
 
 # --------------------------------------------------------------------------- priors (Eq. 9-10)
@@ -91,8 +108,13 @@ def test_bn_targets_modes(spec, batch, update):
     private = fedsgd(spec, batch)  # the client keeps its BN statistics
     with pytest.raises(ConfigError, match="did not share BN statistics"):
         bn_targets(private, victim.bn_names, "exact")
+    with pytest.raises(ConfigError, match="--bn exact needs an update that carries"):
+        attack_update(private, spec, "gradinversion", iterations=1, bn="exact")
+    # and the attack itself refuses a config that asks for them anyway
+    cfg = resolve_attack({"attack": "gradinversion", "seed": 0, "iterations": 1, "bn": "exact"},
+                         bn_statistics_shared=True, layers=layer_counts(spec.module))
     with pytest.raises(ConfigError, match="did not share BN statistics"):
-        gradinversion(private, spec, AttackSettings(iterations=1, bn="exact"))
+        Engine().run(cfg, private, spec)
     with pytest.raises(ConfigError):
         bn_targets(update, victim.bn_names, "magic")
 
@@ -137,11 +159,10 @@ def test_group_none_batched_seeds_equal_separate_runs(spec, update):
     asserted to 1e-5 relative. Langevin noise is on: each seed draws it from its own generator.
     float32 is test_group_none_batched_seeds_in_float32_answer_like_separate_runs.
     """
-    gi = replace(GradInversionSettings.preset("cpu"), iterations=30, warmup=5, seeds=3, group="none")
-    settings = AttackSettings(seed=11, dtype="float64")
-    together = gradinversion(update, spec, settings, gi=gi)
+    gi = gi_values(iterations=30, warmup=5, seeds=3, group="none", dtype="float64")
+    together = gradinversion(update, spec, seed=11, **gi)
     assert together.candidates is not None and together.candidates.shape == (3, 4, 3, 32, 32)
-    apart = torch.stack([gradinversion(update, spec, replace(settings, seed=11 + g), gi=replace(gi, seeds=1)).candidates[0]
+    apart = torch.stack([gradinversion(update, spec, seed=11 + g, **{**gi, "seeds": 1}).candidates[0]
                          for g in range(3)])
     rel = ((together.candidates - apart).norm() / apart.norm()).item()
     assert rel <= 1e-5
@@ -166,15 +187,14 @@ def test_group_none_batched_seeds_in_float32_answer_like_separate_runs(spec, bat
     the separate ones, computed at the start), and after 20 steps what a user relies on: the
     same labels, each batched seed closest to its own separate run, PSNR per seed within
     BATCHED_PSNR_MARGIN_DB."""
-    gi = replace(GradInversionSettings.preset("cpu"), iterations=20, warmup=5, seeds=3, group="none")
-    settings = AttackSettings(seed=11)
+    gi = gi_values(iterations=20, warmup=5, seeds=3, group="none")
 
     def alone(g: int, steps: int):
-        return gradinversion(update, spec, replace(settings, seed=11 + g), gi=replace(gi, seeds=1, iterations=steps))
+        return gradinversion(update, spec, seed=11 + g, **{**gi, "seeds": 1, "iterations": steps})
 
-    start = gradinversion(update, spec, settings, gi=replace(gi, iterations=0)).candidates
+    start = gradinversion(update, spec, seed=11, **{**gi, "iterations": 0}).candidates
     assert torch.equal(start, torch.stack([alone(g, 0).candidates[0] for g in range(3)]))
-    together = gradinversion(update, spec, settings, gi=gi)
+    together = gradinversion(update, spec, seed=11, **gi)
     apart = [alone(g, 20) for g in range(3)]
     # measured 1e-7 relative; a seed optimised from another start is off by percents
     assert together.history[0]["loss"] == pytest.approx(sum(a.history[0]["loss"] for a in apart), rel=1e-5)
@@ -243,27 +263,46 @@ def test_group_schedule_and_lazy_mean():
 # --------------------------------------------------------------------------- settings
 
 
+def _resolved_gi(**given):
+    return resolve_attack({"attack": "gradinversion", "seed": 0, **given}, bn_statistics_shared=True)
+
+
+def _values(cfg) -> dict:
+    """A resolved GradInversion config's constants, keyed as a preset's."""
+    record = settings_record(cfg)
+    assert record.pop("name") == cfg.preset
+    return record
+
+
 def test_presets_and_overrides():
-    paper = GradInversionSettings.preset("paper")
-    assert (paper.alpha_tv, paper.alpha_l2, paper.alpha_bn, paper.alpha_g, paper.alpha_group, paper.alpha_n) == \
+    paper = preset_values("paper")
+    assert tuple(paper[k] for k in ("alpha_tv", "alpha_l2", "alpha_bn", "alpha_g", "alpha_group", "alpha_n")) == \
         (1e-4, 1e-6, 0.1, 1e-3, 1e-2, 0.2)
-    assert (paper.lr, paper.iterations, paper.warmup, paper.seeds) == (0.1, 20_000, 50, 8)
-    assert (paper.registration_start, paper.registration_every) == (5_000, 100)
-    assert GradInversionSettings() == PRESETS["cpu"] == GradInversionSettings.preset("cpu")
+    assert tuple(paper[k] for k in ("lr", "iterations", "warmup", "seeds")) == (0.1, 20_000, 50, 8)
+    assert (paper["registration_start"], paper["registration_every"]) == (5_000, 100)
+    assert _values(_resolved_gi(preset="paper")) == PRESETS["paper"]
+    # the typed config's defaults, and the run's defaults, are the cpu preset
+    defaults = CONFIGS["gradinversion"]()
+    assert defaults.preset == "cpu" and _values(defaults) == PRESETS["cpu"] == preset_values("cpu")
+    assert list(PRESETS)[0] == "cpu"
     with pytest.raises(UnknownNameError):
-        GradInversionSettings.preset("gpu")
-    s = resolve_settings(AttackSettings(preset="paper", iterations=2000, seeds=2, group="lazy", bn="approx",
-                                        labels="counts", lr=0.05))
-    assert (s.name, s.iterations, s.seeds, s.group, s.bn, s.labels, s.lr) == \
+        preset_values("gpu")
+    with pytest.raises(UnknownNameError):
+        _resolved_gi(preset="gpu")
+    s = _resolved_gi(preset="paper", iterations=2000, seeds=2, group="lazy", bn="approx", labels="counts", lr=0.05)
+    assert (s.preset, s.iterations, s.seeds, s.group, s.bn, s.labels, s.lr) == \
         ("paper", 2000, 2, "lazy", "approx", "counts", 0.05)
     assert (s.registration_start, s.registration_every) == (500, 10)  # scaled with the iterations
-    assert resolve_settings(AttackSettings()) == PRESETS["cpu"]
+    assert s.warmup == 50 and s.alpha_g == 1e-3 and s.alpha_tv == 1e-4  # the rest: the preset's
+    short = _resolved_gi(preset="paper", iterations=200)
+    assert (short.registration_start, short.registration_every, short.warmup) == (50, 1, 20)  # warm-up capped
+    assert _values(_resolved_gi()) == PRESETS["cpu"]
     with pytest.raises(ConfigError):
-        resolve_settings(AttackSettings(group="magic"))
+        _resolved_gi(group="magic")
     with pytest.raises(ConfigError):
-        resolve_settings(AttackSettings(labels="magic"))
+        _resolved_gi(labels="magic")
     with pytest.raises(ConfigError):
-        resolve_settings(AttackSettings(seeds=0))
+        _resolved_gi(seeds=0)
 
 
 def test_preset_alphas_per_layer():
@@ -289,21 +328,23 @@ def test_preset_alphas_per_layer():
     assert (r18.alpha_tv, r18.alpha_l2, r18.alpha_group, r18.alpha_n) == (3e-2, 1e-6, 1e-2, 0.2)  # image priors as is
     given = resolved("resnet18-cifar", alpha_g=0.5, alpha_bn=2.0)
     assert (given.alpha_g, given.alpha_bn) == (0.5, 2.0)
-    # without a model (the API's resolve_settings): the reference model's values
-    assert resolve_settings(AttackSettings()).alpha_g == 1.0
+    # without a model (layers=None): the reference model's values
+    assert resolve_attack({"attack": "gradinversion", "seed": 0}, bn_statistics_shared=True).alpha_g == 1.0
 
 
 def test_registry_runs_both_attacks(spec, batch, update):
-    assert {"gradinversion", "ig", "dlg", "idlg"} <= set(ATTACKS)
+    assert {"gradinversion", "ig", "dlg", "idlg"} <= set(CONFIGS)
+    for name in ("gradinversion", "ig", "dlg", "idlg"):  # each declared in its own module, which runs it
+        assert callable(importlib.import_module(CONFIGS[name].spec.module).run)
     seen: list[tuple[int, tuple[int, ...]]] = []
-    rec = run_attack("gradinversion", update, spec, AttackSettings(iterations=4, seeds=2, log_every=2),
-                     observer=lambda t, img: seen.append((t, tuple(img.shape))))
+    rec = attack_update(update, spec, "gradinversion", iterations=4, seeds=2, log_every=2,
+                        observer=lambda t, img: seen.append((t, tuple(img.shape))))
     assert rec.images.shape == (4, 3, 32, 32) and rec.candidates.shape == (2, 4, 3, 32, 32)
     assert rec.label_method == "gradinversion"
     assert sorted(rec.labels.tolist()) == sorted(batch.labels.tolist())
     assert seen == [(2, (4, 3, 32, 32)), (4, (4, 3, 32, 32))]
     assert float(rec.images.min()) >= 0 and float(rec.images.max()) <= 1
-    rec = run_attack("ig", update, spec, AttackSettings(iterations=4, seeds=3))
+    rec = attack_update(update, spec, "ig", iterations=4, restarts=3)
     assert rec.candidates.shape == (3, 4, 3, 32, 32) and rec.extra["restarts"] == 3
     assert rec.label_method == "gradinversion" and IG_ALPHA_TV == 0.1
     assert all(p.grad is None for p in spec.module.parameters())
@@ -314,10 +355,10 @@ def test_registry_runs_both_attacks(spec, batch, update):
 
 def test_ablation_fidelity_priors_help(spec, batch, update):
     """Table 2's first step on one small case: L_grad only vs + R_fidelity (one seed)."""
-    base = replace(GradInversionSettings.preset("cpu"), iterations=150, seeds=1, group="none", alpha_n=0.0)
-    grad_only = replace(base, alpha_tv=0.0, alpha_l2=0.0, alpha_bn=0.0)
-    a = gradinversion(update, spec, AttackSettings(seed=0), gi=grad_only)
-    b = gradinversion(update, spec, AttackSettings(seed=0), gi=base)
+    base = gi_values(iterations=150, seeds=1, group="none", alpha_n=0.0)
+    grad_only = {**base, "alpha_tv": 0.0, "alpha_l2": 0.0, "alpha_bn": 0.0}
+    a = gradinversion(update, spec, seed=0, **grad_only)
+    b = gradinversion(update, spec, seed=0, **base)
     psnr_a, psnr_b = evaluate(a, batch).psnr_mean, evaluate(b, batch).psnr_mean
     assert psnr_b >= psnr_a + 4.0  # observed ~7.8 -> ~16.5 dB
     # The priors also guide the optimiser to a lower gradient distance (observed ~10.4 vs ~9.5).
@@ -326,9 +367,9 @@ def test_ablation_fidelity_priors_help(spec, batch, update):
 
 def test_gradinversion_beats_inverting_gradients(spec, batch, update):
     """Equal budget: 200 steps, 2 seeds vs 2 restarts, convnet, 4 real CIFAR-10 images."""
-    settings = AttackSettings(iterations=200, seeds=2, seed=0)
-    gi = gradinversion(update, spec, settings)  # cpu preset, BN exact, registered group
-    ig = inverting_gradients(update, spec, settings)
+    # GradInversion: cpu preset, BN exact, registered group
+    gi = attack_update(update, spec, "gradinversion", iterations=200, seeds=2, seed=0)
+    ig = attack_update(update, spec, "ig", iterations=200, restarts=2, seed=0)
     psnr_gi, psnr_ig = evaluate(gi, batch).psnr_mean, evaluate(ig, batch).psnr_mean
     assert gi.extra["settings"]["bn"] == "exact" and gi.iterations == ig.iterations == 200
     assert psnr_gi >= psnr_ig + 1.0, (psnr_gi, psnr_ig)
@@ -351,8 +392,8 @@ def test_inverting_gradients_answers_with_the_lowest_objective_iterate(spec, upd
 
     monkeypatch.setattr(ig_module, "tv_l1_mean", rigged_tv)
     seen: list[torch.Tensor] = []
-    rec = inverting_gradients(update, spec, AttackSettings(iterations=30, seed=4, log_every=1),
-                              observer=lambda t, img: seen.append(img.clone()))
+    rec = attack_update(update, spec, "ig", iterations=30, seed=4, log_every=1,
+                        observer=lambda t, img: seen.append(img.clone()))
     history = [h["loss"] for h in rec.history]
     assert calls["n"] == 31 and len(seen) == 30                      # 30 steps + the final evaluation
     best = min(range(len(history)), key=history.__getitem__)
@@ -397,19 +438,19 @@ def _final_iterate(monkeypatch, update, spec, gi):
         return real(self, variables, objective, settings, **kwargs)
 
     monkeypatch.setattr(engine_module.Engine, "optimise", optimise)
-    rec = gradinversion(update, spec, AttackSettings(seed=3), gi=gi)
+    rec = gradinversion(update, spec, seed=3, **gi)
     return seen[0].detach(), rec
 
 
 def test_box_keeps_every_iterate_in_valid_pixels(spec, update, monkeypatch):
     """``box``: after every step (and its Langevin noise) the candidates are clamped to the
     normalised images of [0, 1]; without it, a large step leaves that box (so the test can fail)."""
-    gi = replace(GradInversionSettings.preset("cpu"), iterations=12, warmup=2, seeds=2, group="none", lr=1.0)
+    gi = gi_values(iterations=12, warmup=2, seeds=2, group="none", lr=1.0)
     lo = spec.normalize(torch.zeros(1, *spec.input_shape))
     hi = spec.normalize(torch.ones(1, *spec.input_shape))
     free, _ = _final_iterate(monkeypatch, update, spec, gi)
     assert bool(((free < lo - 1e-3) | (free > hi + 1e-3)).any())
-    boxed, rec = _final_iterate(monkeypatch, update, spec, replace(gi, box=True))
+    boxed, rec = _final_iterate(monkeypatch, update, spec, {**gi, "box": True})
     assert bool(((boxed >= lo) & (boxed <= hi)).all())
     assert not torch.equal(free, boxed) and torch.isfinite(rec.images).all()
 

@@ -919,13 +919,39 @@ def test_audit_csv_missing_or_repeated_columns(header, tmp_path, capsys):
     expect_clean_error(["dashboard", d], capsys, tmp_path, contains="audit.csv")
 
 
+@pytest.mark.parametrize("run, message", [
+    ("../elsewhere", "is not a run folder"), ("/etc", "is not a run folder"), ("runs/../../x", "is not a run folder"),
+    ("runs/absent", "missing or not a folder"), ("runs/link", "missing or not a folder"),
+    ("runs/file", "missing or not a folder"), ("runs/empty", "metrics.json not found"),
+    ("runs/bad-json", "metrics.json"), ("runs/not-object", "JSON object"),
+])
+def test_audit_index_pointing_at_no_run_folder(run, message, tmp_path, capsys):
+    """An audit index (audit.csv with a run column) whose run folder is outside the audit, a link,
+    absent or without a usable metrics.json: one clean error naming it, no page."""
+    d = tmp_path / "audit"
+    (d / "runs" / "empty").mkdir(parents=True)
+    (d / "runs" / "bad-json").mkdir()
+    (d / "runs" / "bad-json" / "metrics.json").write_text("{")
+    (d / "runs" / "not-object").mkdir()
+    (d / "runs" / "not-object" / "metrics.json").write_text("[1]")
+    (d / "runs" / "file").write_text("x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "metrics.json").write_text("{}")
+    (d / "runs" / "link").symlink_to(tmp_path / "elsewhere")
+    (d / "audit.csv").write_text("round,client,node_id,attack,status,verdict,psnr_mean,relative_gradient_distance,"
+                                 f"run,error\n1,0,,idlg,ok,leaked,30.0,1e-9,{run},\n")
+    expect_clean_error(["dashboard", d], capsys, tmp_path, contains=message)
+    assert not (d / "dashboard.html").exists()
+
+
 def test_extreme_numbers_render(tmp_path, capsys):
     """Finite numbers near the float limit (or ints beyond it) in a store or an audit.csv: the
     page renders (they are listed, not plotted)."""
     import csv
     import io
 
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     extremes = [1e308, -1e308, 1.7976931348623157e308, 5e-324, 10**400, -(10**30)]
     with ResultStore(tmp_path / "sw") as store:
@@ -934,7 +960,7 @@ def test_extreme_numbers_render(tmp_path, capsys):
                                                             "defense": [] if i % 2 else ["x"]},
                       {"status": "ok", "metrics": {"psnr_mean": v, "label_accuracy": v, "iip": v,
                                                    "model_accuracy": v, "ssim_mean": v}})
-    assert render_dashboard(tmp_path / "sw").is_file()
+    assert render_dashboard(tmp_path / "sw", stores=sweep_stores()).is_file()
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(
         [AUDIT_HEADER] + [_audit_row(r, f"c{r % 2}", v) for r, v in enumerate(["1e308", "-1e308", "inf", "nan", "3"])])
@@ -974,13 +1000,14 @@ _metric_values = st.one_of(st.none(), st.booleans(), st.integers(-2**62, 2**62),
                                       "model_accuracy": _metric_values})}), min_size=1, max_size=4))
 def test_dashboard_renders_any_well_typed_store(records, tmp_path):
     tmp_path = fresh(tmp_path)
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     with ResultStore(tmp_path / "sw") as store:
         for i, r in enumerate(records):
             store.add(f"{i:016x}", {"batch_size": r["config"]["batch_size"], "defense": r["config"]["defense"]},
                       r["config"], {"status": "ok" if i % 3 else "failed", "metrics": r["metrics"], "error": "e"})
-    page = render_dashboard(tmp_path / "sw").read_text()
+    page = render_dashboard(tmp_path / "sw", stores=sweep_stores()).read_text()
     assert page.startswith("<!DOCTYPE html>")
 
 

@@ -85,7 +85,7 @@ def test_one_candidate_attacks_and_registration_do_not_import_torch_dynamo() -> 
         "from gradleak.config import make_config\n"
         "from gradleak.pipeline import build_case as prepare\n"
         "from gradleak.attacks import Engine\n"
-        "from gradleak.attacks import run_attack\n"
+        "from gradleak.pipeline import attack_update\n"
         "from gradleak.metrics.paper import registered_psnr\n"
         "def run(**kw):\n"
         "    cfg = make_config(progress=False, **kw)\n"

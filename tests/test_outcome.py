@@ -190,7 +190,8 @@ def test_dashboard_gives_the_worst_case_over_attacks_per_setting(tmp_path):
     from test_dashboard import metrics
 
     from gradleak.sweep import ResultStore, parse_spec
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     def score(config, i):
         defended = config["defense"] == ["gaussian:1"]
@@ -207,7 +208,7 @@ def test_dashboard_gives_the_worst_case_over_attacks_per_setting(tmp_path):
         for i, cell in enumerate(spec.cells):
             store.add(cell.cell_id, cell.grid, cell.config,
                       {"status": "ok", "metrics": score(cell.config, i), "wall_seconds": 1.0})
-    page = render_dashboard(tmp_path).read_text()
+    page = render_dashboard(tmp_path, stores=sweep_stores()).read_text()
     section = page.split("<h2>Worst case over the attacks, per client setting</h2>", 1)[1].split("<h2>", 1)[0]
     rows = re.findall(r"<tr class=\"r-(\w+)\">(.*?)</tr>", section)
     by_defense = {("gaussian:1" if "gaussian:1" in r else "none"): (v, r) for v, r in rows}
@@ -222,18 +223,19 @@ def test_dashboard_links_each_cells_report(tmp_path):
     the page, wherever --out puts it); without them, no link column."""
     from test_dashboard import make_sweep, metrics
 
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     sweep = tmp_path / "sweep"
     spec = make_sweep(sweep, {"seed": [0, 1]}, lambda c, i: metrics(30.0, True))
-    assert ">report.html</a>" not in render_dashboard(sweep).read_text()
+    assert ">report.html</a>" not in render_dashboard(sweep, stores=sweep_stores()).read_text()
     first = spec.cells[0].cell_id
     (sweep / "runs" / first).mkdir(parents=True)
     (sweep / "runs" / first / "report.html").write_text("<html></html>")
-    page = render_dashboard(sweep).read_text()
+    page = render_dashboard(sweep, stores=sweep_stores()).read_text()
     assert page.count(">report.html</a>") == 1 and f'href="runs/{first}/report.html"' in page
     (tmp_path / "pages").mkdir()
-    elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html").read_text()
+    elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html", stores=sweep_stores()).read_text()
     assert f'href="../sweep/runs/{first}/report.html"' in elsewhere
 
 

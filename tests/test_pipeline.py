@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gradleak.attacks import AttackState, resolve_attack
-from gradleak.attacks.configs import GradInversionConfig, IGConfig
+from gradleak.attacks.configs import CONFIGS
+from gradleak.attacks.gradinversion import settings_record
 from gradleak.attacks.state import state_dir_for
 from gradleak.cli import main
 from gradleak.config import make_config
@@ -90,13 +91,13 @@ def test_text_cells_run_in_a_sweep(tmp_path):
 def test_typed_configs_resolve_every_constant_and_refuse_what_an_attack_ignores():
     gi = resolve_attack(make_config(attack="gradinversion", iterations=60, seeds=2, alpha_tv=0.5).model_dump(),
                         bn_statistics_shared=True)
-    assert isinstance(gi, GradInversionConfig)
+    assert isinstance(gi, CONFIGS["gradinversion"])
     # the cpu preset, then --iterations (schedule rescaled, warm-up capped), then the constants given
     assert (gi.iterations, gi.registration_start, gi.registration_every, gi.warmup) == (60, 15, 1, 6)
     assert (gi.alpha_tv, gi.alpha_bn, gi.seeds, gi.bn) == (0.5, 1.0, 2, "exact")
-    assert gi.gi().alpha_tv == 0.5
+    assert settings_record(gi)["alpha_tv"] == 0.5 and settings_record(gi)["name"] == "cpu"  # what the run records
     ig = resolve_attack(make_config(attack="ig", alpha_tv=0.2).model_dump(), bn_statistics_shared=False)
-    assert isinstance(ig, IGConfig) and ig.alpha_tv == 0.2 and ig.iterations == 1000
+    assert isinstance(ig, CONFIGS["ig"]) and ig.alpha_tv == 0.2 and ig.iterations == 1000
     # IG's default alpha_TV per layer (ig.ig_alpha_tv): the authors' 0.1 up to the convnet's 14
     # parameter tensors, scaled by tensors / 14 above; a value given is kept
     for layers, expected in (((8, 0), 0.1), ((14, 4), 0.1), ((62, 20), 0.1 * 62 / 14), (None, 0.1)):

@@ -115,11 +115,11 @@ def test_rgap_cost_estimate_follows_the_layer_shapes():
 
 @pytest.mark.timeout(120)
 def test_auto_moves_past_rgap_when_its_cost_is_over_the_bound(lenet64):
-    from gradleak.attacks import AttackSettings, run_attack
     from gradleak.fl import load_update
+    from gradleak.pipeline import attack_update
 
     update, model = load_update(lenet64)
-    rec = run_attack("auto", update, model, AttackSettings(iterations=2))
+    rec = attack_update(update, model, "auto", iterations=2)
     tried = {t["attack"]: t for t in rec.extra["auto"]["tried"]}
     assert tried["rgap"]["applies"] is False and "would need 6.76 GiB" in tried["rgap"]["why"], tried
     assert rec.extra["auto"]["used"] == "idlg" and tried["idlg"]["applies"] is True
@@ -160,11 +160,11 @@ def test_auto_records_a_member_that_errors_and_moves_on(tmp_path, capsys):
 def test_auto_records_imprints_non_finite_error_and_moves_on():
     """imprint on an update with Inf (NonFiniteError, also the analytic attack's, whose first layer
     is the imprint block): both recorded, the fallback runs."""
-    from gradleak.attacks import AttackSettings, run_attack
     from gradleak.data import batch_of, open_source
     from gradleak.fl import fedsgd
     from gradleak.models import build_model
     from gradleak.models.imprint import imprint_model
+    from gradleak.pipeline import attack_update
 
     model = imprint_model(build_model("mlp", num_classes=10, channels=3, image_size=32, seed=0, width=64), bins=8,
                           mean=0.0, std=1.0)
@@ -173,7 +173,7 @@ def test_auto_records_imprints_non_finite_error_and_moves_on():
     bias = grads["imprint.linear0.bias"].clone()
     bias[0] = float("inf")
     grads["imprint.linear0.bias"] = bias
-    rec = run_attack("auto", update.replace(gradients=grads), model, AttackSettings(iterations=2))
+    rec = attack_update(update.replace(gradients=grads), model, "auto", iterations=2)
     tried = {t["attack"]: t for t in rec.extra["auto"]["tried"]}
     assert tried["imprint"]["applies"] is False and "NaN or Inf" in tried["imprint"]["why"], tried
     assert tried["analytic"]["applies"] is False and tried["analytic"]["error"] == "NonFiniteError", tried
@@ -182,9 +182,10 @@ def test_auto_records_imprints_non_finite_error_and_moves_on():
 
 def test_auto_keeps_the_closed_form_answer_when_its_fallback_errors(monkeypatch):
     """The fallback's own error ends the run only when no closed-form answer is left to keep."""
-    from gradleak.attacks import AttackSettings, auto, run_attack
-    from gradleak.attacks.configs import DLGConfig, GradInversionConfig, IDLGConfig, IGConfig
+    from gradleak.attacks import auto
+    from gradleak.attacks.configs import CONFIGS
     from gradleak.attacks.engine import ATTACK_RUNNERS
+    from gradleak.pipeline import attack_update
 
     update, model = _mlp_update([0, 1], width=256)
     calls = []
@@ -193,11 +194,11 @@ def test_auto_keeps_the_closed_form_answer_when_its_fallback_errors(monkeypatch)
         calls.append(cfg)
         raise ConfigError("fallback: refused")
 
-    for t in (DLGConfig, GradInversionConfig, IDLGConfig, IGConfig):   # every member of the portfolio
-        monkeypatch.setitem(ATTACK_RUNNERS, t, failing)
+    for name in ("dlg", "gradinversion", "idlg", "ig"):   # every member of the portfolio
+        monkeypatch.setitem(ATTACK_RUNNERS, CONFIGS[name], failing)
     monkeypatch.setattr(auto, "verdict", lambda name, extra, floor: type("V", (), {
         "converged": False, "relative_gradient_distance": extra.get("relative_gradient_distance")})())
-    rec = run_attack("auto", update, model, AttackSettings(iterations=2))
+    rec = attack_update(update, model, "auto", iterations=2)
     assert calls and rec.extra["auto"]["used"] == "analytic", rec.extra["auto"]
     assert rec.extra["auto"]["tried"][-1]["why"] == "fallback: refused"
 
@@ -376,20 +377,20 @@ def test_dlg_reports_the_budget_per_start_and_the_steps_run(tmp_path):
 @pytest.mark.timeout(60)
 def test_dlg_refuses_an_optimiser_state_over_its_bound():
     """A lenet update whose metadata says 4096 images: L-BFGS's history would be 20 GiB."""
-    from gradleak.attacks import AttackSettings, run_attack
     from gradleak.data import batch_of, open_source
     from gradleak.fl import fedsgd
     from gradleak.models import build_model
+    from gradleak.pipeline import attack_update
 
     model = build_model("lenet-dlg", num_classes=10, channels=3, image_size=32, seed=0)
     update = _claims(fedsgd(model, batch_of(open_source("cifar10-samples"), [0], 32, 3)), 4096)
     with pytest.raises(ConfigError, match=r"would need 18.8 GiB \(200 x 12623872 values of L-BFGS history\)"):
-        run_attack("dlg", update, model, AttackSettings(iterations=2))
+        attack_update(update, model, "dlg", iterations=2)
 
 
 def test_idlg_refuses_a_batch_larger_than_the_classes():
-    from gradleak.attacks import AttackSettings, run_attack
+    from gradleak.pipeline import attack_update
 
     update, model = _mlp_update([0])
     with pytest.raises(ConfigError, match="batch of 12 is larger than the model's 10 classes"):
-        run_attack("idlg", _claims(update, 12), model, AttackSettings(iterations=2))
+        attack_update(_claims(update, 12), model, "idlg", iterations=2)

@@ -302,7 +302,7 @@ def test_dashboard_rerun_removes_what_a_killed_writer_left(tmp_path):
 
 
 def test_dashboard_keeps_the_temporary_file_of_a_live_writer(tmp_path):
-    from gradleak.sweep.dashboard import stale_page_temps
+    from gradleak.report.dashboard import stale_page_temps
 
     folder = _sweep_folder(tmp_path / "sw")
     page = folder / "dashboard.html"

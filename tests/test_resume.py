@@ -22,17 +22,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from gradleak.attacks import AttackSettings, Engine
-from gradleak.attacks.dlg import dlg
-from gradleak.attacks.gradinversion import GradInversionSettings, gradinversion
-from gradleak.attacks.ig import inverting_gradients
+from gradleak.attacks import Engine
+from gradleak.attacks.configs import resolve_attack
+from gradleak.attacks.gradinversion import layer_counts, preset_values
 from gradleak.attacks.loop import LoopSettings, optimise
 from gradleak.attacks.state import Interrupted, Session, StateFileError, load_state, pack, state_dir_for, unpack
 from gradleak.cli import main
@@ -86,17 +84,25 @@ def assert_same(a, b):
     assert {k: v for k, v in a.extra.items() if k not in skip} == {k: v for k, v in b.extra.items() if k not in skip}
 
 
+def run_with(engine, update, spec, values, log_every=1):
+    """The attack of typed config ``values`` (flat values, resolved on this update and model), run
+    by ``engine`` observing every ``log_every`` steps."""
+    cfg = resolve_attack(values, bn_statistics_shared=bool(update.meta.bn_statistics_shared),
+                         layers=layer_counts(spec.module))
+    engine.log_every = log_every
+    return engine.run(cfg, update, spec)
+
+
 # --------------------------------------------------------------------------- resume == uninterrupted
 
 
 def test_gradinversion_registered_resume_is_bit_identical(convnet_case, tmp_path):
     spec, update = convnet_case
-    gi = replace(GradInversionSettings.preset("cpu"), iterations=18, warmup=3, seeds=2, group="registered",
-                 registration_start=4, registration_every=4, registration_steps=10)
-    settings = AttackSettings(seed=5, log_every=1)
+    gi = {**preset_values("cpu"), "iterations": 18, "warmup": 3, "seeds": 2, "group": "registered",
+          "registration_start": 4, "registration_every": 4, "registration_steps": 10}
 
     def attack(engine):
-        return gradinversion(update, spec, settings, gi=gi, engine=engine)
+        return run_with(engine, update, spec, {"attack": "gradinversion", "seed": 5, **gi})
 
     reference = attack(Engine())
     assert reference.extra["registrations"] >= 4
@@ -115,10 +121,8 @@ def test_dlg_resume_inside_a_later_trial_is_bit_identical(lenet_case, tmp_path, 
 
     monkeypatch.setattr(dlg_module, "_stalled", lambda history: len(history) >= 4)
     spec, update = lenet_case
-    settings = AttackSettings(iterations=6, seed=1, log_every=1)
-
     def attack(engine):
-        return dlg(update, spec, settings, engine=engine)
+        return run_with(engine, update, spec, {"attack": "dlg", "seed": 1, "iterations": 6})
 
     reference = attack(Engine())
     assert reference.extra["trials"] == 4 and reference.iterations == 3 * 4 + 6
@@ -130,10 +134,8 @@ def test_dlg_resume_inside_a_later_trial_is_bit_identical(lenet_case, tmp_path, 
 
 def test_inverting_gradients_resume_is_bit_identical(convnet_case, tmp_path):
     spec, update = convnet_case
-    settings = AttackSettings(iterations=16, seeds=2, seed=2, log_every=1)
-
     def attack(engine):
-        return inverting_gradients(update, spec, settings, engine=engine)
+        return run_with(engine, update, spec, {"attack": "ig", "seed": 2, "iterations": 16, "restarts": 2})
 
     reference = attack(Engine())
     resumed, saved, _ = interrupt_then_resume(attack, tmp_path, stop_at=7, every=4)

@@ -106,15 +106,20 @@ def test_resolve_device_names_and_clear_errors() -> None:
 
 
 def test_attack_settings_accept_auto_through_the_api() -> None:
-    """AttackSettings(device="auto") used to reach torch.device("auto") inside the attacks."""
+    """device="auto" through the API (AttackSettings(device="auto") used to reach
+    torch.device("auto") inside the attacks)."""
     import torch
 
-    from gradleak.attacks import AttackSettings, run_attack
+    from gradleak.attacks import Engine, resolve_attack
     from gradleak.config import make_config
+    from gradleak.pipeline import attack_update
     from gradleak.pipeline import build_case as prepare
 
     case = prepare(make_config(attack="idlg", progress=False))
-    rec = run_attack("idlg", case.update, case.model, AttackSettings(iterations=1, device="auto"))
+    rec = attack_update(case.update, case.model, "idlg", iterations=1, device="auto")
+    assert rec.iterations == 1 and torch.isfinite(rec.images).all()
+    cfg = resolve_attack({"attack": "idlg", "seed": 0, "iterations": 1}, bn_statistics_shared=True)
+    rec = Engine(device="auto").run(cfg, case.update, case.model)
     assert rec.iterations == 1 and torch.isfinite(rec.images).all()
 
 
@@ -149,16 +154,16 @@ def test_ieee_float32_sets_and_restores_cuda_precision_flags() -> None:
 
 
 def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each attack entry point (DLG, iDLG, Inverting Gradients, GradInversion, text DLG) runs its
-    optimisation inside runtime.ieee_float32 on its own device, when called through the API as
-    much as through the runner: the context is entered once per attack, and the attack's
+    """Each attack entry point (DLG, iDLG, Inverting Gradients, GradInversion through Engine.run,
+    text DLG) runs its optimisation inside runtime.ieee_float32 on its own device, when called
+    through the API as much as through the runner: the context is entered once per attack, and the attack's
     observer, called from inside its loop, sees it open."""
     import contextlib
 
     import torch
 
-    from gradleak.attacks import AttackSettings, run_attack
     from gradleak.config import make_config
+    from gradleak.pipeline import attack_update
     from gradleak.pipeline import build_case as prepare
 
     entered: list[torch.device] = []
@@ -178,12 +183,14 @@ def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -
         return lambda *_: seen.setdefault(name, []).append(depth[0] == 1)
 
     monkeypatch.setattr(runtime, "ieee_float32", record)
+    import gradleak.attacks.engine as engine_module  # Engine.run, which runs every image attack, holds its own binding
+
+    monkeypatch.setattr(engine_module, "ieee_float32", record)
     case = prepare(make_config(model="convnet", width=4, batch_size=1, share_bn_statistics=True, progress=False))
     names = ("dlg", "idlg", "ig", "gradinversion")
     for name in names:
-        seeds = None if name in ("dlg", "idlg") else 1
-        run_attack(name, case.update, case.model, AttackSettings(iterations=2, log_every=1, seeds=seeds),
-                   observer=observer(name))
+        flags = {"ig": {"restarts": 1}, "gradinversion": {"seeds": 1}}.get(name, {})
+        attack_update(case.update, case.model, name, iterations=2, log_every=1, observer=observer(name), **flags)
     pytest.importorskip("tokenizers")
     from gradleak.fl.threats import ThreatModel
     from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share

@@ -220,7 +220,8 @@ def test_sweep_killed_midway_resumes_with_missing_cells_only(tmp_path):
 
 # ------------------------------------------------------------------ dashboard
 def test_dashboard_is_self_contained_and_escaped(tmp_path):
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     evil = '<script>alert(1)</script>'
     spec = parse_spec({"base": {"model": "lenet-dlg", "data": "/tmp/" + evil},
@@ -233,19 +234,19 @@ def test_dashboard_is_self_contained_and_escaped(tmp_path):
             store.add(cell.cell_id, cell.grid, cell.config, {"status": "ok", "metrics": metrics, "wall_seconds": 1.0})
         store.add("f" * 16, {"attack": evil}, {"attack": evil, "batch_size": 1},
                   {"status": "failed", "error": f"UnknownNameError: {evil}"})
-    page = render_dashboard(tmp_path).read_text()
+    page = render_dashboard(tmp_path, stores=sweep_stores()).read_text()
     assert evil not in page and "&lt;script&gt;" in page
-    from gradleak.sweep.dashboard import SORT_AND_FILTER   # the page's only script: its own, allowed by hash
+    from gradleak.report.dashboard.render import SORT_AND_FILTER   # the page's only script: its own, allowed by hash
     assert page.lower().count("<script") == 1 and f"<script>{SORT_AND_FILTER}</script>" in page
     assert "http://" not in page and "https://" not in page
     assert page.count("data:image/png;base64,") >= 6          # psnr, label acc, ssim, IIP, defense bars, trade-off
     for section in ("Leakage vs batch size", "IIP curve", "Defense trade-off", "All cells", "Failed cells"):
         assert section in page
     with pytest.raises(Exception, match="does not exist"):
-        render_dashboard(tmp_path / "absent")
+        render_dashboard(tmp_path / "absent", stores=sweep_stores())
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="no sweep results"):
-        render_dashboard(tmp_path / "empty")
+        render_dashboard(tmp_path / "empty", stores=sweep_stores())
 
 
 # ------------------------------------------------------------------ attack defaults and cell identity

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradleak.attacks import AttackSettings, run_attack
 from gradleak.attacks.labels import restore_labels
 from gradleak.attacks.simulate import UpdateSimulator
 from gradleak.config import make_config
+from gradleak.pipeline import attack_update
 from gradleak.pipeline import build_case as prepare
 
 THREATS = {
@@ -66,9 +66,8 @@ def test_bn_statistics_of_the_true_batch_match_what_the_client_shares():
 def test_attacks_run_against_fedavg_and_aggregate(attack, threat):
     extra = {"bn": "exact", "share_bn_statistics": True} if attack == "gradinversion" else {}
     case = _case(threat, attack=attack, **extra)
-    settings = AttackSettings(iterations=40, seeds=2, seed=0, log_every=5,
-                              **({"bn": "exact", "group": "lazy"} if attack == "gradinversion" else {}))
-    rec = run_attack(attack, case.update, case.model, settings)
+    flags = ({"seeds": 2, "bn": "exact", "group": "lazy"} if attack == "gradinversion" else {"restarts": 2})
+    rec = attack_update(case.update, case.model, attack, iterations=40, seed=0, log_every=5, **flags)
     k = case.update.meta.batch_size
     assert rec.images.shape == (k, *case.model.input_shape) and rec.candidates.shape[:2] == (2, k)
     assert sorted(rec.labels.tolist()) == sorted(case.truth.labels.tolist())
@@ -83,6 +82,9 @@ def test_ig_restarts_option_reaches_the_attack():
     from gradleak.errors import ConfigError
 
     ig = resolve_attack(make_config(attack="ig", restarts=3).model_dump(), bn_statistics_shared=False)
-    assert ig.restarts == 3 and ig.settings().seeds == 3
+    assert ig.restarts == 3
+    case = _case("fedavg", attack="ig")
+    rec = attack_update(case.update, case.model, "ig", iterations=1, restarts=3)
+    assert rec.extra["restarts"] == 3 and rec.candidates.shape[0] == 3
     with pytest.raises(ConfigError, match="restarts"):
         resolve_attack(make_config(attack="dlg", restarts=3).model_dump(), bn_statistics_shared=False)

@@ -86,12 +86,13 @@ def test_aggregates_default_to_the_batch_portfolio_and_idlg_is_marked(tmp_path):
 
 def test_dashboard_never_counts_an_inconclusive_cell_as_protection(tmp_path):
     from gradleak.sweep import parse_spec, run_sweep
-    from gradleak.sweep.dashboard import render_dashboard
+    from gradleak.report.dashboard import render_dashboard
+    from gradleak.sweep.dashboard_cli import sweep_stores
 
     spec = parse_spec({"base": {"attack": "ig", "model": "convnet", "width": 8, "threads": 1, "paper_metrics": False},
                        "grid": {"iterations": [2]}})
     run_sweep(spec, tmp_path / "sw", executor="inline", progress=False)
-    page = render_dashboard(tmp_path / "sw").read_text()
+    page = render_dashboard(tmp_path / "sw", stores=sweep_stores()).read_text()
     assert "inconclusive (the attack did not converge and stayed below 20 dB): they are left out of the leakage" in page
     assert ">inconclusive<" in page
     import csv
@@ -103,7 +104,7 @@ def test_dashboard_never_counts_an_inconclusive_cell_as_protection(tmp_path):
 def test_dashboard_never_hides_a_leak_behind_an_inconclusive_verdict():
     """A cell that rebuilt the data (>= 20 dB) stays in the leakage plots even when its attack
     did not converge (e.g. the imprint attack under noise, which cannot claim exactness)."""
-    from gradleak.sweep.dashboard import LEAKED_DB, _rebuilt
+    from gradleak.report.dashboard.render import LEAKED_DB, _rebuilt
     from gradleak.sweep.store import CellRecord
 
     def cell(psnr, converged):

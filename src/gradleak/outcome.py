@@ -45,6 +45,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .modalities import recorded_modality
+from .specs import attack_specs
+
 LEAKED, PRESUMED_LEAKED, INCONCLUSIVE, FAILED, SKIPPED, DEFENDED = (
     "leaked", "presumed leaked", "inconclusive", "failed", "skipped", "defended")
 #: Worst first: a leak, a presumed leak, what says nothing about the client, then protection.
@@ -73,8 +76,9 @@ TEXT_LEAK_TOKEN_ACCURACY = 0.5
 TRUTH_FIT_SLACK = 0.01
 #: The relative gradient distance at or below which an attack's answer explains the update
 #: (its convergence line; attacks/verdict.py says how each was measured and applies it).
-CONVERGED_BELOW: dict[str, float] = {"dlg": 1e-5, "idlg": 1e-5, "ig": 0.4, "gradinversion": 0.4,
-                                     "text": 1e-4, "analytic": 1e-4, "rgap": 1e-4, "imprint": 1e-4}
+#: Each image attack declares its line in its SPEC (gradleak/specs.py); text's is here.
+CONVERGED_BELOW: dict[str, float] = {**{name: spec.converged_below for name, spec in attack_specs().items()
+                                        if spec.converged_below is not None}, "text": 1e-4}
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class Evidence:
     """What one attacked update offers for its verdict (all optional but ``status``).
 
     status:          "ok" (attacked), "skipped", anything else: failed.
-    modality:        "image" | "text".
+    modality:        "image" | "text"; its declaration (modalities.py) says what the answer is
+                     measured in (images or tokens) and how a verdict words "nothing leaked".
     has_truth:       the metrics were scored against the client's true data.
     psnr, ssim:      mean over the batch (images).
     identified:      images the IIP search identified; None: not measured.
@@ -167,7 +172,8 @@ def judge(ev: Evidence) -> Outcome:
     if ev.others_leaked:   # the kept answer did not leak, but another attack on the same update did
         return out(LEAKED, f"another attack auto ran on this update leaked ({'; '.join(ev.others_leaked)}); the "
                            "answer shown is the one that explains the update best")
-    nothing = "recovered no text" if ev.modality == "text" else "rebuilt nothing recognisable"
+    modality = recorded_modality(ev.modality)
+    nothing, images = modality.nothing, modality.measures == "images"
     retry = "run more iterations, another attack (--attack auto tries several), or another seed"
     if not ev.defenses:
         how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
@@ -176,9 +182,9 @@ def judge(ev: Evidence) -> Outcome:
     fit = _truth_fit(ev, out, nothing, retry)
     if isinstance(fit, Outcome):
         return fit
-    if ev.modality != "text" and number(ev.psnr) is None:
+    if images and number(ev.psnr) is None:
         return out(INCONCLUSIVE, "no finite PSNR was recorded for the answer", "rerun the attack")
-    if ev.modality != "text" and (ev.identified or 0) > 0:
+    if images and (ev.identified or 0) > 0:
         return out(INCONCLUSIVE, f"{ev.identified} image(s) identified among the source's photos although not "
                                  f"recognisable (SSIM {_fmt(ev.ssim)})", "look at reconstruction.png")
     if _without_truth(ev, out).verdict == PRESUMED_LEAKED:
@@ -243,8 +249,9 @@ def needs_control(ev: Evidence) -> bool:
 
 
 def _leak(ev: Evidence) -> str:
-    """Why the answer is a leak ("" when it is not), from the scores against the truth."""
-    if ev.modality == "text":
+    """Why the answer is a leak ("" when it is not), from the scores against the truth in what
+    the modality measures: sentences and tokens, or PSNR and recognisable images."""
+    if recorded_modality(ev.modality).measures == "tokens":
         if (ev.exact_sentences or 0) > 0:
             return f"{ev.exact_sentences} sentence(s) recovered exactly"
         acc = number(ev.token_accuracy)
@@ -322,11 +329,11 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
     """The evidence a run's metrics.json (or a sweep cell's stored metrics) holds."""
     conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
     converged = metrics.get("converged", conv.get("converged"))
-    text = metrics.get("modality") == "text"
+    modality = recorded_modality(metrics.get("modality"))
     per = metrics.get("per_image") if isinstance(metrics.get("per_image"), list) else []
     sentences = metrics.get("per_sentence") if isinstance(metrics.get("per_sentence"), list) else []
-    has_truth = (number(metrics.get("token_accuracy")) is not None) if text else (
-        number(metrics.get("psnr_mean")) is not None or bool(per))
+    has_truth = (number(metrics.get("psnr_mean")) is not None or bool(per)) if modality.measures == "images" \
+        else number(metrics.get("token_accuracy")) is not None
     identified = recognisable = None
     pool = number(metrics.get("iip_pool_size"))
     rows = [r for r in per if isinstance(r, Mapping)]
@@ -350,7 +357,7 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
                    if isinstance(t, Mapping) and t.get("verdict") == LEAKED and t.get("attack") != attack)
     floor = conv.get("noise_floor", 0.0) if conv else metrics.get("noise_floor", 0.0)
     return Evidence(
-        status=status, modality="text" if text else "image", has_truth=has_truth,
+        status=status, modality=modality.name, has_truth=has_truth,
         psnr=number(metrics.get("psnr_mean")), ssim=number(metrics.get("ssim_mean")), identified=identified,
         recognisable=recognisable, token_accuracy=number(metrics.get("token_accuracy")), exact_sentences=exact,
         converged=converged if isinstance(converged, bool) else None,
@@ -358,7 +365,7 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         truth_distance=number(metrics.get("truth_relative_distance")),
         tolerance=number(conv.get("floor_tolerance")) or 0.0,
         defenses=tuple(str(d) for d in defenses) if isinstance(defenses, (list, tuple)) else (),
-        attack_line=CONVERGED_BELOW.get("text" if text else attack),
+        attack_line=CONVERGED_BELOW.get(modality.verdict_family or attack),
         noise_floor=number(floor) if floor is not None else None,
         unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
         control=control, others_leaked=others if has_truth else ())

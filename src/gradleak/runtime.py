@@ -2,8 +2,8 @@
 allocator on CPU.
 
 Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
-device, with one clear ConfigError for a GPU that is not there; the pipeline and the attacks
-(``AttackSettings.torch_device``) both use it.
+device, with one clear ConfigError for a GPU that is not there; the pipeline and the engine
+(``Engine.device``) both use it.
 
 float32 on CUDA: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere
 and later GPUs by default. Gradient matching compares the attacker's float32 gradient with the

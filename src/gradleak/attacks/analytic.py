@@ -34,8 +34,21 @@ produce and the shared one (verdict.py), so a noised update is judged against it
 
 from __future__ import annotations
 
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "analytic",
+    "summary": "closed form through a fully connected first layer (Phong et al. 2017): x = dW_i / db_i",
+    "kind": "closed-form",
+    "converged_below": 1e-4,   # exact when it rebuilds the input (1e-13..1e-10 measured)
+    "needs": "a fully connected first layer with a bias that sees the image",
+    "flags": {},
+    "auto": {"order": 2},
+}
+
 import copy
 import time
+
+from typing import Any
 
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -245,4 +258,12 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
                           iterations=0, wall_seconds=wall, label_method=method, extra=extra)
 
 
-__all__ = ["AGREE_BELOW", "MIN_ROWS", "analytic", "check_analytic", "first_linear"]
+def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+    """The attack on the engine (a closed form: no constants, nothing to resume)."""
+    return analytic(update, model, device=engine.device)
+
+
+check = check_analytic  # auto's test of whether it applies (a typed GradleakError when it does not)
+
+
+__all__ = ["AGREE_BELOW", "MIN_ROWS", "SPEC", "analytic", "check", "check_analytic", "first_linear", "run"]

@@ -1,7 +1,7 @@
 """The closed-form attacks on the engine, and the chooser ``--attack auto``.
 
 ``auto`` is what an auditor runs first: the worst case. It tries the closed-form attacks that
-apply to the model and the threat, in the order of configs.CLOSED_FORM:
+apply to the model and the threat, in their declared order (configs.CLOSED_FORM):
 
 1. imprint: the model carries a malicious server's imprint block (attacks/imprint.py);
 2. analytic: the first layer is fully connected and sees the image (attacks/analytic.py);
@@ -15,7 +15,7 @@ optimisation attacks (:func:`auto_portfolio`), in order, each with its own defau
 * one image (FedSGD or FedAvg, one client): iDLG, which restores the label exactly and rebuilds
   single photos to 50 dB and more on this project's models;
 * a batch, several local steps or an aggregate of clients: DLG (where the images are at most
-  DLG_MAX_SIDE pixels a side), GradInversion, then Inverting Gradients (at most IG_MAX_SIDE). On a
+  64 pixels a side: its SPEC's max_side), GradInversion, then Inverting Gradients (at most 64). On a
   batch of 4 CIFAR photos on the DLG LeNet, GradInversion's answer explains the update within its
   line (2.4e-3) at 11.7 dB while DLG rebuilds the batch at 23.9 dB: no one attack is the worst
   case, so auto runs several.
@@ -40,8 +40,25 @@ to keep (the last error is raised).
 
 from __future__ import annotations
 
+# The chooser's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "auto",
+    "summary": "the worst case first: the closed forms that apply, then a portfolio of optimisation attacks",
+    "kind": "chooser",
+    "converged_below": None,   # each attack it runs is judged on its own line
+    "needs": "whatever the attacks it runs need; it skips those that do not apply",
+    "flags": {
+        "fallback": ["optimisation attack", None, "auto: run this one optimisation attack when no closed-form attack "
+                     "explains the update (default: a portfolio: dlg, gradinversion and ig for a batch or an "
+                     "aggregate, keeping the answer that explains the update best; idlg for one image)"],
+    },
+    "changed_defaults": {"fallback": "a portfolio on batches and aggregates (DLG, GradInversion, IG) "
+                                     "(GradInversion alone before)"},
+}
+
+import importlib
 import math
-from typing import Any, Callable
+from typing import Any
 
 from ..defenses.floor import noise_floor
 from ..errors import GradleakError
@@ -49,55 +66,42 @@ from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from ..paths import one_line
-from .analytic import analytic, check_analytic
-from .configs import CLOSED_FORM, AnalyticConfig, AutoConfig, ImprintConfig, RGAPConfig
-from .engine import Engine, register_attack
-from .imprint import check_imprint, imprint_attack
+from ..specs import attack_specs
+from .configs import CLOSED_FORM, CONFIGS, AutoConfig
+from .engine import Engine
 from .reconstruction import Reconstruction
-from .rgap import check_rgap, rgap
 from .state import StateFileError
 from .verdict import converged_below, verdict
 
 
-# DLG optimises every pixel and label in float64 with L-BFGS: at 32-64 px (its paper's CIFAR and
-# LFW images) a batch of 4 takes ~50 s here; at 224 px one start costs hours on this CPU. Inverting
+# Which optimisation attacks the portfolio runs is declared by each (its SPEC's "auto": one image
+# or batches, and the largest image side it is run at). DLG optimises every pixel and label in
+# float64 with L-BFGS: at 32-64 px (its paper's CIFAR and LFW images) a batch of 4 takes ~50 s
+# here; at 224 px one start costs hours on this CPU, so it declares max_side 64. Inverting
 # Gradients, likewise, is run up to 64 px (its ImageNet runs took 24k steps on a GPU).
 # GradInversion is the batch attack built for 224 px (ImageNet's 224 px) and always runs.
-DLG_MAX_SIDE = 64
-IG_MAX_SIDE = 64
 
 
 def auto_portfolio(update: SharedUpdate) -> tuple[str, ...]:
-    """The optimisation attacks ``auto`` runs, in order, when no closed form explains the update:
-    iDLG for one image of one client; for a batch, an aggregate of clients or several local steps
-    of a batch, DLG and Inverting Gradients where the images are small enough (DLG_MAX_SIDE,
-    IG_MAX_SIDE), and GradInversion."""
+    """The optimisation attacks ``auto`` runs, in their declared order, when no closed form
+    explains the update: those declared for one image (iDLG) for one image of one client; for a
+    batch, an aggregate of clients or several local steps of a batch, those declared for batches
+    whose largest image side (``max_side``) the images fit (DLG, GradInversion, IG)."""
     threat = ThreatModel.from_record(update.meta.threat)
-    if update.meta.batch_size <= 1 and threat.clients <= 1:
-        return ("idlg",)
+    one_image = update.meta.batch_size <= 1 and threat.clients <= 1
     side = max(update.meta.input_shape[1:])
-    return tuple(name for name, fits in (("dlg", side <= DLG_MAX_SIDE), ("gradinversion", True),
-                                         ("ig", side <= IG_MAX_SIDE)) if fits)
+    members = []
+    for spec in sorted((s for s in attack_specs().values() if s.optimisation and s.auto),
+                       key=lambda s: s.auto["order"]):  # type: ignore[index]
+        use = spec.auto or {}
+        if use.get("one_image" if one_image else "batch") and (use.get("max_side") is None or side <= use["max_side"]):
+            members.append(spec.name)
+    return tuple(members)
 
 
-@register_attack(AnalyticConfig)
-def _analytic(cfg: AnalyticConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
-    return analytic(update, model, device=engine.device)
-
-
-@register_attack(RGAPConfig)
-def _rgap(cfg: RGAPConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
-    return rgap(update, model, device=engine.device)
-
-
-@register_attack(ImprintConfig)
-def _imprint(cfg: ImprintConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
-    return imprint_attack(update, model)
-
-
-CHECKS: dict[str, Callable[[SharedUpdate, ModelSpec], Any]] = {
-    "imprint": check_imprint, "analytic": check_analytic, "rgap": check_rgap}
-CONFIGS = {"imprint": ImprintConfig, "analytic": AnalyticConfig, "rgap": RGAPConfig}
+def _closed_form(name: str) -> Any:
+    """The closed-form attack's module (its ``check`` and ``run``)."""
+    return importlib.import_module(CONFIGS[name].spec.module)
 
 
 def _score(rec: Reconstruction) -> float:
@@ -120,8 +124,8 @@ def _better(name: str, rec: Reconstruction, converged: bool, best: tuple[str, Re
     return _score(rec) < _score(best[1])
 
 
-@register_attack(AutoConfig)
-def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    """The chooser (module doc): closed forms first, then the portfolio ``cfg.portfolio``."""
     floor = noise_floor(update)
     tried: list[dict[str, Any]] = []
     answers: list[tuple[str, Reconstruction]] = []
@@ -129,7 +133,7 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
     spent = 0.0
     best: tuple[str, Reconstruction, bool] | None = None
     error: GradleakError | None = None
-    members: list[tuple[str, Any]] = [(name, CONFIGS[name](seed=cfg.seed)) for name in CLOSED_FORM]
+    members: list[tuple[str, Any]] = [(name, CONFIGS[name](seed=cfg.seed)) for name in CLOSED_FORM]  # type: ignore[call-arg]
     members += [(m.attack, m) for m in cfg.portfolio]
     several = len(cfg.portfolio) > 1
     why = ""
@@ -137,7 +141,7 @@ def _auto(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engin
         closed = name in CLOSED_FORM
         if closed:
             try:
-                CHECKS[name](update, model)  # the typed refusals, a cost over its bound (rgap) included
+                _closed_form(name).check(update, model)  # the typed refusals, a cost over its bound (rgap) included
             except GradleakError as exc:
                 tried.append({"attack": name, "applies": False, "why": one_line(str(exc))})
                 continue
@@ -211,4 +215,4 @@ def _chosen(name: str, rec: Reconstruction, tried: list[dict[str, Any]], why: st
     return rec
 
 
-__all__ = ["CHECKS", "DLG_MAX_SIDE", "IG_MAX_SIDE", "auto_portfolio"]
+__all__ = ["SPEC", "auto_portfolio", "run"]

@@ -12,12 +12,15 @@ a global).
 * ``device``, ``log_every``, ``progress``: where it runs, how often it is observed, whether a
   progress bar is shown.
 
-``Engine.run(config, update, model)`` dispatches on the type of the typed attack config
-(configs.py, text/configs.py); each attack registers itself with :func:`register_attack`.
+``Engine.run(config, update, model)`` runs the attack whose typed config ``config`` is: an image
+attack's config carries its spec (configs.py), whose module's ``run(config, update, model,
+engine)`` it calls; the text attacks register theirs with :func:`register_attack`
+(text/configs.py).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -62,10 +65,12 @@ class Engine:
     # -- what the pipeline calls
     def run(self, config: Any, update: SharedUpdate, model: Any) -> Any:
         """Run the attack ``config`` (a typed attack config) on the update and the model."""
-        try:
-            fn = ATTACK_RUNNERS[type(config)]
-        except KeyError:
-            raise UnknownNameError(f"no attack is registered for {type(config).__name__}") from None
+        fn = ATTACK_RUNNERS.get(type(config))
+        spec = getattr(type(config), "spec", None)
+        if fn is None and spec is not None:
+            fn = importlib.import_module(spec.module).run
+        if fn is None:
+            raise UnknownNameError(f"no attack is registered for {type(config).__name__}")
         with ieee_float32(self.device):
             return fn(config, update, model, self)
 

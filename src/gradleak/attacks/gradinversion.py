@@ -49,10 +49,68 @@ Choices where the paper is ambiguous (see also priors.py and group.py):
 
 from __future__ import annotations
 
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "gradinversion",
+    "summary": "GradInversion (Yin et al., CVPR 2021): labels by Eq. 8, then images with fidelity priors, "
+               "BN statistics and group consistency over G seeds",
+    "kind": "optimisation",
+    # Verdict line: priors keep the answer from explaining the update exactly (attacks/verdict.py);
+    # with every prior off it is held to DLG's line (verdict.line_family).
+    "converged_below": 0.4,
+    "needs": "the gradients (or update) and the model; the client's BN batch statistics for --bn exact",
+    "flags": {
+        "preset": ["str", "cpu", "GradInversion preset: cpu | paper"],
+        "iterations": 600, "lr": 0.1, "optimizer": "adam", "init": "randn", "dtype": "float32",
+        "warmup": ["int[0,10000000]", 20, "GradInversion: warm-up steps of the cosine schedule"],
+        "alpha_g": ["float>=0", 1.0, "GradInversion Eq. 3: alpha_G"],
+        "alpha_tv": ["float>=0", 3e-2, "GradInversion Eq. 9: total-variation scale"],
+        "alpha_l2": ["float>=0", 1e-6, "GradInversion Eq. 9: alpha_l2"],
+        "alpha_bn": ["float>=0", 1.0, "GradInversion Eq. 9-10: alpha_BN"],
+        "alpha_group": ["float>=0", 1e-2, "GradInversion Eq. 11: alpha_group"],
+        "alpha_n": ["float>=0", 0.2, "GradInversion Sec. 3.5: Langevin noise scale alpha_n"],
+        "seeds": ["int[1,256]", 4, "GradInversion: G candidates per image"],
+        "group": [["none", "lazy", "registered"], "registered", "GradInversion group consistency (Eq. 11-12)"],
+        "bn": [["exact", "approx", "none"], "exact", "GradInversion BN-statistics prior (Eq. 10)"],
+        "registration_start": ["int[0,10000000]", 150, "GradInversion: first registration step (Eq. 12)"],
+        "registration_every": ["int[1,10000000]", 5, "GradInversion: registration re-estimated every N steps"],
+        "registration_steps": ["int[1,100000]", 40, "GradInversion: Adam steps of one registration fit"],
+        "labels": "gradinversion",
+        "final": [["consensus", "best"], "consensus", "GradInversion: answer = the group consensus | the best seed"],
+        "box": ["bool", False, "GradInversion: clamp the candidates to the pixel box [0, 1] after every step and "
+                "its noise (DeepInversion's code, breaching's seethroughgradients); the paper and both presets "
+                "do not"],
+    },
+    # The two presets (Sec. 4's values for ResNet-50 at 224 px; "cpu": tuned for the convnet at
+    # 32 px, see PRESET_NOTES below); the first is the default.
+    "presets": {
+        "cpu": {"iterations": 600, "lr": 0.1, "warmup": 20, "alpha_g": 1.0, "alpha_tv": 3e-2, "alpha_l2": 1e-6,
+                "alpha_bn": 1.0, "alpha_group": 1e-2, "alpha_n": 0.2, "seeds": 4, "group": "registered",
+                "bn": "exact", "registration_start": 150, "registration_every": 5, "registration_steps": 40,
+                "labels": "gradinversion", "final": "consensus", "box": False},
+        "paper": {"iterations": 20_000, "lr": 0.1, "warmup": 50, "alpha_g": 1e-3, "alpha_tv": 1e-4,
+                  "alpha_l2": 1e-6, "alpha_bn": 0.1, "alpha_group": 1e-2, "alpha_n": 0.2, "seeds": 8,
+                  "group": "registered", "bn": "exact", "registration_start": 5_000, "registration_every": 100,
+                  "registration_steps": 40, "labels": "gradinversion", "final": "consensus", "box": False},
+    },
+    "default_note": {
+        "warmup": "at most a tenth of --iterations",
+        "registration_start": "scaled with --iterations",
+        "registration_every": "scaled with --iterations",
+        "alpha_g": "the preset's value is for its model (cpu: convnet, 14 parameter tensors; paper: ResNet-50, 161) "
+                   "and scaled by that count / the attacked model's",
+        "alpha_bn": "the preset's value is for its model (cpu: convnet, 4 BN layers; paper: ResNet-50, 53) "
+                    "and scaled by that count / the attacked model's",
+    },
+    "auto": {"order": 2, "one_image": False, "batch": True, "max_side": None},
+    "resolve": True,
+    "changed_defaults": {"alpha_g": "preset x reference / parameter tensors since 2026-11-25",
+                         "alpha_bn": "preset x reference / BN layers since 2026-11-25"},
+}
+
 import logging
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -60,13 +118,12 @@ from ..catalog import unknown
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from ..runtime import attack_precision
-from .base import AttackSettings, Observer, initial_images, to_pixels
-from .group import GROUP_MODES, GroupConsistency, group_penalty
-from .labels import LABEL_METHODS, restore_labels
+from .base import DTYPES, Observer, initial_images, to_pixels
+from .group import GroupConsistency, group_penalty
+from .labels import restore_labels
 from .engine import Engine
 from .loop import LoopResult, LoopSettings
-from .priors import (BN_MODES, INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
+from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
                      l2_norm, total_variation)
 from .reconstruction import Reconstruction
 from .shard import SeedShard
@@ -77,108 +134,54 @@ from .verdict import relative_distance
 FINAL_CHOICES = ("best", "consensus")
 
 
-@dataclass(frozen=True)
-class GradInversionSettings:
-    """Every knob of GradInversion. Build one with ``GradInversionSettings.preset(name)``; the
-    field defaults are the "cpu" preset.
-
-    name:               the preset these values came from ("paper", "cpu").
-    iterations, lr:     Adam steps and base learning rate lambda.
-    warmup:             linear warm-up steps of the cosine schedule.
-    alpha_g:            Eq. 3 scale of the gradient-matching loss.
-    alpha_tv, alpha_l2, alpha_bn: Eq. 9 scales of the fidelity priors.
-    alpha_group:        Eq. 11 scale of the group consistency term.
-    alpha_n:            Sec. 3.5 Langevin noise scale (noise std = lambda(t) * alpha_n).
-    seeds:              G, candidates optimised jointly (one batched computation).
-    group:              "none" | "lazy" (pixel mean) | "registered" (Eq. 12).
-    bn:                 "exact" (client's batch statistics) | "approx" (running stats) | "none".
-    registration_start, registration_every: when the registration is (re-)estimated (steps).
-    registration_steps: Adam steps of one registration fit.
-    labels:             label restoration method (labels.LABEL_METHODS).
-    final:              "consensus" (E of Eq. 11-12; the best seed when group is "none") |
-                        "best" (the seed with the lowest L_grad + R_fidelity).
-    box:                clamp the candidates to the pixel box after every step (and its noise).
-    """
-
-    name: str = "cpu"
-    iterations: int = 600
-    lr: float = 0.1
-    warmup: int = 20
-    alpha_g: float = 1.0
-    alpha_tv: float = 3e-2
-    alpha_l2: float = 1e-6
-    alpha_bn: float = 1.0
-    alpha_group: float = 1e-2
-    alpha_n: float = 0.2
-    seeds: int = 4
-    group: str = "registered"
-    bn: str = "exact"
-    registration_start: int = 150
-    registration_every: int = 5
-    registration_steps: int = 40
-    labels: str = "gradinversion"
-    final: str = "consensus"
-    box: bool = False
-
-    @classmethod
-    def preset(cls, name: str) -> "GradInversionSettings":
-        try:
-            return replace(PRESETS[name])
-        except KeyError:
-            raise unknown("GradInversion preset", name, PRESETS) from None
-
-    def validate(self) -> "GradInversionSettings":
-        if self.group not in GROUP_MODES:
-            raise ConfigError(f"group: unknown mode {self.group!r}; known: {', '.join(GROUP_MODES)}")
-        if self.bn not in BN_MODES:
-            raise ConfigError(f"bn: unknown mode {self.bn!r}; known: {', '.join(BN_MODES)}")
-        if self.labels not in LABEL_METHODS:
-            raise ConfigError(f"labels: unknown method {self.labels!r}; known: {', '.join(LABEL_METHODS)}")
-        if self.final not in FINAL_CHOICES:
-            raise ConfigError(f"final: unknown choice {self.final!r}; known: {', '.join(FINAL_CHOICES)}")
-        if self.seeds < 1:
-            raise ConfigError(f"seeds must be >= 1, got {self.seeds}")
-        if self.iterations < 0:
-            raise ConfigError("iterations must be >= 0")
-        if self.registration_every < 1 or self.registration_start < 0 or self.warmup < 0:
-            raise ConfigError("registration_start and warmup must be >= 0, registration_every >= 1")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name.startswith("alpha_") and not (value >= 0 and math.isfinite(value)):
-                raise ConfigError(f"{f.name} must be a finite number >= 0, got {value}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"lr must be a positive number, got {self.lr}")
-        return self
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+# The knobs (SPEC's flags; each is a field of the typed config, attacks/configs.py):
+#   preset:             where the values not given came from ("cpu", "paper": SPEC's presets).
+#   iterations, lr:     Adam steps and base learning rate lambda.
+#   warmup:             linear warm-up steps of the cosine schedule.
+#   alpha_g:            Eq. 3 scale of the gradient-matching loss.
+#   alpha_tv, alpha_l2, alpha_bn: Eq. 9 scales of the fidelity priors.
+#   alpha_group:        Eq. 11 scale of the group consistency term.
+#   alpha_n:            Sec. 3.5 Langevin noise scale (noise std = lambda(t) * alpha_n).
+#   seeds:              G, candidates optimised jointly (one batched computation).
+#   group:              "none" | "lazy" (pixel mean) | "registered" (Eq. 12).
+#   bn:                 "exact" (client's batch statistics) | "approx" (running stats) | "none".
+#   registration_start, registration_every: when the registration is (re-)estimated (steps).
+#   registration_steps: Adam steps of one registration fit.
+#   labels:             label restoration method (labels.LABEL_METHODS).
+#   final:              "consensus" (E of Eq. 11-12; the best seed when group is "none") |
+#                       "best" (the seed with the lowest L_grad + R_fidelity).
+#   box:                clamp the candidates to the pixel box after every step (and its noise).
+#
+# PRESETS (SPEC["presets"]): "paper" is Sec. 4 "Implementation details" (ResNet-50, 224 px,
+# batch 8): Adam lr 0.1, cosine decay, 50 warm-up steps, 20k iterations, alphas as printed;
+# 8 seeds (Sec. 4.1.2), registration after 5k iterations then every 100.
+# "cpu" is for the convnet (width 16-32, random init) at 32 px, batch 4, 2 CPU cores (~0.1 s per
+# step for 4 seeds). Tuned on real CIFAR-10 batches (300 steps, one seed, PSNR after pairing):
+# * alpha_G : alpha_BN = 1 : 1. The paper's 1e-3 : 0.1 lets R_BN dominate here (14.2 dB at
+#   alpha_BN/alpha_G = 10 vs 18.0 dB at 1); the gradient term still matters (10.8 dB at
+#   alpha_G = 0). Only ratios matter to Adam, so alpha_G is set to 1 for readability.
+# * alpha_TV = 3e-2 (11.6 dB without TV, 16.3 at 1e-2, 18.0 at 3e-2, 16.2 at 1e-1): at 32 px
+#   DeepInversion's L2 TV is ~100x smaller relative to Eq. 3 than at 224 px on ResNet-50.
+# * alpha_group = 1e-2 as in the paper (registered consensus 19.4 dB; 1e-1: 19.2; 3e-1
+#   collapses the seeds: 18.5); alpha_n = 0.2 and lr = 0.1 as in the paper (neutral here).
+# * 600 steps, registration from step 150 (the paper's 5k/20k) every 5 steps (the paper's
+#   100/20k would be 3; one fit costs ~0.1 s on 2 cores, 5 keeps it under 15% of the run).
+PRESETS: dict[str, dict[str, object]] = SPEC["presets"]  # type: ignore[assignment]
+SETTINGS_FIELDS = ("iterations", "lr", "warmup", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group",
+                   "alpha_n", "seeds", "group", "bn", "registration_start", "registration_every",
+                   "registration_steps", "labels", "final", "box")
 
 
-PRESETS: dict[str, GradInversionSettings] = {
-    # Sec. 4 "Implementation details" (ResNet-50, 224 px, batch 8): Adam lr 0.1, cosine decay,
-    # 50 warm-up steps, 20k iterations, alphas as printed; 8 seeds (Sec. 4.1.2), registration
-    # after 5k iterations then every 100.
-    "paper": GradInversionSettings(
-        name="paper", iterations=20_000, lr=0.1, warmup=50, alpha_g=1e-3, alpha_tv=1e-4, alpha_l2=1e-6,
-        alpha_bn=0.1, alpha_group=1e-2, alpha_n=0.2, seeds=8, group="registered", bn="exact",
-        registration_start=5_000, registration_every=100),
-    # convnet (width 16-32, random init) at 32 px, batch 4, 2 CPU cores (~0.1 s per step for 4
-    # seeds). Tuned on real CIFAR-10 batches (300 steps, one seed, PSNR after pairing):
-    # * alpha_G : alpha_BN = 1 : 1. The paper's 1e-3 : 0.1 lets R_BN dominate here (14.2 dB at
-    #   alpha_BN/alpha_G = 10 vs 18.0 dB at 1); the gradient term still matters (10.8 dB at
-    #   alpha_G = 0). Only ratios matter to Adam, so alpha_G is set to 1 for readability.
-    # * alpha_TV = 3e-2 (11.6 dB without TV, 16.3 at 1e-2, 18.0 at 3e-2, 16.2 at 1e-1): at 32 px
-    #   DeepInversion's L2 TV is ~100x smaller relative to Eq. 3 than at 224 px on ResNet-50.
-    # * alpha_group = 1e-2 as in the paper (registered consensus 19.4 dB; 1e-1: 19.2; 3e-1
-    #   collapses the seeds: 18.5); alpha_n = 0.2 and lr = 0.1 as in the paper (neutral here).
-    # * 600 steps, registration from step 150 (the paper's 5k/20k) every 5 steps (the paper's
-    #   100/20k would be 3; one fit costs ~0.1 s on 2 cores, 5 keeps it under 15% of the run).
-    # (These are also the field defaults.)
-    "cpu": GradInversionSettings(
-        name="cpu", iterations=600, lr=0.1, warmup=20, alpha_g=1.0, alpha_tv=3e-2, alpha_l2=1e-6,
-        alpha_bn=1.0, alpha_group=1e-2, alpha_n=0.2, seeds=4, group="registered", bn="exact",
-        registration_start=150, registration_every=5),
-}
+def preset_values(name: str) -> dict[str, object]:
+    """A copy of preset ``name``'s values (UnknownNameError for an unknown preset)."""
+    if name not in PRESETS:
+        raise unknown("GradInversion preset", name, PRESETS)
+    return dict(PRESETS[name])
+
+
+def settings_record(cfg: Any) -> dict[str, object]:
+    """The constants a run used, as metrics.json records them (``name``: the preset)."""
+    return {"name": cfg.preset, **{f: getattr(cfg, f) for f in SETTINGS_FIELDS}}
 
 
 # A preset's alpha_G and alpha_BN are given for the model it was set on and applied per layer:
@@ -210,15 +213,15 @@ def layer_counts(module: torch.nn.Module) -> tuple[int, int]:
     return tensors, bn
 
 
-def per_layer(preset: GradInversionSettings, layers: tuple[int, int] | None) -> GradInversionSettings:
-    """The preset's values for a model with ``layers`` = (parameter tensors, BN layers); None:
-    the preset's reference model (values unchanged). See PRESET_MODELS."""
-    if layers is None or preset.name not in PRESET_MODELS:
-        return preset
-    _, ref_tensors, ref_bn = PRESET_MODELS[preset.name]
+def per_layer(preset: str, values: dict[str, object], layers: tuple[int, int] | None) -> dict[str, object]:
+    """Preset ``preset``'s ``values`` for a model with ``layers`` = (parameter tensors, BN layers);
+    None: the preset's reference model (values unchanged). See PRESET_MODELS."""
+    if layers is None or preset not in PRESET_MODELS:
+        return values
+    _, ref_tensors, ref_bn = PRESET_MODELS[preset]
     tensors, bn = layers
-    return replace(preset, alpha_g=preset.alpha_g * (ref_tensors / max(1, tensors)),
-                   alpha_bn=preset.alpha_bn * (ref_bn / bn) if bn > 0 else preset.alpha_bn)
+    return {**values, "alpha_g": float(values["alpha_g"]) * (ref_tensors / max(1, tensors)),  # type: ignore[arg-type]
+            "alpha_bn": float(values["alpha_bn"]) * (ref_bn / bn) if bn > 0 else values["alpha_bn"]}  # type: ignore[arg-type]
 
 
 @dataclass
@@ -252,25 +255,29 @@ class SeedStreams(AttackState):
         super().set_state(saved)
 
 
-def resolve_settings(settings: AttackSettings, gi: GradInversionSettings | None = None,
-                     layers: tuple[int, int] | None = None) -> GradInversionSettings:
-    """The GradInversion settings a run uses: ``gi`` (or the preset ``settings.preset``, default
-    "cpu", per layer of a model with ``layers``, see per_layer), then every generic
-    AttackSettings field that is not None on top (iterations, lr, seeds, group, bn, labels)."""
-    base = gi if gi is not None else per_layer(GradInversionSettings.preset(settings.preset or "cpu"), layers)
-    changes: dict[str, object] = {}
-    if settings.iterations is not None and settings.iterations != base.iterations:
-        n = int(settings.iterations)
-        scale = n / max(1, base.iterations)
-        changes.update(iterations=n,
-                       registration_start=int(round(base.registration_start * scale)),
-                       registration_every=max(1, int(round(base.registration_every * scale))),
-                       warmup=min(base.warmup, n // 10))
-    for field_name in ("lr", "seeds", "group", "bn", "labels"):
-        value = getattr(settings, field_name, None)
-        if value is not None:
-            changes[field_name] = value
-    return replace(base, **changes).validate() if changes else base.validate()
+def resolve(given: dict[str, object], context: Any) -> dict[str, object]:
+    """The config values of a run (attacks/configs.py): the preset (default "cpu") per layer of the
+    attacked model (``context.layers``, see per_layer), then ``--iterations``, which scales the
+    registration schedule (fractions of the run: 5k/20k and 100/20k in the paper) and caps the
+    warm-up at a tenth of the run, then every constant given. The BN prior defaults to "exact"
+    when the update carries the client's BN batch statistics (``context.bn_statistics_shared``)
+    and to "approx" (the model's running statistics: the paper's Sec. 4 implementation details and
+    Table 4's "BN approx") when it does not; "exact" without them is a ConfigError."""
+    preset = str(given.get("preset", "cpu"))
+    base = per_layer(preset, preset_values(preset), context.layers)
+    n = given.get("iterations")
+    if n is not None and n != base["iterations"]:
+        scale = int(n) / max(1, int(base["iterations"]))  # type: ignore[arg-type]
+        base.update(iterations=int(n), registration_start=int(round(int(base["registration_start"]) * scale)),  # type: ignore[arg-type]
+                    registration_every=max(1, int(round(int(base["registration_every"]) * scale))),  # type: ignore[arg-type]
+                    warmup=min(int(base["warmup"]), int(n) // 10))  # type: ignore[arg-type]
+    values = {**base, **given, "preset": preset}
+    if "bn" not in given and values["bn"] == "exact" and not context.bn_statistics_shared:
+        values["bn"] = "approx"
+    if values["bn"] == "exact" and not context.bn_statistics_shared:
+        raise ConfigError("--bn exact needs an update that carries the client's BN batch statistics "
+                          "(simulate the client with --share-bn-statistics, or use --bn approx)")
+    return values
 
 
 def seed_generators(seed: int, count: int, start: int = 0, device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -295,7 +302,7 @@ class _Candidates:
     """The G seeds' candidate batches x [G, K, C, H, W] this process optimises, and what scores
     them: the simulated client with the restored labels, the BN targets, the group term."""
 
-    cfg: GradInversionSettings
+    cfg: Any   # the typed config (attacks/configs.py)
     model: ModelSpec
     victim: UpdateSimulator
     labels: torch.Tensor
@@ -416,19 +423,16 @@ class _Candidates:
                    "answer": "consensus" if self.consensus else "best",
                    "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                    "registrations": group.registration.fits if group.registration is not None else 0,
-                   "settings": cfg.to_dict(), "final_loss": result.final_loss, **extra_dist,
+                   "settings": settings_record(cfg), "final_loss": result.final_loss, **extra_dist,
                    "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0, **notes})
 
 
-@attack_precision
-def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
-                  observer: Observer | None = None, gi: GradInversionSettings | None = None, *,
-                  shard: SeedShard | None = None, engine: Engine | None = None) -> Reconstruction:
-    """GradInversion on a shared update. Returns the final answer, every seed's candidate batch
+def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    """GradInversion on a shared update, with ``cfg`` its typed config (attacks/configs.py). Returns the final answer, every seed's candidate batch
     ([G, K, C, H, W] in ``candidates``) and the restored labels.
 
-    ``shard``: the seeds spread over processes (shard.py; every process calls this with the same
-    arguments and its own shard): this process optimises seeds ``shard.local_range`` and the
+    ``engine.shard``: the seeds spread over processes (shard.py; every process calls this with the
+    same arguments and its own shard): this process optimises seeds ``shard.local_range`` and the
     processes exchange the consensus, the loss and, at the end, scores and candidates. Every
     process returns the same answer; ``candidates`` holds every seed on rank 0 only (None on the
     others). None: all seeds here.
@@ -437,10 +441,8 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     (beyond the paper) Eq. 3 compares the update the candidates would produce, simulated by
     UpdateSimulator (local steps unrolled, clients averaged), and R_BN compares the BN
     statistics as the client shares them there (the mean over its local steps / over clients)."""
-    engine = engine if engine is not None else Engine(device=settings.device, observer=observer, shard=shard)
     observer, shard = engine.observer, engine.shard
-    cfg = resolve_settings(settings, gi, layers=layer_counts(model.module))
-    dtype, device = settings.torch_dtype(), settings.torch_device()
+    dtype, device = DTYPES[cfg.dtype], engine.device
     k = int(update.meta.batch_size)
     labels = restore_labels(update, model, k, cfg.labels).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
@@ -451,16 +453,16 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
     if shard.total != cfg.seeds:
         raise ConfigError(f"seed shard is for {shard.total} seeds, the run has {cfg.seeds}")
     mine = shard.local_range
-    gens = seed_generators(settings.seed, len(mine), start=mine.start)
+    gens = seed_generators(cfg.seed, len(mine), start=mine.start)
     # Sec. 3.5's noise is drawn per seed every step. On a CPU each seed's generator goes on from
     # its initial pixels. On a GPU, drawing it on the CPU (the paper preset: 8 x 8 x 3 x 224 x 224
     # values, ~85 ms per step on one core here, then a copy) would leave the GPU idle each step,
     # so each seed gets a generator on the device, seeded seed + NOISE_STREAM + g: reproducible
     # per seed, and G batched seeds still draw what G single-seed runs draw.
     noise_gens = gens if device.type == "cpu" else \
-        seed_generators(settings.seed + NOISE_STREAM, len(mine), start=mine.start, device=device)
+        seed_generators(cfg.seed + NOISE_STREAM, len(mine), start=mine.start, device=device)
     shape = (k, *model.input_shape)
-    x = torch.stack([initial_images(model, shape, settings.init, g, dtype) for g in gens]).to(device)
+    x = torch.stack([initial_images(model, shape, cfg.init, g, dtype) for g in gens]).to(device)
     x.requires_grad_(True)
     group = GroupConsistency(cfg.group, tuple(x.shape), start=cfg.registration_start,
                              every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)
@@ -470,13 +472,13 @@ def gradinversion(update: SharedUpdate, model: ModelSpec, settings: AttackSettin
                         device=device, dtype=dtype)
     # answer() is collective: with sharded seeds every process takes part in the log
     log = run.logger(observer) if observer is not None or shard.distributed else None
-    loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=settings.optimizer or "adam",
+    loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=cfg.optimizer,
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
-                        progress=settings.progress, description="gradinversion")
+                        progress=engine.progress, description="gradinversion")
     result = engine.optimise([x], run.objective, loop, after_step=run.after_step, noise=run.noise, on_log=log,
-                             log_every=settings.log_every, state=state)
+                             log_every=engine.log_every, state=state)
     return run.reconstruction(result, notes)
 
 
-__all__ = ["GradInversionSettings", "PRESETS", "PRESET_MODELS", "gradinversion", "layer_counts", "per_layer",
-           "resolve_settings"]
+__all__ = ["PRESETS", "PRESET_MODELS", "SPEC", "layer_counts", "per_layer", "preset_values", "resolve", "run",
+           "settings_record"]

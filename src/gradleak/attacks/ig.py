@@ -18,10 +18,10 @@
 * box constraint (``boxed=True``): after each step x is clamped to the normalised images of the
   pixel range [0, 1], per channel;
 * labels: IG assumes known labels; we never use ground truth, so they are restored analytically
-  from the classifier gradient (default GradInversion's Eq. 8; ``settings.labels`` selects
+  from the classifier gradient (default GradInversion's Eq. 8; ``labels`` selects
   another rule, e.g. "counts" for repeated labels);
-* ``restarts`` R (``settings.seeds``, default 1) run as ONE batched computation (vmap over the
-  restart axis, like GradInversion's seeds), restart r seeded ``settings.seed + r``; the restart
+* ``restarts`` R (default 1) run as ONE batched computation (vmap over the
+  restart axis, like GradInversion's seeds), restart r seeded ``seed + r``; the restart
   with the lowest objective wins (their ``scoring_choice='loss'``), all R are returned as
   candidates;
 * each restart's answer is its iterate with the LOWEST objective seen during the run, not the
@@ -38,15 +38,36 @@ for multi-step updates (their Sec. 5, "fedavg" with known hyper-parameters).
 
 from __future__ import annotations
 
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "ig",
+    "summary": "Inverting Gradients (Geiping et al. 2020, Eq. 4): cosine distance + TV, signed Adam, box",
+    "kind": "optimisation",
+    # Verdict line: priors keep the answer from explaining the update exactly (attacks/verdict.py).
+    "converged_below": 0.4,
+    "needs": "the gradients (or update) and the model; labels restored from the update",
+    "flags": {
+        "iterations": 1000, "lr": 0.1, "optimizer": "adam", "init": "randn", "dtype": "float32",
+        "restarts": ["int[1,256]", 1, "Inverting Gradients: restarts"],
+        "labels": "gradinversion",
+        "alpha_tv": ["float>=0", 0.1, "Inverting Gradients Eq. 4: total-variation scale"],
+    },
+    "default_note": {"alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's "
+                                 "count / 14 above (ResNet-18: 0.44)"},
+    "auto": {"order": 3, "one_image": False, "batch": True, "max_side": 64},
+    "resolve": True,
+    "changed_defaults": {"iterations": "1000 since 2026-11-26 (4800 before)",
+                         "alpha_tv": "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)"},
+}
+
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from ..runtime import attack_precision
-from .base import AttackSettings, Observer, initial_images, to_pixels
+from .base import DTYPES, initial_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import restore_labels
 from .engine import Engine
@@ -88,8 +109,7 @@ class KeptIterates(AttackState):
 # 1000 end within 0.2 dB of each other on each of five photos, none converged, none more than
 # 0.21 dB above its zero image (ig_iterations_resnet18.json), and on the bench photo 4800 ended at
 # 15.41 dB vs 15.55 dB at 1000 (benchmarks/whole_runs.json). --iterations 4800 runs the authors' length.
-IG_DEFAULTS = dict(iterations=1000, lr=0.1, optimizer="adam", dtype="float32")
-IG_ALPHA_TV = 1e-1
+IG_ALPHA_TV = SPEC["flags"]["alpha_tv"][1]  # type: ignore[index]
 # alpha_TV per layer. IG_ALPHA_TV, the authors' value, is for a network of the size it
 # was chosen on here: the 14-parameter-tensor convnet, where of 0.05 / 0.1 / 0.2 / 0.4 at 300
 # iterations it is the best or within 0.35 dB of the best on each of 5 photos (3 CIFAR-10, 2
@@ -114,22 +134,19 @@ def ig_alpha_tv(layers: tuple[int, int] | None) -> float:
     return IG_ALPHA_TV * max(1.0, layers[0] / IG_REFERENCE_TENSORS)
 
 
-@attack_precision
-def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: AttackSettings,
-                        observer: Observer | None = None, *, alpha_tv: float = IG_ALPHA_TV,
-                        engine: Engine | None = None) -> Reconstruction:
-    """Inverting Gradients with R = ``settings.seeds`` (default 1) batched restarts."""
-    engine = engine if engine is not None else Engine(device=settings.device, observer=observer)
+def resolve(given: dict[str, object], context: Any) -> dict[str, object]:
+    """The config values of a run (attacks/configs.py): alpha_TV, when not given, per layer of the
+    attacked model (``context.layers``, ig_alpha_tv)."""
+    return {"alpha_tv": ig_alpha_tv(context.layers), **given}
+
+
+def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+    """Inverting Gradients with R = ``s.restarts`` batched restarts (``s``: its typed config)."""
     observer = engine.observer
-    s = settings.with_defaults(**IG_DEFAULTS)
-    if not alpha_tv >= 0:
-        raise ConfigError(f"alpha_tv must be >= 0, got {alpha_tv}")
-    restarts = int(s.seeds or 1)
-    if restarts < 1:
-        raise ConfigError(f"seeds (restarts) must be >= 1, got {restarts}")
-    dtype, device = s.torch_dtype(), s.torch_device()
+    alpha_tv, restarts = float(s.alpha_tv), int(s.restarts)
+    dtype, device = DTYPES[s.dtype], engine.device
     k = int(update.meta.batch_size)
-    method = s.labels or "gradinversion"
+    method = s.labels
     labels = restore_labels(update, model, k, method).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     gens = seed_generators(s.seed, restarts)
@@ -167,8 +184,8 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
             observer(t, to_pixels(model, x.detach()[int(torch.argmin(score))]))
 
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
-                        schedule="step", signed=True, progress=s.progress, description="ig")
-    result = engine.optimise([x], objective, loop, after_step=box, on_log=log, log_every=s.log_every,
+                        schedule="step", signed=True, progress=engine.progress, description="ig")
+    result = engine.optimise([x], objective, loop, after_step=box, on_log=log, log_every=engine.log_every,
                       state=kept)
     with torch.no_grad():
         keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
@@ -191,6 +208,4 @@ def inverting_gradients(update: SharedUpdate, model: ModelSpec, settings: Attack
                "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True}})
 
 
-ig = inverting_gradients
-
-__all__ = ["IG_ALPHA_TV", "IG_DEFAULTS", "ig", "ig_alpha_tv", "inverting_gradients"]
+__all__ = ["IG_ALPHA_TV", "SPEC", "ig_alpha_tv", "resolve", "run"]

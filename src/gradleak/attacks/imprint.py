@@ -28,8 +28,21 @@ move between the steps, so the bins no longer share one set of thresholds.
 
 from __future__ import annotations
 
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "imprint",
+    "summary": "a malicious server's imprint module (Fowl et al., ICLR 2022): inputs read off its bins",
+    "kind": "closed-form",
+    "converged_below": 1e-4,   # judged analytically: exact when every sample sat alone in its bin
+    "needs": "a model carrying the imprint block (--server imprint)",
+    "flags": {},
+    "auto": {"order": 1},
+}
+
 import time
 from dataclasses import replace
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -290,4 +303,12 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
                           wall_seconds=time.perf_counter() - start, label_method="counts", extra=extra)
 
 
-__all__ = ["EMPTY_BIN_TOLERANCE", "check_imprint", "imprint_attack"]
+def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+    """The attack on the engine (a closed form: no constants, nothing to resume)."""
+    return imprint_attack(update, model)
+
+
+check = check_imprint  # auto's test of whether it applies (a typed GradleakError when it does not)
+
+
+__all__ = ["EMPTY_BIN_TOLERANCE", "SPEC", "check", "check_imprint", "imprint_attack", "run"]

@@ -70,6 +70,17 @@ one, under the same threat model. It never sees the ground truth.
 
 from __future__ import annotations
 
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "rgap",
+    "summary": "R-GAP (Zhu and Blaschko, ICLR 2021): recursive closed-form inversion, layer by layer",
+    "kind": "closed-form",
+    "converged_below": 1e-4,   # exact when it rebuilds the input (1e-13..1e-10 measured)
+    "needs": "a chain of linear/conv layers with invertible activations, one image of one client",
+    "flags": {},
+    "auto": {"order": 3},
+}
+
 import copy
 import math
 import time
@@ -623,4 +634,12 @@ def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device =
                           iterations=0, wall_seconds=wall, label_method="rgap", extra=extra)
 
 
-__all__ = ["EPS", "MAX_SOLVE_BYTES", "RANK_RTOL", "check_rgap", "rgap", "solve_bytes"]
+def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+    """The attack on the engine (a closed form: no constants, nothing to resume)."""
+    return rgap(update, model, device=engine.device)
+
+
+check = check_rgap  # auto's test of whether it applies (a typed GradleakError when it does not)
+
+
+__all__ = ["EPS", "MAX_SOLVE_BYTES", "RANK_RTOL", "SPEC", "check", "check_rgap", "rgap", "run", "solve_bytes"]

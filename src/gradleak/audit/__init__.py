@@ -1,15 +1,15 @@
 """Privacy audits of real federations: attack each client's individual update each round.
 
 * :class:`LeakageAuditor` (framework-agnostic): global weights + a client's weights + the public
-  FedAvg hyper-parameters -> a gradleak SharedUpdate -> the chosen attack -> one row of
-  DIR/audit.csv (and optionally the reconstruction).
+  FedAvg hyper-parameters -> a gradleak SharedUpdate -> the chosen attack -> a standard run
+  folder, DIR/runs/round-RRR-client-C/, and its row in the index, DIR/audit.csv.
 * :class:`gradleak.audit.flower.AuditedStrategy`: wraps any Flower (message API) strategy.
 * :mod:`gradleak.audit.example`: a runnable Fashion-MNIST federation (``gradleak audit-flower``).
 """
 
 # Imported on first use (PEP 562): the auditor needs torch and AuditedStrategy needs flwr, while
 # `gradleak audit-flower` checks its flags (audit.command, audit.settings) before loading either.
-_LAZY = {"CSV_COLUMNS": "auditor", "AuditSettings": "auditor", "FedAvgKeys": "auditor", "LeakageAuditor": "auditor",
+_LAZY = {"INDEX_COLUMNS": "auditor", "AuditSettings": "auditor", "FedAvgKeys": "auditor", "LeakageAuditor": "auditor",
          "AuditedStrategy": "flower"}
 
 
@@ -21,4 +21,4 @@ def __getattr__(name: str):  # noqa: ANN202
     raise AttributeError(name)
 
 
-__all__ = ["AuditSettings", "AuditedStrategy", "CSV_COLUMNS", "FedAvgKeys", "LeakageAuditor"]
+__all__ = ["AuditSettings", "AuditedStrategy", "FedAvgKeys", "INDEX_COLUMNS", "LeakageAuditor"]

@@ -4,12 +4,25 @@ Framework-agnostic core (the Flower wrapper in :mod:`gradleak.audit.flower` feed
 client in one round it takes the global weights the server sent, the weights the client sent
 back and the public FedAvg hyper-parameters (local steps, local mini-batch size, learning
 rate, number of examples), builds the :class:`~gradleak.fl.SharedUpdate` a gradleak attacker
-receives (the weight difference W_S - W_0, ``meta.threat`` = the fedavg record), runs the chosen
-attack, and logs one row per client per round to ``DIR/audit.csv``.
+receives (the weight difference W_S - W_0, ``meta.threat`` = the fedavg record) and runs the
+chosen attack through the one pipeline (:func:`gradleak.pipeline.run.attack_case`).
+
+What it writes in DIR:
+
+* ``runs/round-RRR-client-C/``: each attacked update's standard run folder, as `gradleak attack`
+  writes it (:func:`gradleak.pipeline.record.write_run`: config.json, metrics.json, history.csv,
+  reconstruction.png and .safetensors, report.html), staged and renamed into place;
+  metrics.json's ``audit`` names the round, client and node, the update's norm and the attack's
+  seconds.
+* ``audit.csv``: the index, one row per audited update (:data:`INDEX_COLUMNS`: who, the attack,
+  status, verdict, headline numbers, the run folder, the error of an update not attacked),
+  rewritten atomically after every update.
+* ``audit.json`` (:meth:`LeakageAuditor.write_summary`): the settings, the attack config and the
+  index rows (errors whole).
 
 Ground truth is optional and kept apart: ``truth_fn(round, client) -> Batch | None`` is called
 only after the attack returned, to score it (PSNR, SSIM, label accuracy). A real federation has
-no ground truth; its rows carry the attack's own gradient distance and the reconstructions.
+no ground truth; its run folders carry the attack's own gradient distance and reconstructions.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import csv
 import io
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -38,14 +52,16 @@ from ..paths import one_line
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
-CSV_COLUMNS = ("round", "client", "node_id", "attack", "status", "verdict", "num_examples", "local_steps",
-               "local_batch_size", "local_lr", "defenses", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy",
-               "gradient_distance", "converged", "relative_gradient_distance", "noise_floor", "unmodelled_defenses",
-               "labels_restored", "labels_true", "iterations", "attack_seconds", "update_norm", "reconstruction",
-               "error")
-# Saved pictures of batches up to this size put each image beside its reconstruction (one row
-# per image); larger batches get the client's batch above the reconstructions.
-PAIRS_UP_TO = 4
+# audit.csv, the index: who (round, client, Flower node), the attack (auto: the one it used), how
+# it ended and its verdict (gradleak.report.risk.judge on the run's metrics), the headline numbers
+# (psnr_mean empty without ground truth), the run folder (relative to DIR; empty when the update
+# was not attacked) and the error of an update that was not attacked or failed.
+INDEX_COLUMNS = ("round", "client", "node_id", "attack", "status", "verdict", "psnr_mean",
+                 "relative_gradient_distance", "run", "error")
+# The run folders' folder in DIR.
+RUNS = "runs"
+# metrics.json's "data" when the server does not know the client's data (no ground truth).
+UNKNOWN_DATA = "unknown (a client's update)"
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
 ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "fallback", "seed", "device", "log_every")
 
@@ -56,7 +72,7 @@ class AuditSettings:
 
     attack:            gradleak AttackConfig fields of the attack (``attack``, ``iterations``,
                        ``lr``, ``seeds``, ...), validated exactly as ``gradleak attack`` does.
-    out:               folder for audit.csv (and reconstructions/ with ``save_reconstructions``).
+    out:               folder for audit.csv, audit.json and runs/ (see the module docstring).
     local_steps, local_batch_size, local_lr: the public FedAvg hyper-parameters, used when the
                        round's train config does not carry them (see ``FedAvgKeys``).
     max_batch_size:    clients that trained on more examples are logged as skipped (an
@@ -73,7 +89,6 @@ class AuditSettings:
     local_lr: float = 0.01
     max_batch_size: int = 64
     every: int = 1
-    save_reconstructions: bool = False
     defenses: tuple[str, ...] = ()
 
     def attack_config(self) -> AttackConfig:
@@ -104,11 +119,12 @@ class LeakageAuditor:
         self.out = Path(settings.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
+        self._claimed: set[str] = set()     # run folder names given out (being written or written)
         self._lock = threading.Lock()
         self._stopped: int | None = None      # stop(): the signal number it was given
         self._sessions: dict[int, Any] = {}   # the attacks running now: id -> their Session
         self.param_names = [n for n, p in model.module.named_parameters() if p.requires_grad]
-        self.write_csv()
+        self.write_index()
 
     # ------------------------------------------------------------------ the update
     def shared_update(self, global_weights: Mapping[str, torch.Tensor], client_weights: Mapping[str, torch.Tensor],
@@ -151,7 +167,7 @@ class LeakageAuditor:
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop auditing (the federation is ending: Ctrl-C, SIGTERM, an error): every attack in
         progress ends after the step it is in, and :meth:`audit` then raises
-        :class:`AuditStopped` (in whichever thread it runs); no row, file or picture is written
+        :class:`AuditStopped` (in whichever thread it runs); no row or run folder is started
         any more. Thread-safe; for a caller that discards the audit's folder next."""
         with self._lock:
             self._stopped = int(signum)
@@ -170,27 +186,24 @@ class LeakageAuditor:
     def audit(self, server_round: int, client: str, global_weights: Mapping[str, torch.Tensor],
               client_weights: Mapping[str, torch.Tensor], *, num_examples: int, threat: ThreatModel,
               loss: float = float("nan"), node_id: int | str = "") -> dict[str, Any]:
-        """Attack one client's update of one round; append and return its row. Never raises for a
-        failed attack (the row says why): an audit must not stop the federation."""
+        """Attack one client's update of one round: write its run folder, append and return its
+        index row. Never raises for a failed attack (the row says why): an audit must not stop
+        the federation."""
         from ..attacks.state import Session
-        from ..metrics import evaluate
         from ..pipeline.image import ImageCase
         from ..pipeline.run import attack_case
 
         self._check_running()
-        row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
-                               "num_examples": num_examples, "local_steps": threat.local_steps,
-                               "local_batch_size": threat.local_batch_size or num_examples,
-                               "local_lr": threat.local_lr, "defenses": ";".join(self.settings.defenses)}
+        row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack}
         if num_examples > self.settings.max_batch_size:
             row.update(status="skipped", error=f"{num_examples} examples > max_batch_size {self.settings.max_batch_size}")
             return self._add(row)
         try:
             update = self.shared_update(global_weights, client_weights, num_examples=num_examples, threat=threat,
                                         loss=loss)
-            row["update_norm"] = math.sqrt(sum(float(d.double().pow(2).sum()) for d in update.gradients.values()))
+            norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in update.gradients.values()))
             # the one pipeline, as the server sees it: the update and the model, no truth
-            case = ImageCase(update=update, model=self.model, truth=None)
+            case = ImageCase(update=update, model=self.model, truth=None, data=UNKNOWN_DATA)
             t0 = time.perf_counter()
             # the in-memory session attack_case would make, kept so that stop() can end the attack
             session = Session(every=0, retries=self.cfg.divergence_retries)
@@ -198,31 +211,21 @@ class LeakageAuditor:
                 self._check_running()
                 self._sessions[id(session)] = session
             try:
-                result, _ = attack_case(self.cfg, case, session=session, device=self.device)
+                result, attack = attack_case(self.cfg, case, session=session, device=self.device)
             finally:
                 with self._lock:
                     self._sessions.pop(id(session), None)
             self._check_running()
-            recon = result.reconstruction
-            conv = result.metrics["convergence"]
-            row.update(status="ok", attack=result.metrics.get("attack", self.cfg.attack),  # auto: the one it used
-                       attack_seconds=round(time.perf_counter() - t0, 3), iterations=recon.iterations,
-                       gradient_distance=result.metrics.get("gradient_distance"),
-                       converged=result.metrics.get("converged"),
-                       relative_gradient_distance=conv["relative_gradient_distance"],
-                       noise_floor=conv.get("noise_floor", 0.0),
-                       unmodelled_defenses=";".join(str(d) for d in conv.get("unmodelled_defenses") or ()),
-                       labels_restored=" ".join(str(int(y)) for y in recon.labels))
+            seconds = round(time.perf_counter() - t0, 3)
             truth = self.truth_fn(server_round, client) if self.truth_fn is not None else None
-            scores = None
             if truth is not None:   # scoring only, after the attack returned
-                m = replace(case, truth=truth).metrics(self.cfg, recon, self.device)
-                row.update(psnr_mean=m["psnr_mean"], ssim_mean=m["ssim_mean"], mse_mean=m["mse_mean"],
-                           label_accuracy=m["label_accuracy"], labels_true=" ".join(str(int(y)) for y in truth.labels))
-                scores = evaluate(recon, truth)
-            if self.settings.save_reconstructions:
-                self._check_running()
-                row["reconstruction"] = self._save(server_round, client, recon, scores, truth)
+                case = replace(case, truth=truth, data=truth.source or UNKNOWN_DATA)
+            metrics = self._metrics(case, result.metrics, result.reconstruction)
+            metrics["audit"] = {"round": server_round, "client": client, "node_id": node_id, "update_norm": norm,
+                                "attack_seconds": seconds}
+            row["run"] = self._write_run(server_round, client, case, attack, result, metrics)
+            row.update(status="ok", attack=metrics["attack"], psnr_mean=metrics.get("psnr_mean"),  # auto: the one used
+                       relative_gradient_distance=metrics["convergence"]["relative_gradient_distance"])
         except AuditStopped:
             raise
         except KeyboardInterrupt:
@@ -230,40 +233,62 @@ class LeakageAuditor:
                 raise AuditStopped("the audit was stopped") from None
             raise
         except GradleakError as exc:
-            row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+            return self._add({**row, "status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:  # noqa: BLE001 - numerical trouble, a model that does not fit: logged
-            row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        return self._add(row)
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return self._add({**row, "status": "failed", "error": error})
+        return self._add(row, metrics)
 
-    def _save(self, server_round: int, client: str, recon: Any, scores: Any, truth: Batch | None) -> str:
-        """DIR/reconstructions/round-RRR/client-C.png (the client's batch above the reconstruction
-        paired with it, each image's PSNR and labels; without truth the reconstruction alone)
-        and .safetensors (the reconstructed images and labels); returns the PNG's path in DIR."""
-        from safetensors.torch import save_file
+    def _metrics(self, case: Any, attacked: Mapping[str, Any], recon: Any) -> dict[str, Any]:
+        """The run's metrics: the attack's (judged from the attacker's side), then, with the
+        client's true batch in ``case``, its scores against it, judged again (gradleak.outcome).
+        The audit runs no positive control: what it does not see leak is never "defended"."""
+        from ..outcome import evidence_from_metrics, judge
 
-        from ..report import save_image_grid
+        metrics = dict(attacked)
+        if case.truth is None:
+            return metrics
+        scored = case.metrics(self.cfg, recon, self.device)
+        metrics.update({k: v for k, v in scored.items() if k != "attack"})   # "attack": the one auto used
+        metrics.update(judge(evidence_from_metrics(metrics)).to_dict())
+        return metrics
 
-        folder = self.out / "reconstructions" / f"round-{server_round:03d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = "client-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in str(client))
-        save_file({"images": recon.images.contiguous(), "labels": recon.labels.contiguous()},
-                  str(folder / f"{stem}.safetensors"))
-        if truth is not None and scores is not None and len(scores.per_image) <= PAIRS_UP_TO:
-            # each image beside its reconstruction, one row per image
-            rows = [torch.stack([truth.images[i], scores.paired_images[i]]) for i in range(len(scores.per_image))]
-            caps = [[f"original, label {s.label_true}", f"{s.psnr:.1f} dB, label {s.label_restored}"]
-                    for s in scores.per_image]
-            titles = [""] * len(rows)     # the captions say which is which
-            save_image_grid(folder / f"{stem}.png", rows, titles, caps)
-        elif truth is not None and scores is not None:
-            caps_t = [f"label {s.label_true}" for s in scores.per_image]
-            caps_r = [f"{s.psnr:.1f} dB / label {s.label_restored}" for s in scores.per_image]
-            save_image_grid(folder / f"{stem}.png", [truth.images, scores.paired_images],
-                            ["client's batch", "reconstruction"], [caps_t, caps_r])
-        else:
-            save_image_grid(folder / f"{stem}.png", [recon.images], ["reconstruction"],
-                            [[f"label {int(y)}" for y in recon.labels]])
-        return str((folder / f"{stem}.png").relative_to(self.out))
+    def _write_run(self, server_round: int, client: str, case: Any, attack: Any, result: Any,
+                   metrics: dict[str, Any]) -> str:
+        """DIR/runs/round-RRR-client-C/ (a name not taken yet: -2, -3, ... when it is), written as
+        `gradleak attack` writes its run folder; config.json records what the update stands for
+        (model, batch size, FedAvg hyper-parameters), the data as metrics.json names them (the
+        truth's source, else :data:`UNKNOWN_DATA`) and ``out`` as the folder's path in DIR.
+        Returns that path."""
+        from ..pipeline.image import update_file_values
+        from ..pipeline.record import write_run
+        from ..pipeline.run import recorded_config
+
+        with self._lock:
+            self._check_running()
+            name = self._run_name(server_round, client)
+        rel = f"{RUNS}/{name}"
+        config = recorded_config(self.cfg, case, attack, Path(rel)).model_copy(
+            update={**update_file_values(self.cfg, case.update.meta), "data": case.data})
+        try:
+            write_run(self.out / RUNS / name, config, case, result.reconstruction, metrics, result.history)
+        except BaseException:
+            with self._lock:
+                self._claimed.discard(name)
+            raise
+        return rel
+
+    def _run_name(self, server_round: int, client: str) -> str:
+        """A run folder name for this client and round, claimed (call with the lock held): the
+        client's name with every character but ASCII letters, digits, "-" and "_" as "_"."""
+        safe = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "_" for c in str(client))[:100] or "_"
+        base = f"round-{server_round:03d}-client-{safe}"
+        name, n = base, 1
+        while name in self._claimed or os.path.lexists(self.out / RUNS / name):
+            n += 1
+            name = f"{base}-{n}"
+        self._claimed.add(name)
+        return name
 
     # ------------------------------------------------------------------ the log
     def log_failure(self, server_round: int, client: str, error: str, node_id: int | str = "") -> dict[str, Any]:
@@ -271,35 +296,36 @@ class LeakageAuditor:
         return self._add({"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
                           "status": "failed", "error": error})
 
-    def _add(self, row: dict[str, Any]) -> dict[str, Any]:
+    def _add(self, row: dict[str, Any], metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Judge the row (with ``metrics``: its run's), append it and rewrite the index."""
         from ..report.risk import judge
 
-        # the dashboard's verdict (gradleak.report.risk.judge, i.e. gradleak.outcome.judge): leaked /
-        # defended / inconclusive / failed / skipped. The audit runs no positive control, so an
-        # update it does not see leak is inconclusive, never defended
-        row["verdict"] = judge(row.get("status", "failed"), row.get("psnr_mean"), row.get("converged"),
-                               attack=row.get("attack"), noise_floor=row.get("noise_floor", 0.0),
-                               unmodelled=[d for d in str(row.get("unmodelled_defenses") or "").split(";") if d],
-                               defenses=_defense_list(row.get("defenses"))).label
+        # the dashboard's verdict (gradleak.report.risk.judge on the run's metrics, i.e.
+        # gradleak.outcome.judge): leaked / defended / inconclusive / failed / skipped. The audit
+        # runs no positive control, so an update it does not see leak is inconclusive, never defended
+        status = row.get("status", "failed")
+        row["verdict"] = judge(status, None, None, attack=row.get("attack"),
+                               metrics=dict(metrics) if metrics is not None else None).label
+        row = {k: row.get(k) for k in INDEX_COLUMNS}
         with self._lock:
             self._check_running()
             self.rows.append(row)
-            self.write_csv()
+            self.write_index()
         return row
 
-    def write_csv(self) -> Path:
-        """Rewrite DIR/audit.csv atomically: one row per audited client per round."""
+    def write_index(self) -> Path:
+        """Rewrite DIR/audit.csv atomically: one row per audited update (:data:`INDEX_COLUMNS`)."""
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+        w = csv.DictWriter(buf, fieldnames=list(INDEX_COLUMNS), lineterminator="\n")
         w.writeheader()
         for row in self.rows:
-            w.writerow({k: _csv(row.get(k)) for k in CSV_COLUMNS} | {"error": _error_cell(row.get("error"))})
+            w.writerow({k: _csv(row.get(k)) for k in INDEX_COLUMNS} | {"error": _error_cell(row.get("error"))})
         path = self.out / "audit.csv"
         atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
         return path
 
     def write_summary(self, extra: Mapping[str, Any] | None = None, *, out: str | Path | None = None) -> Path:
-        """DIR/audit.json: the settings, the attack config and every row. ``out``: the folder
+        """DIR/audit.json: the settings, the attack config and every index row. ``out``: the folder
         the settings name as the audit's (default: the one it writes to; a caller that renames
         a staging folder into place names the final one)."""
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.settings.__dict__.items()}
@@ -343,10 +369,3 @@ def _csv(v: Any) -> str:
     if isinstance(v, float):
         return "" if not math.isfinite(v) else repr(v)
     return str(v)
-
-
-def _defense_list(value: object) -> list[str]:
-    """A row's defenses, a list or audit.csv's ';'-joined text."""
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [d for d in str(value or "").split(";") if d]

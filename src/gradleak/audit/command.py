@@ -21,7 +21,8 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--attack", default="dlg", help="gradleak attack run on each update: dlg | idlg | ig | gradinversion | analytic | "
                                                     "rgap | auto (closed form first; the default of gradleak attack, "
                                                     "not of the audit) (default: dlg)")
-    f.add_argument("--out", required=True, help="output folder: audit.csv, audit.json, reconstructions/")
+    f.add_argument("--out", required=True, help="output folder: audit.csv (the index), audit.json, runs/ (a run "
+                                                "folder per attacked update: round-RRR-client-C/)")
     f.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the attack's)")
     f.add_argument("--attack-lr", dest="attack_lr", type=float, default=None,
                    help="attack learning rate (default: the attack's)")
@@ -49,8 +50,6 @@ def add_audit_flower_parser(sub: Any) -> None:
                    help="Fashion-MNIST IDX folder (default: $GRADLEAK_FASHION_MNIST, else the installed copy)")
     f.add_argument("--seed", type=int, default=0, help="federation seed: model init and client batches")
     f.add_argument("--defense", action="append", default=[], help="update-level defense every client applies")
-    f.add_argument("--save-reconstructions", dest="save_reconstructions", action="store_true",
-                   help="write reconstructions/round-RRR/client-C.png and .safetensors (RRR: the round, 3 digits)")
     f.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     f.set_defaults(func=cmd_audit_flower)
 
@@ -62,8 +61,8 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
     from .settings import FederationSettings
 
     # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
-    # hidden staging folder beside it (.<out>.partial-..., where audit.csv grows as rounds
-    # finish) created just before the federation starts, renamed to --out once the audit is
+    # hidden staging folder beside it (.<out>.partial-..., where audit.csv and runs/ grow as
+    # rounds finish) created just before the federation starts, renamed to --out once the audit is
     # complete; a failed or interrupted audit leaves nothing (its rerun is the same command).
     out = check_output_dir(args.out)
     attack: dict[str, Any] = {"attack": args.attack, "seed": args.attack_seed, "device": args.device}
@@ -109,8 +108,7 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
         stage = StagedDir(out)
         try:
             with contextlib.nullcontext() if args.verbose else _without_known_flower_warnings():
-                result = run_federation(settings, attack, stage.path, save_reconstructions=args.save_reconstructions,
-                                        recorded_out=out)
+                result = run_federation(settings, attack, stage.path, recorded_out=out)
             stage.commit()
         except BaseException:
             stage.discard()
@@ -155,7 +153,7 @@ def _without_known_flower_warnings() -> Iterator[None]:
         logger.removeFilter(known)
 
 
-ROW_COLUMNS = ("round", "client", "status", "psnr_mean", "ssim_mean", "label_accuracy", "gradient_distance")
+ROW_COLUMNS = ("round", "client", "status", "verdict", "psnr_mean", "relative_gradient_distance")
 
 
 def _print_rows(rows: list[dict[str, Any]], out: Path, wall: float | None) -> None:
@@ -166,5 +164,6 @@ def _print_rows(rows: list[dict[str, Any]], out: Path, wall: float | None) -> No
     console = Console()
     print_table(console, list(ROW_COLUMNS), sorted(rows, key=lambda r: (int(r["round"]), str(r["client"]))),
                 title="leakage per client and round")
-    console.print(f"wrote {out}/audit.csv, audit.json" + (f" ({wall:.0f} s)" if wall else ""), highlight=False,
-                  markup=False)
+    runs = sum(1 for r in rows if r.get("run"))
+    console.print(f"wrote {out}/audit.csv, audit.json and {runs} run folder(s) in runs/"
+                  + (f" ({wall:.0f} s)" if wall else ""), highlight=False, markup=False)

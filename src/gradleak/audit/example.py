@@ -217,8 +217,9 @@ def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any],  # n
 
 
 def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Path, *,
-                   save_reconstructions: bool = False, recorded_out: str | Path | None = None) -> dict[str, Any]:
-    """Run the example federation with the audit on; write DIR/audit.csv and DIR/audit.json.
+                   recorded_out: str | Path | None = None) -> dict[str, Any]:
+    """Run the example federation with the audit on; write DIR/runs/ (a run folder per attacked
+    update), DIR/audit.csv (their index) and DIR/audit.json.
     Returns {"rows": [...], "train_metrics": {...}, "wall_seconds": ...}. ``recorded_out``: the
     folder audit.json names as the audit's (default ``out``; `gradleak audit-flower` writes into a
     staging folder renamed to --out when the audit is complete).
@@ -240,8 +241,7 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
     from ..localray import local_ray
 
     settings = AuditSettings(attack=dict(attack), out=out, local_steps=s.local_steps, local_batch_size=s.batch_size,
-                             local_lr=s.lr, max_batch_size=max(64, s.examples), save_reconstructions=save_reconstructions,
-                             defenses=tuple(s.defense))
+                             local_lr=s.lr, max_batch_size=max(64, s.examples), defenses=tuple(s.defense))
     auditor = LeakageAuditor(model, settings, truth_fn=lambda rnd, client: client_batch(s, int(client), rnd))
     result: dict[str, Any] = {}
     levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}

@@ -4,7 +4,9 @@ A case holds the attacker's inputs (the shared update and the model) and, kept a
 ground truth (None when unknown). It decides everything about the client, BN statistics
 included, and everything about judging the attack: which typed attack config the flat config
 resolves to on this update, what is observed while the attack runs, the metrics, and the files
-it adds to the run folder. Modalities register with :func:`modality`::
+it adds to the run folder. Its torch-free declaration (modalities.py: names, config rules, summary,
+report, verdict family) is the case's ``spec``; the plug-in module it names registers the
+builder with :func:`modality`::
 
     @modality("image")
     def build_image_case(cfg: AttackConfig) -> ImageCase: ...
@@ -23,6 +25,7 @@ from ..config import AttackConfig
 from ..errors import ConfigError, UnknownNameError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
+from ..modalities import Modality, modality_named
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Case(ABC):
 
     #: the observed columns of history.csv after iteration and loss
     history_columns: ClassVar[tuple[str, ...]] = ()
+    #: the modality's declaration: its summary keys, report, verdict family (modalities.py)
+    spec: ClassVar[Modality]
 
     @abstractmethod
     def attack_config(self, cfg: AttackConfig) -> Any:
@@ -62,9 +67,9 @@ class Case(ABC):
     def write_files(self, folder: Path, recon: Any) -> None:
         """The case's own files in the run folder (reconstruction images / sentences)."""
 
-    @abstractmethod
     def render_report(self, folder: Path) -> None:
-        """report.html of the run folder."""
+        """report.html of the run folder (the modality's renderer)."""
+        self.spec.render_report(folder)
 
     @abstractmethod
     def file_bytes(self) -> tuple[bytes, bytes | None]:
@@ -212,12 +217,13 @@ def modality(name: str) -> Callable[[CaseBuilder], CaseBuilder]:
 
 def build_case(cfg: AttackConfig) -> Case:
     """The case ``cfg`` describes: a simulated client, or an update file as the attacker gets it."""
-    from . import image, text  # noqa: F401  (the built-in modalities register themselves)
+    import importlib
 
+    importlib.import_module(modality_named(cfg.modality).plugin)  # the plug-in registers its builder
     try:
         builder = MODALITIES[cfg.modality]
     except KeyError:
-        raise UnknownNameError(f"unknown modality {cfg.modality!r}; known: {', '.join(sorted(MODALITIES))}") from None
+        raise UnknownNameError(f"modality {cfg.modality!r} registers no case builder in its plug-in") from None
     return builder(cfg)
 
 

@@ -67,9 +67,10 @@ def wanted(cfg: AttackConfig) -> bool:
 def resolved_seeds(cfg: AttackConfig) -> int:
     if cfg.seeds is not None:
         return cfg.seeds
-    from ..attacks import GradInversionSettings
+    from ..specs import attack_specs
 
-    return GradInversionSettings.preset(cfg.preset or "cpu").seeds
+    presets = attack_specs()["gradinversion"].presets
+    return int(presets.get(cfg.preset or "cpu", presets["cpu"])["seeds"])
 
 
 def check(cfg: AttackConfig, world: int) -> int:

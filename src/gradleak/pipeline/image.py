@@ -21,6 +21,7 @@ from ..fl import SharedUpdate, load_truth, load_update
 from ..fl.files import truth_bytes, update_bytes
 from ..fl.threats import client_share, share
 from ..metrics import evaluate, match, psnr
+from ..modalities import IMAGE
 from ..models import ModelSpec, build_model, default_image_size
 from ..models.server import server_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
@@ -175,19 +176,38 @@ def truth_distance(model: ModelSpec, update: SharedUpdate, truth: Batch, device:
 IIP_POOL = 256  # real images searched besides the originals (evenly spaced over the source)
 
 
+
+def image_attack_config(values: dict[str, Any], update: SharedUpdate, model: ModelSpec) -> Any:
+    """The typed attack config of flat config ``values`` resolved on this update and model: the
+    BN prior follows what the update carries (a model without BatchNorm has no batch statistics to
+    share: "exact" is then vacuous), auto's portfolio follows the case (a batch, an aggregate, one
+    image: attacks/auto.py), defaults scale to the model's depth."""
+    shared = bool(update.meta.bn_statistics_shared) or not _has_batchnorm(model)
+    portfolio = auto_portfolio(update) if values.get("attack") == "auto" else None
+    return resolve_attack(values, bn_statistics_shared=shared, portfolio=portfolio, layers=layer_counts(model.module))
+
+
+def attack_update(update: SharedUpdate, model: ModelSpec, attack: str, *, observer: Observer | None = None,
+                  device: str = "cpu", log_every: int = 10, progress: bool = False, **flags: Any) -> Reconstruction:
+    """Attack one shared update with the named image attack, as ``gradleak attack --update`` does
+    (no files, no ground truth): ``flags`` are the attack's flat constants (``iterations=200``,
+    ``seeds=2``, ...) and ``seed``, resolved on this update and model exactly as a run resolves
+    them (unknown or inapplicable flags are a ConfigError), then run by an Engine with
+    ``observer`` (e.g. a PSNR observer holding a truth the attack never sees)."""
+    from ..attacks.engine import Engine
+    from ..config import make_config
+
+    values = make_config(attack=attack, **flags).model_dump()  # the CLI's validation of every flag
+    config = image_attack_config(values, update, model)
+    return Engine(device=device, observer=observer, log_every=log_every, progress=progress).run(config, update, model)
+
 @dataclass
 class ImageCase(Case):
     history_columns: ClassVar[tuple[str, ...]] = ("psnr",)
+    spec = IMAGE
 
     def attack_config(self, cfg: AttackConfig) -> Any:
-        # A model without BatchNorm has no batch statistics to share: "exact" is then vacuous.
-        shared = bool(self.update.meta.bn_statistics_shared) or not _has_batchnorm(self.model)
-        values = cfg.model_dump()
-        # the default attack, auto, runs a portfolio of optimisation attacks chosen by the case
-        # (a batch, an aggregate, one image) once no closed form explains the update (attacks/auto.py)
-        portfolio = auto_portfolio(self.update) if values["attack"] == "auto" else None
-        return resolve_attack(values, bn_statistics_shared=shared, portfolio=portfolio,
-                              layers=layer_counts(self.model.module))
+        return image_attack_config(cfg.model_dump(), self.update, self.model)
 
     def observer(self) -> PSNRObserver | None:
         return PSNRObserver(self.truth) if self.truth is not None else None
@@ -308,14 +328,9 @@ class ImageCase(Case):
             titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]
             save_image_grid(folder / "candidates.png", rows, titles)
 
-    def render_report(self, folder: Path) -> None:
-        from ..report import render_report
-
-        render_report(folder)
-
     def file_bytes(self) -> tuple[bytes, bytes | None]:
         return update_bytes(self.update), truth_bytes(self.truth) if self.truth is not None else None
 
 
-__all__ = ["CLIENT_ONLY", "ImageCase", "PSNRObserver", "UPDATE_DECIDES", "build_image_case", "client_batch",
-           "client_update", "load_case", "simulate_client", "threat_model", "update_file_values"]
+__all__ = ["CLIENT_ONLY", "ImageCase", "PSNRObserver", "UPDATE_DECIDES", "attack_update", "build_image_case",
+           "client_batch", "client_update", "image_attack_config", "load_case", "simulate_client", "threat_model", "update_file_values"]

@@ -27,6 +27,7 @@ from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig
 from ..errors import ConfigError
+from ..modalities import modality_named
 from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_output_dir, name_max, one_line
 from ..runtime import resolve_device
@@ -35,7 +36,8 @@ from .record import RunResult, default_run_dir, write_run
 
 
 def run_name(cfg: AttackConfig) -> str:
-    return cfg.attack if cfg.modality == "image" else f"{cfg.modality}-{cfg.attack}"
+    """The default run folder's name: the modality's prefix and the attack."""
+    return modality_named(cfg.modality).run_prefix + cfg.attack
 
 
 def run(cfg: AttackConfig, *, write: bool = True, resume: Path | str | None = None,
@@ -181,7 +183,7 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     # what ran: the typed attack config, every constant included
     metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
     # the verdict, from the attacker's side only (attacks/verdict.py)
-    conv = verdict("text" if cfg.modality == "text" else family, recon.extra, noise_floor(case.update)).to_dict()
+    conv = verdict(case.spec.verdict_family or family, recon.extra, noise_floor(case.update)).to_dict()
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
     if not conv["converged"] and family in ("dlg", "idlg") and int(clients or 1) > 1:
         conv["reason"] += (f"; {family} attacks the average of {clients} clients as one batch of all their images "

@@ -13,6 +13,7 @@ import torch
 
 from ..config import AttackConfig
 from ..errors import ConfigError
+from ..modalities import TEXT
 from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
@@ -119,6 +120,7 @@ class TokenAccuracyObserver(Observer):
 class TextCase(Case):
     history_columns: ClassVar[tuple[str, ...]] = ("phase", "token_accuracy")
     kind: ClassVar[str] = "text update"
+    spec = TEXT
 
     def attack_config(self, cfg: AttackConfig) -> Any:
         if cfg.attack == "bow":  # read off the update: nothing is observed, checkpointed or recovered
@@ -178,11 +180,6 @@ class TextCase(Case):
             "sentences": [tok.decode(s) for s in recon.token_ids], "token_ids": recon.token_ids,
             "tokens": [tok.tokens(s) for s in recon.token_ids], "labels": recon.labels.tolist(),
             "bag_of_words": recon.bag.token_ids}), indent=2, ensure_ascii=False) + "\n")
-
-    def render_report(self, folder: Path) -> None:
-        from ..text.report import render_text_report
-
-        render_text_report(folder)
 
     def file_bytes(self) -> tuple[bytes, bytes | None]:
         return text_update_bytes(self.update), text_truth_bytes(self.truth) if self.truth is not None else None

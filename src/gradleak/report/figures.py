@@ -294,7 +294,7 @@ def save_line_plot(
 
 
 # --------------------------------------------------------------------------- dashboard charts
-# In-memory PNGs for the dashboards (gradleak.sweep.dashboard): values are plotted as given (the
+# In-memory PNGs for the dashboards (gradleak.report.dashboard): values are plotted as given (the
 # caller drops what is not finite or beyond MAX_PLOTTED); series and category names are text.
 
 

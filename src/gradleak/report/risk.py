@@ -1,4 +1,4 @@
-"""The risk-report parts of the dashboards (:mod:`gradleak.sweep.dashboard`): one verdict per
+"""The risk-report parts of the dashboards (:mod:`gradleak.report.dashboard`): one verdict per
 attacked update, said and drawn the same way on every page (a sweep's cells, an experiment's
 cells, a Flower audit's client updates, a comparison of two of them).
 

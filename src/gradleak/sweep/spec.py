@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from ..config import AttackConfig
 from ..errors import ConfigError
 from ..paths import check_tree, one_line
+from ..specs import attack_specs, portfolio_candidates
 
 SPEC_KEYS = ("base", "grid", "description")
 # Fields that never change a cell's result; they are left out of its identity.
@@ -47,22 +48,14 @@ LATER_FIELDS = {"box": False}
 # iterations as if they were the 1000 of the new default). Fields whose default never changed stay
 # out, so stores keep those cells. tests/test_sweep.py pins every attack's resolved defaults and
 # fails, naming this table, when one changes: add the field here with its new default.
-# Each tag is hashed into the identity of the cells it applies to: an existing tag stays word for
-# word (the dates in the first four included), or stores would recompute cells that did not change.
-CHANGED_DEFAULTS: dict[tuple[str, str], str] = {
-    ("ig", "iterations"): "1000 since 2026-11-26 (4800 before)",
-    ("ig", "alpha_tv"): "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
-    ("gradinversion", "alpha_g"): "preset x reference / parameter tensors since 2026-11-25",
-    ("gradinversion", "alpha_bn"): "preset x reference / BN layers since 2026-11-25",
-    ("dlg", "optimizer"): "L-BFGS with a strong Wolfe line search (none before)",
-    ("idlg", "optimizer"): "L-BFGS with a strong Wolfe line search (none before)",
-    ("auto", "fallback"): "a portfolio on batches and aggregates (DLG, GradInversion, IG) "
-                          "(GradInversion alone before)",
-}
-# The optimisation attacks "auto" may run when its fallback is not given (attacks.auto.auto_portfolio
-# chooses them by the case; sweep does not import the attacks, so this is data, and
-# tests/test_sweep.py checks it lists exactly the attacks auto_portfolio can choose).
-AUTO_PORTFOLIO = ("dlg", "gradinversion", "idlg", "ig")
+# Each attack declares its own in its SPEC ("changed_defaults", gradleak/specs.py). Each tag is
+# hashed into the identity of the cells it applies to: an existing tag stays word for word (the
+# dates in the first four included), or stores would recompute cells that did not change.
+CHANGED_DEFAULTS: dict[tuple[str, str], str] = {(name, flag): tag for name, spec in attack_specs().items()
+                                                for flag, tag in spec.changed_defaults.items()}
+# The optimisation attacks "auto" may run when its fallback is not given (each declares it in its
+# SPEC; attacks.auto.auto_portfolio chooses among them by the case).
+AUTO_PORTFOLIO = tuple(sorted(portfolio_candidates()))
 # Fields a spec may not set: the sweep decides them.
 FORBIDDEN = {"out": "a sweep writes its results to --out DIR (use --save-runs for run folders)",
              "progress": "the sweep shows one progress bar for all cells"}

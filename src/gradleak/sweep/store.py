@@ -59,6 +59,8 @@ LOCK_NAME = ".sweep.lock"
 # Files SQLite keeps next to the store while it writes (rollback journal; WAL files if a reader
 # switched the mode): nothing else may ever be written under these names.
 STORE_SIDE_FILES = (STORE_NAME + "-journal", STORE_NAME + "-wal", STORE_NAME + "-shm")
+# The files of a sweep folder that hold or guard its results (a dashboard page never replaces one).
+STORE_FILES = (STORE_NAME, *STORE_SIDE_FILES, CSV_NAME, LOCK_NAME)
 
 # Bounds on what is read back from a store or a run folder (JSON written by gradleak is a few
 # levels deep and a few KB per cell): deeper or larger values are corruption, not data.
@@ -393,6 +395,15 @@ class ResultStore:
             raise DataError(f"{path} cannot be written: {exc.strerror or exc} "
                             f"(every finished cell is in {self.path})") from None
         return path
+
+
+def read_cells(folder: Path) -> tuple[list[CellRecord], int, str | None]:
+    """What a dashboard shows of DIR/results.sqlite (never creating one): every cell, the file
+    checked whole first (:meth:`ResultStore.quick_check`, then every row, :meth:`ResultStore.records`),
+    how many sweep runs wrote it, and the experiment whose cells these are (None for a sweep)."""
+    with ResultStore(folder, create=False) as store:
+        store.quick_check()
+        return list(store.records()), store.sweep_count(), store.get_meta("experiment")
 
 
 def remove_csv_temps(folder: Path) -> list[Path]:

@@ -18,9 +18,10 @@ from .attacks import (TEXT_ATTACKS, BagOfWords, TextAttackSettings, TextReconstr
 from .client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
 from .data import TextBatch, read_sentences, text_batch
 from .metrics import evaluate_text
-from .models import TEXT_MODELS, TextModel, build_text_model, text_model_names
+from .models import (TEXT_MODELS, TextModel, build_text_model, describe_text_models, register_text_model,
+                     text_model_names)
 
 __all__ = ["BagOfWords", "TEXT_ATTACKS", "TEXT_MODELS", "TextAttackSettings", "TextBatch", "TextModel",
-           "TextReconstruction", "bag_of_words", "build_text_model", "dlg_text", "evaluate_text",
-           "load_text_truth", "load_text_update", "read_sentences", "run_text_attack", "save_text_truth",
+           "TextReconstruction", "bag_of_words", "build_text_model", "describe_text_models", "dlg_text", "evaluate_text",
+           "load_text_truth", "load_text_update", "read_sentences", "register_text_model", "run_text_attack", "save_text_truth",
            "save_text_update", "text_attack_names", "text_batch", "text_model_names", "text_share"]

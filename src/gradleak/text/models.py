@@ -29,7 +29,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,13 +41,11 @@ from ..config import MAX_SEED
 from ..errors import ConfigError, ModelMismatchError
 from ..paths import one_line
 
-TEXT_MODELS = catalog.TEXT_MODELS   # name -> description (torch-free, for the CLI's checks and `list`)
+# name -> description (torch-free, for the CLI's checks and `list`; the registry below is held
+# equal to it, tests/test_catalog.py)
+TEXT_MODELS = catalog.TEXT_MODELS
 DEFAULT_TEXT_MODEL = "tiny-transformer"
 DEFAULT_TEXT_CLASSES = 2
-
-
-def text_model_names() -> list[str]:
-    return list(TEXT_MODELS)
 
 
 def _offline() -> None:
@@ -250,10 +248,37 @@ def _minilm(num_classes: int, seed: int) -> TextModel:
                      kwargs={"num_classes": num_classes, "seed": seed})
 
 
+# --------------------------------------------------------------------------- the registry
+@dataclass(frozen=True)
+class _TextEntry:
+    build: Callable[[int, int], TextModel]   # (num_classes, seed) -> the model, dropout off
+    description: str
+
+
+_REGISTRY: dict[str, _TextEntry] = {
+    "tiny-transformer": _TextEntry(_tiny, TEXT_MODELS["tiny-transformer"]),
+    "minilm": _TextEntry(_minilm, TEXT_MODELS["minilm"]),
+}
+
+
+def register_text_model(name: str, build: Callable[[int, int], TextModel], description: str = "") -> None:
+    """Add a named text model: ``build(num_classes, seed) -> TextModel`` (``--modality text --model NAME``)."""
+    _REGISTRY[name] = _TextEntry(build, description)
+
+
+def text_model_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def describe_text_models() -> dict[str, str]:
+    return {k: v.description for k, v in _REGISTRY.items()}
+
+
 def build_text_model(name: str, *, num_classes: int | None = None, seed: int = 0) -> TextModel:
     """The named text model with ``num_classes`` outputs (default 2); random parts from ``seed``."""
-    if name not in TEXT_MODELS:
-        raise catalog.unknown("text model", name, TEXT_MODELS)
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise catalog.unknown("text model", name, _REGISTRY)
     n = DEFAULT_TEXT_CLASSES if num_classes is None else int(num_classes)
     if n < 2:
         raise ConfigError(f"num_classes must be >= 2 for a text classifier, got {n}")
@@ -262,10 +287,10 @@ def build_text_model(name: str, *, num_classes: int | None = None, seed: int = 0
         shown = f"an integer of {seed.bit_length()} bits" if isinstance(seed, int) and abs(seed) > 10**30 \
             else one_line(repr(seed), 40)
         raise ConfigError(f"text model seed {shown} is not an integer in 0..{MAX_SEED}")
-    model = _tiny(n, seed) if name == "tiny-transformer" else _minilm(n, seed)
+    model = entry.build(n, seed)
     model.module.train()  # no dropout, so train mode is deterministic (and what a client runs)
     return model
 
 
 __all__ = ["TEXT_MODELS", "TextModel", "TinyTransformer", "WordPieceTokenizer", "build_text_model",
-           "minilm_path", "text_model_names", "wordpiece_tokenizer"]
+           "describe_text_models", "minilm_path", "register_text_model", "text_model_names", "wordpiece_tokenizer"]

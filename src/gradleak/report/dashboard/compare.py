@@ -24,14 +24,14 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from ..errors import DataError
-from ..report.figures import scatter_png
-from ..report.html import display_name
-from ..report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, VERDICTS, Html,
-                           ImageBudget, badge, chart, count, headline, image, notice, table, worst_first)
-from .dashboard_data import (RUN_ONLY_FIELDS, Item, Source, derived_fields, field_text, num, setting_label,
-                             varying_fields)
-from .dashboard_pages import MAX_TABLE_ROWS, _answer
+from gradleak.errors import DataError
+from gradleak.report.dashboard.data import (RUN_ONLY_FIELDS, Item, Source, derived_fields, field_text, num,
+                                            setting_label, varying_fields)
+from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, _answer
+from gradleak.report.figures import scatter_png
+from gradleak.report.html import display_name
+from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, VERDICTS, Html,
+                                  ImageBudget, badge, chart, count, headline, image, notice, table, worst_first)
 
 MAX_UNMATCHED_ROWS = 50
 MAX_PAIR_PICTURES = 24

@@ -1,6 +1,10 @@
-"""What a dashboard reads and how it judges it: a folder (a sweep, an experiment, a Flower audit)
-as a :class:`Source` of judged :class:`Item` s, one per attacked update (a cell, or a client's
-update in one round), each with its verdict (:func:`gradleak.report.risk.judge`).
+"""What a dashboard reads and how it judges it: a folder (a sweep, an experiment, a Flower audit,
+a folder of runs) as a :class:`Source` of judged :class:`Item` s, one per attacked update (a cell,
+or a client's update in one round), each with its verdict (:func:`gradleak.report.risk.judge`).
+
+The sweeps write their stores and sit above the report: a store is read through the
+:class:`StoreAccess` its caller hands in (gradleak.sweep.dashboard_cli.sweep_stores), never by
+importing the sweeps. Audit indexes and run folders are plain files, read here.
 
 Everything read here comes from files a user may hand in: values are kept as read and judged by
 type (a string where a number belongs is not a number); nothing is trusted as HTML.
@@ -13,22 +17,27 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ..errors import DataError
-from ..report.figures import MAX_PLOTTED
-from ..report.risk import Verdict, converged_of, finite, judge, psnr_of
-from .store import STORE_NAME, CellRecord, ResultStore, one_line
+from gradleak.errors import DataError
+from gradleak.paths import one_line
+from gradleak.report.figures import MAX_PLOTTED
+from gradleak.report.risk import Verdict, converged_of, finite, inside, judge, psnr_of
 
-# audit.csv is read whole (one row per audited update, ~300 bytes each).
+# audit.csv, a Flower audit's index, is read whole (one row per audited update, ~150 bytes each).
+# Its "run" column names each attacked update's run folder, whose metrics.json holds the details;
+# audits written before run folders carried them in audit.csv's own columns (read as they are).
 MAX_AUDIT_BYTES = 32 * 1024 * 1024
 AUDIT_REQUIRED = ("round", "client")
 AUDIT_NUMERIC = ("num_examples", "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "gradient_distance",
                  "iterations", "attack_seconds", "update_norm", "local_steps", "local_batch_size", "local_lr",
                  "relative_gradient_distance", "noise_floor")
+# An audit's run folder as its index names it: runs/NAME in the audit's folder (gradleak.audit.auditor).
+AUDIT_RUN = re.compile(r"runs/[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # An experiment's folder keeps its cells in this sweep folder (experiments/cells.py CELLS).
 EXPERIMENT_CELLS = "cells"
 # Where a sweep cell's run folder keeps its picture (gradleak sweep --save-runs; an experiment's
@@ -48,6 +57,54 @@ RUN_ONLY_FIELDS = frozenset({"out", "progress", "threads", "log_every", "checkpo
 REPLICATE_FIELDS = ("seed", "indices")
 
 
+class Cell(Protocol):
+    """One finished cell as a dashboard reads it: a sweep store's row
+    (gradleak.sweep.store.CellRecord) or a run folder (:class:`RunCell`)."""
+
+    cell_id: str
+    status: str                   # "ok" | "failed"
+    grid: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, Any] | None
+    error: str | None
+    wall_seconds: float | None
+    worker: str | None
+    finished_at: str
+
+
+@dataclass
+class RunCell:
+    """A run folder (gradleak attack's --out) as a :class:`Cell`."""
+
+    cell_id: str
+    status: str
+    grid: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, Any] | None
+    error: str | None
+    wall_seconds: float | None
+    worker: str | None
+    finished_at: str
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """How a dashboard finds and reads a sweep's results store. The sweeps write the stores and sit
+    above the report, so they hand this in (gradleak.sweep.dashboard_cli.sweep_stores).
+
+    name:   the store's file in a sweep folder (results.sqlite).
+    files:  the files of a sweep folder a page never replaces (the store, SQLite's side files,
+            results.csv, the sweep's lock).
+    read:   the store's folder -> (every cell, checked whole; how many sweep runs wrote it; the
+            experiment whose cells these are, or None); one DataError naming the store and row
+            when it is damaged.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    read: Callable[[Path], tuple[Sequence[Cell], int, str | None]]
+
+
 @dataclass
 class Item:
     """One attacked update as the page shows it."""
@@ -57,10 +114,11 @@ class Item:
     psnr: float | None            # judged PSNR (None without ground truth)
     rel: float | None             # relative gradient distance (the attack's own fit)
     status: str
-    fields: dict[str, Any]        # what was attacked: the cell's config, or the audit row
-    metrics: dict[str, Any]       # what was measured: the cell's metrics, or the audit row
+    fields: dict[str, Any]        # what was attacked: the cell's config, or the audit row (with its run's details)
+    metrics: dict[str, Any]       # what was measured: the cell's metrics, or as fields
     image: str | None = None      # the picture's path relative to the source's image root
     error: str | None = None
+    run: str | None = None        # an audited update's run folder, relative to the audit's folder
 
     @property
     def label(self) -> str:
@@ -69,13 +127,13 @@ class Item:
 
 @dataclass
 class Source:
-    """A folder the dashboard reads: kind "sweep", "experiment" or "audit"."""
+    """A folder the dashboard reads: kind "sweep", "experiment", "audit" or "runs"."""
 
     kind: str
     folder: Path                  # the folder given on the command line
     data: Path                    # the sweep folder (results.sqlite) or the audit folder
     items: list[Item] = field(default_factory=list)
-    records: list[CellRecord] = field(default_factory=list)
+    records: list[Cell] = field(default_factory=list)
     sweeps: int = 0
     experiment: str | None = None
     audit_columns: list[str] = field(default_factory=list)
@@ -133,7 +191,7 @@ def is_numeric(values: Iterable[Any]) -> bool:
     return bool(vals) and all(num(v) is not None for v in vals)
 
 
-def varying_fields(records: Sequence[CellRecord], *, replicates: bool = False) -> list[str]:
+def varying_fields(records: Sequence[Cell], *, replicates: bool = False) -> list[str]:
     """The config fields whose value differs between cells (grid fields first, in the grid's
     order), leaving out how a cell ran (RUN_ONLY_FIELDS) and, unless ``replicates``, the
     repetitions (REPLICATE_FIELDS)."""
@@ -151,7 +209,7 @@ def varying_fields(records: Sequence[CellRecord], *, replicates: bool = False) -
     return out
 
 
-def derived_fields(records: Sequence[CellRecord], fields: Sequence[str]) -> dict[str, str]:
+def derived_fields(records: Sequence[Cell], fields: Sequence[str]) -> dict[str, str]:
     """The fields of ``fields`` that follow another one (each of its values comes with one value
     of the field ``f`` follows): ``{field: the field it follows}``. An experiment's cells give each
     attack its own constants (dtype, init, iterations, ...): those vary with the attack and are
@@ -181,7 +239,7 @@ def _unmodelled(conv: Mapping[str, Any]) -> list[str]:
     return [str(x) for x in u] if isinstance(u, list) else ([u] if isinstance(u, str) and u else [])
 
 
-def cell_verdict(r: CellRecord) -> Verdict:
+def cell_verdict(r: Cell) -> Verdict:
     """The verdict of one stored cell (gradleak.report.risk.judge on its metrics)."""
     m = r.metrics if isinstance(r.metrics, dict) else {}
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
@@ -201,7 +259,7 @@ def shown_error(error: str | None) -> str | None:
     return one_line(error, ERROR_CHARS) if error else None
 
 
-def cell_item(r: CellRecord, root: Path, runs: str = "runs") -> Item:
+def cell_item(r: Cell, root: Path, runs: str = "runs") -> Item:
     """``runs``: the run folders' folder below ``root`` ("" when ``root`` is a folder of runs)."""
     m = r.metrics if isinstance(r.metrics, dict) else {}
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
@@ -214,23 +272,20 @@ def cell_item(r: CellRecord, root: Path, runs: str = "runs") -> Item:
                 error=shown_error(r.error))
 
 
-def store_folder(folder: Path) -> tuple[str, Path] | None:
+def store_folder(folder: Path, stores: StoreAccess) -> tuple[str, Path] | None:
     """("sweep", DIR) when DIR holds results.sqlite, ("experiment", DIR/cells) when DIR is an
     experiment's folder, else None."""
-    if os.path.lexists(folder / STORE_NAME):
+    if os.path.lexists(folder / stores.name):
         return "sweep", folder
     cells = folder / EXPERIMENT_CELLS
-    if cells.is_dir() and not cells.is_symlink() and os.path.lexists(cells / STORE_NAME):
+    if cells.is_dir() and not cells.is_symlink() and os.path.lexists(cells / stores.name):
         return "experiment", cells
     return None
 
 
-def load_store(kind: str, folder: Path, data: Path) -> Source:
-    with ResultStore(data, create=False) as store:
-        store.quick_check()
-        records = list(store.records())
-        sweeps = store.sweep_count()
-        experiment = store.get_meta("experiment")
+def load_store(kind: str, folder: Path, data: Path, stores: StoreAccess) -> Source:
+    cells, sweeps, experiment = stores.read(data)
+    records = list(cells)
     src = Source(kind=kind, folder=folder, data=data, records=records, sweeps=sweeps,
                  experiment=one_line(experiment, 80) if experiment else None)
     src.items = [cell_item(r, data) for r in records]
@@ -240,9 +295,10 @@ def load_store(kind: str, folder: Path, data: Path) -> Source:
 # ------------------------------------------------------------------ audit.csv (Flower audit)
 def read_audit(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     """Header and rows of a Flower audit's audit.csv. Every row must have as many fields as the
-    header, the header must name round and client, round must be an integer and the numeric
-    columns numbers (or empty); otherwise one DataError naming the file and line."""
-    from ..paths import read_text_file
+    header, the header must name round and client, round must be an integer, the numeric
+    columns numbers (or empty) and a run folder runs/NAME (or empty); otherwise one DataError
+    naming the file and line."""
+    from gradleak.paths import read_text_file
 
     text = read_text_file(path, "audit file", max_bytes=MAX_AUDIT_BYTES)
     if "\x00" in text:
@@ -281,6 +337,10 @@ def read_audit(path: Path) -> tuple[list[str], list[dict[str, str]]]:
                     except ValueError:
                         raise DataError(f"audit file {path} line {line}: {c} {one_line(repr(v), 40)} "
                                         "is not a number") from None
+            run = row.get("run", "")
+            if run and not AUDIT_RUN.fullmatch(run):
+                raise DataError(f"audit file {path} line {line}: run {one_line(repr(run), 80)} is not a run folder "
+                                "of the audit (runs/NAME)")
             rows.append(row)
     except csv.Error as exc:
         raise DataError(f"audit file {path} is not a readable CSV file: {one_line(str(exc))}") from None
@@ -293,8 +353,9 @@ def _bool(text: str | None) -> bool | None:
 
 
 def audit_verdict(row: Mapping[str, str]) -> Verdict:
-    """The verdict of one audit.csv row. Audits written before audit.csv had ``noise_floor``:
-    an update with no defenses has none; a defended one's is unknown."""
+    """The verdict of one row of an audit.csv written before run folders, from its own columns.
+    Audits written before audit.csv had ``noise_floor``: an update with no defenses has none; a
+    defended one's is unknown."""
     defenses = [d for d in (row.get("defenses") or "").split(";") if d]
     floor: Any = row.get("noise_floor") if "noise_floor" in row else (0.0 if not defenses else None)
     if floor == "":
@@ -304,18 +365,70 @@ def audit_verdict(row: Mapping[str, str]) -> Verdict:
                  attack=row.get("attack"), noise_floor=floor, unmodelled=unmodelled, defenses=defenses)
 
 
-def audit_item(row: dict[str, str]) -> Item:
-    v = audit_verdict(row)
-    return Item(key=(int(row["round"]), row["client"]), verdict=v,
-                psnr=psnr_of(row.get("psnr_mean") or None) if v.truth else None,
-                rel=finite(row.get("relative_gradient_distance") or None), status=row.get("status", "ok") or "ok",
-                fields=dict(row), metrics=dict(row), image=row.get("reconstruction") or None,
-                error=shown_error(row.get("error")))
+def _text(v: Any) -> str:
+    """A value as an audit.csv cell holds it (what the rows of audits before run folders held)."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    if isinstance(v, list):
+        return ";".join(str(x) for x in v)
+    return str(v)
+
+
+def run_details(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """What an audited update's run folder says of it beyond the index, in the columns of audits
+    before run folders: its batch, FedAvg hyper-parameters, defenses, scores, convergence and time."""
+    def part(key: str) -> Mapping[str, Any]:
+        v = metrics.get(key)
+        return v if isinstance(v, Mapping) else {}
+
+    conv, threat, audit = part("convergence"), part("threat"), part("audit")
+    values = {"num_examples": metrics.get("batch_size"), "local_steps": threat.get("local_steps"),
+              "local_batch_size": threat.get("local_batch_size"), "local_lr": threat.get("local_lr"),
+              "defenses": metrics.get("defenses"), "ssim_mean": metrics.get("ssim_mean"),
+              "mse_mean": metrics.get("mse_mean"), "label_accuracy": metrics.get("label_accuracy"),
+              "gradient_distance": metrics.get("gradient_distance"), "converged": metrics.get("converged"),
+              "noise_floor": conv.get("noise_floor"), "unmodelled_defenses": conv.get("unmodelled_defenses"),
+              "iterations": metrics.get("iterations"), "attack_seconds": audit.get("attack_seconds"),
+              "update_norm": audit.get("update_norm")}
+    return {k: _text(v) for k, v in values.items() if v is not None}
+
+
+def audit_item(row: dict[str, str], root: Path) -> Item:
+    """One index row; with a run folder (``run``), judged on its metrics.json as a cell is."""
+    from gradleak.report.html import read_metrics
+
+    status = row.get("status", "ok") or "ok"
+    run = row.get("run") or None
+    if run is None:   # not attacked, or an audit before run folders: the row is all there is
+        v = audit_verdict(row)
+        return Item(key=(int(row["round"]), row["client"]), verdict=v,
+                    psnr=psnr_of(row.get("psnr_mean") or None) if v.truth else None,
+                    rel=finite(row.get("relative_gradient_distance") or None), status=status,
+                    fields=dict(row), metrics=dict(row), image=row.get("reconstruction") or None,
+                    error=shown_error(row.get("error")))
+    folder = inside(root, run)
+    if folder is None or folder.is_symlink() or not folder.is_dir():
+        raise DataError(f"{root / 'audit.csv'}: the run folder of round {row['round']}, client "
+                        f"{one_line(row['client'], 80)} ({run}) is missing or not a folder of {root}")
+    m = read_metrics(folder)
+    fields = {**row, **run_details(m)}
+    attack = m.get("attack") if isinstance(m.get("attack"), str) else row.get("attack")
+    v = judge(status, m.get("psnr_mean"), converged_of(m), metrics={**m, "attack": attack}) if status == "ok" else \
+        judge(status, None, None, attack=attack)
+    conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
+    image = f"{run}/{RUN_IMAGE}" if (folder / RUN_IMAGE).is_file() else None
+    return Item(key=(int(row["round"]), row["client"]), verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None,
+                rel=finite(conv.get("relative_gradient_distance", m.get("relative_gradient_distance"))),
+                status=status, fields=fields, metrics=dict(fields), image=image, error=shown_error(row.get("error")),
+                run=run)
 
 
 def load_audit(folder: Path) -> Source:
     header, rows = read_audit(folder / "audit.csv")
-    return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r) for r in rows], audit_columns=header)
+    return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r, folder) for r in rows],
+                  audit_columns=header)
 
 
 MAX_RUN_FOLDERS = 10_000   # run folders a "runs" dashboard reads
@@ -345,9 +458,9 @@ def load_runs(folder: Path, runs: list[Path]) -> Source:
     gradleak.outcome as everywhere)."""
     from datetime import datetime, timezone
 
-    from ..report.html import read_json_file
+    from gradleak.report.html import read_json_file
 
-    records = []
+    records: list[Cell] = []
     for run in runs:
         metrics = read_json_file(run / "metrics.json", required=True)
         config = read_json_file(run / "config.json", required=False)
@@ -357,28 +470,28 @@ def load_runs(folder: Path, runs: list[Path]) -> Source:
             raise DataError(f"{run / 'metrics.json'} does not hold a JSON object")
         config = config if isinstance(config, dict) else {k: metrics.get(k) for k in ("attack", "model", "data")}
         finished = datetime.fromtimestamp((run / "metrics.json").stat().st_mtime, timezone.utc)
-        records.append(CellRecord(cell_id=run.name, status="ok", grid={}, config=config, metrics=metrics, error=None,
-                                  wall_seconds=finite(metrics.get("wall_seconds")), worker=None,
-                                  finished_at=finished.strftime("%Y-%m-%dT%H:%M:%SZ")))
+        records.append(RunCell(cell_id=run.name, status="ok", grid={}, config=config, metrics=metrics, error=None,
+                               wall_seconds=finite(metrics.get("wall_seconds")), worker=None,
+                               finished_at=finished.strftime("%Y-%m-%dT%H:%M:%SZ")))
     src = Source(kind="runs", folder=folder, data=folder, records=records, sweeps=len(records))
     src.items = [cell_item(r, folder, runs="") for r in records]
     return src
 
 
-def load_source(folder: Path) -> Source:
-    """The folder as a dashboard reads it: a sweep (results.sqlite), an experiment (cells/), a
-    Flower audit (audit.csv), a folder of single attack runs (run folders with metrics.json);
-    else one DataError."""
-    found = store_folder(folder)
+def load_source(folder: Path, stores: StoreAccess) -> Source:
+    """The folder as a dashboard reads it: a sweep (results.sqlite, read by ``stores``), an
+    experiment (cells/), a Flower audit (audit.csv), a folder of single attack runs (run folders
+    with metrics.json); else one DataError."""
+    found = store_folder(folder, stores)
     if found is not None:
-        return load_store(found[0], folder, found[1])
+        return load_store(found[0], folder, found[1], stores)
     if os.path.lexists(folder / "audit.csv"):
         return load_audit(folder)
     runs = run_folders(folder)
     if runs:
         return load_runs(folder, runs)
-    raise DataError(f"{folder} holds no sweep results ({STORE_NAME}), no experiment ({EXPERIMENT_CELLS}/"
-                    f"{STORE_NAME}), no audit.csv and no run folders")
+    raise DataError(f"{folder} holds no sweep results ({stores.name}), no experiment ({EXPERIMENT_CELLS}/"
+                    f"{stores.name}), no audit.csv and no run folders")
 
 
 def client_order(clients: Iterable[str]) -> list[str]:

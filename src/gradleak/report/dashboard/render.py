@@ -1,5 +1,5 @@
-"""`gradleak dashboard DIR [--compare OTHER] [--out FILE]`: one self-contained HTML page, a risk
-report: who leaks, how much, under which setting.
+"""The dashboard's page (`gradleak dashboard DIR [--compare OTHER] [--out FILE]`): one
+self-contained HTML page, a risk report: who leaks, how much, under which setting.
 
 DIR is a sweep folder (results.sqlite), an experiment's folder (its cells/ store) or a Flower
 audit's folder (audit.csv). The page gives every attacked update (a cell, or a client's update
@@ -8,7 +8,7 @@ opens with the counts and the worst case, states the thresholds, and lists setti
 worst first, with the saved reconstructions beside the originals. Charts are drawn only along
 the fields that vary (a chart vs batch size only when the batch size takes two values or more).
 ``--compare OTHER`` writes one page comparing DIR (A) with OTHER (B) instead
-(:mod:`gradleak.sweep.dashboard_compare`: the matching rule is stated on the page).
+(:mod:`gradleak.report.dashboard.compare`: the matching rule is stated on the page).
 
 Like the run report (gradleak.report.html) the page embeds its figures and pictures as data:
 URIs, loads nothing, forbids loading anything with a Content-Security-Policy, and escapes every
@@ -32,15 +32,15 @@ import time
 from html import escape
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
-from ..paths import _HOST, _alive, one_line
-from ..report.html import check_folder, display_name
-from ..report.page import html_page
-from ..report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED
-from .dashboard_compare import compare_body
-from .dashboard_data import EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Source, cell_verdict, load_source, read_audit
-from .dashboard_pages import MAX_TABLE_ROWS, audit_body, sweep_body
-from .store import CSV_NAME, LOCK_NAME, STORE_NAME, STORE_SIDE_FILES, CellRecord
+from gradleak.errors import ConfigError, DataError
+from gradleak.paths import _HOST, _alive, one_line
+from gradleak.report.dashboard.compare import compare_body
+from gradleak.report.dashboard.data import (EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Cell, Source, StoreAccess, cell_verdict,
+                                            load_source, read_audit)
+from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, audit_body, sweep_body
+from gradleak.report.html import check_folder, display_name
+from gradleak.report.page import html_page
+from gradleak.report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED
 
 # Written on every dashboard page, early: an existing --out file is replaced only if it holds it.
 GENERATOR = "gradleak dashboard"
@@ -56,7 +56,7 @@ __all__ = ["GENERATOR", "LEAKED_DB", "MAX_AUDIT_BYTES", "MAX_TABLE_ROWS",
            "check_dashboard_target", "render_dashboard", "read_audit", "stale_page_temps", "write_dashboard_page"]
 
 
-def _rebuilt(r: CellRecord) -> bool:
+def _rebuilt(r: Cell) -> bool:
     """Whether a cell rebuilt the data (mean PSNR >= LEAKED_DB), whatever its attack's verdict."""
     v = cell_verdict(r)
     return v.label == LEAKED and v.truth
@@ -73,26 +73,24 @@ def _is_dashboard(path: Path) -> bool:
     return head.lstrip().startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in head
 
 
-def _data_files(folder: Path) -> list[tuple[str, Path]]:
-    names = (STORE_NAME, *STORE_SIDE_FILES, CSV_NAME, LOCK_NAME, *_OWN_FILES)
-    out = [(f"the folder's {name}", folder / name) for name in names]
-    out += [(f"the folder's {EXPERIMENT_CELLS}/{name}", folder / EXPERIMENT_CELLS / name)
-            for name in (STORE_NAME, *STORE_SIDE_FILES, CSV_NAME, LOCK_NAME)]
+def _data_files(folder: Path, stores: StoreAccess) -> list[tuple[str, Path]]:
+    out = [(f"the folder's {name}", folder / name) for name in (*stores.files, *_OWN_FILES)]
+    out += [(f"the folder's {EXPERIMENT_CELLS}/{name}", folder / EXPERIMENT_CELLS / name) for name in stores.files]
     return out
 
 
-def check_dashboard_target(folder: Path, out: str | os.PathLike[str] | None, *, others: tuple[Path, ...] = (),
-                           default: str = DEFAULT_PAGE) -> Path:
+def check_dashboard_target(folder: Path, out: str | os.PathLike[str] | None, *, stores: StoreAccess,
+                           others: tuple[Path, ...] = (), default: str = DEFAULT_PAGE) -> Path:
     """Where the page goes, checked before anything is read: a file path (not a folder, link or
     device, in a folder that can be written, a UTF-8 name), never one of the data files of
-    ``folder`` or ``others`` (stores, audit.csv, an experiment's outputs), and if it exists, a
-    page an earlier dashboard wrote (nothing else is replaced)."""
-    from ..paths import check_distinct, check_output_file
+    ``folder`` or ``others`` (``stores.files``, audit.csv, an experiment's outputs), and if it
+    exists, a page an earlier dashboard wrote (nothing else is replaced)."""
+    from gradleak.paths import check_distinct, check_output_file
 
     what = "--out" if out is not None else "dashboard page"
     target = check_output_file(out if out is not None else folder / default, what)
     for f in (folder, *others):
-        for name, path in _data_files(f):
+        for name, path in _data_files(f, stores):
             check_distinct((what, target), (name, path))
     if target.exists() and not _is_dashboard(target):
         raise ConfigError(f"{what} {target} exists and is not a page gradleak dashboard wrote; "
@@ -154,23 +152,24 @@ SORT_AND_FILTER = """(function () {
 })();"""
 
 
-def _title(src: Source) -> tuple[str, str]:
+def _title(src: Source, store_name: str) -> tuple[str, str]:
     name = display_name(src.folder)
     if src.kind == "audit":
         return f"Flower audit: {name}", "gradleak dashboard · leakage per client and round (from audit.csv)"
     if src.kind == "experiment":
         what = f"Experiment {src.experiment}" if src.experiment else "Experiment"
-        return f"{what}: {name}", f"gradleak dashboard · from {EXPERIMENT_CELLS}/{STORE_NAME}"
+        return f"{what}: {name}", f"gradleak dashboard · from {EXPERIMENT_CELLS}/{store_name}"
     if src.kind == "runs":
         return f"Runs: {name}", f"gradleak dashboard · {len(src.records)} gradleak attack run folders"
-    return f"Sweep: {name}", f"gradleak dashboard · from {STORE_NAME}"
+    return f"Sweep: {name}", f"gradleak dashboard · from {store_name}"
 
 
 def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-                     compare: str | os.PathLike[str] | None = None) -> Path:
+                     compare: str | os.PathLike[str] | None = None, stores: StoreAccess) -> Path:
     """Write DIR/dashboard.html (or ``out``) from DIR's results.sqlite, cells/results.sqlite (an
-    experiment) or audit.csv; with ``compare``, DIR/comparison.html (or ``out``) comparing DIR (A)
-    with that folder (B).
+    experiment), audit.csv or run folders; with ``compare``, DIR/comparison.html (or ``out``)
+    comparing DIR (A) with that folder (B). ``stores``: how sweep stores are found and read
+    (gradleak.sweep.dashboard_cli.sweep_stores(); the report does not import the sweeps).
 
     Checks first, before reading anything: the folders are folders; ``out`` is a file path that
     is not one of their data files and, if it exists, an earlier dashboard page. Then each store
@@ -182,15 +181,15 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     other = Path(compare) if compare is not None else None
     if other is not None:
         check_folder(other, "--compare folder", "give the --out folder of a sweep, an experiment or a Flower audit")
-    target = check_dashboard_target(folder, out, others=(other,) if other is not None else (),
+    target = check_dashboard_target(folder, out, stores=stores, others=(other,) if other is not None else (),
                                     default=DEFAULT_COMPARISON if other is not None else DEFAULT_PAGE)
-    src = load_source(folder)
+    src = load_source(folder, stores)
     src.page_dir = target.parent
     if other is None:
-        title, subtitle = _title(src)
+        title, subtitle = _title(src, stores.name)
         body = audit_body(src) if src.kind == "audit" else sweep_body(src)
         return write_dashboard_page(target, _page(title, subtitle, body))
-    b = load_source(other)
+    b = load_source(other, stores)
     body = compare_body(src, b)
     title = f"Comparison: {display_name(src.folder)} (A) vs {display_name(b.folder)} (B)"
     return write_dashboard_page(target, _page(title, "gradleak dashboard · A = DIR, B = --compare; Δ = B − A", body))
@@ -246,7 +245,7 @@ def stale_page_temps(target: Path) -> list[Path]:
 def write_dashboard_page(target: Path, page: str) -> Path:
     """Write the page atomically (a temporary file beside it, renamed onto it when complete; a
     link planted next to it is never followed): a failure, Ctrl-C or SIGTERM (under
-    :func:`~gradleak.sweep.engine.sigterm_as_interrupt`) leaves the previous page (or none) and
+    :func:`~gradleak.errors.sigterm_as_interrupt`) leaves the previous page (or none) and
     no temporary file. First removes the temporary files killed writers left (:func:`stale_page_temps`)."""
     for stale in stale_page_temps(target):
         try:

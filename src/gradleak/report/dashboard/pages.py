@@ -9,14 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from ..report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
-from ..report.html import _fmt, display_name
-from ..outcome import worst as worst_verdict
-from ..report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html, ImageBudget,
-                           badge, card, chart, count, finite, headline, notice, rules, setting_verdict, table,
-                           worst_first)
-from .dashboard_data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text, is_numeric, num,
-                             setting_label, varying_fields)
+from gradleak.outcome import worst as worst_verdict
+from gradleak.report.dashboard.data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text,
+                                            is_numeric, num, setting_label, varying_fields)
+from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
+from gradleak.report.html import _fmt, display_name
+from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html,
+                                  ImageBudget, badge, card, chart, count, finite, headline, notice, rules,
+                                  setting_verdict, table, worst_first)
 
 MAX_TABLE_ROWS = 1000
 MAX_SERIES = 10
@@ -363,7 +363,7 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
         cols.append("report")
         keys.append("report")
     failed = [it for it in src.items if it.status != "ok"]
-    # each failed cell's error is said once, in "Failed cells" (cut to one line: dashboard_data.shown_error)
+    # each failed cell's error is said once, in "Failed cells" (cut to one line: data.shown_error)
     listed = {it.key for it in failed[:MAX_TABLE_ROWS]}
     rows = []
     for it in items[:MAX_TABLE_ROWS]:
@@ -534,9 +534,12 @@ def _audit_chart(items: Sequence[Item], rounds: Sequence[int], clients: Sequence
 def _audit_gallery(src: Source, rounds: Sequence[int], clients: Sequence[str]) -> str:
     head = "<h2>Reconstructions per round</h2>"
     with_image = [it for it in src.items if it.image]
+    runs = "run" in src.audit_columns   # each attacked update's run folder (else an audit before them)
     if not with_image:
-        return head + notice("This audit saved no reconstructions: run gradleak audit-flower with "
-                             "--save-reconstructions (AuditSettings(save_reconstructions=True)) to see them here.")
+        return head + notice("No audited update has a run folder with a reconstruction (none was attacked to the "
+                             "end: see the table below)." if runs else
+                             "This audit saved no reconstructions (it was written before audits kept a run folder "
+                             "per update, without --save-reconstructions): audit again to see them here.")
     budget = ImageBudget()
     pngs: dict[int, bytes] = {}
     for it in sorted(with_image, key=lambda it: worst_first(it.label, it.psnr, it.rel)):
@@ -544,9 +547,12 @@ def _audit_gallery(src: Source, rounds: Sequence[int], clients: Sequence[str]) -
         if png is not None:
             pngs[id(it)] = png
     order = {c: i for i, c in enumerate(clients)}
-    parts = [head, '<p class="sub">Each picture: every image of the client\'s batch (left) beside the reconstruction '
-                   "paired with it (right), with its PSNR and labels (batches of more than 4: the batch above the "
-                   "reconstructions); without ground truth, the reconstruction alone.</p>"]
+    parts = [head, '<p class="sub">Each picture (the update\'s run folder, runs/ROUND-CLIENT/reconstruction.png): the '
+                   "client's batch (top row) above the reconstruction paired with it (bottom row), with each image's "
+                   "PSNR and labels; without ground truth, the reconstruction alone.</p>" if runs else
+             '<p class="sub">Each picture: every image of the client\'s batch (left) beside the reconstruction '
+             "paired with it (right), with its PSNR and labels (batches of more than 4: the batch above the "
+             "reconstructions); without ground truth, the reconstruction alone.</p>"]
     for r in rounds:
         members = sorted((it for it in with_image if it.key[0] == r and id(it) in pngs),
                          key=lambda it: order.get(it.key[1], len(order)))
@@ -555,7 +561,7 @@ def _audit_gallery(src: Source, rounds: Sequence[int], clients: Sequence[str]) -
         cards = [card(f"<b>client {escape(it.key[1])}</b> {badge(it.verdict)} {escape(_audit_value(it))}",
                       pngs[id(it)], f"round {r} client {it.key[1]}") for it in members]
         parts.append(f'<h3>Round {r}</h3><div class="gallery">{"".join(cards)}</div>')
-    parts.append(budget.note(f"{display_name(src.folder)}/reconstructions/"))
+    parts.append(budget.note(f"{display_name(src.folder)}/runs/" if runs else f"{display_name(src.folder)}/reconstructions/"))
     return "".join(parts)
 
 
@@ -577,6 +583,20 @@ def _audit_cell(col: str, it: Item) -> Any:
             return int(f)
         return f if f is not None else (v or None)
     return v
+
+
+def _run_reports(src: Source, items: Sequence[Item]) -> list[str | None]:
+    """Each audited update's report.html (DIR/runs/NAME/report.html, a plain file), as a link
+    relative to the page; None for an update without a run folder."""
+    import os
+    from urllib.parse import quote
+
+    links: list[str | None] = []
+    for it in items:
+        path = src.data / it.run / "report.html" if it.run else None
+        ok = path is not None and path.is_file() and not path.is_symlink() and src.page_dir is not None
+        links.append(quote(os.path.relpath(path, src.page_dir)) if ok else None)
+    return links
 
 
 def audit_body(src: Source) -> str:
@@ -624,9 +644,15 @@ def audit_body(src: Source) -> str:
     rows = [[badge(it.verdict), *[_audit_cell(c, it) for c in columns],
              it.verdict.reason if it.status == "ok" else (it.error or it.verdict.reason)]
             for it in ordered[:MAX_TABLE_ROWS]]
+    heads, keys = ["verdict", *[AUDIT_HEADERS.get(c, c) for c in columns], "why"], ["verdict", *columns, "why"]
+    links = _run_reports(src, ordered[:MAX_TABLE_ROWS])
+    if any(links):   # each attacked update's run folder: link its report
+        heads.append("report")
+        keys.append("report")
+        for row, link in zip(rows, links, strict=True):
+            row.append(Html(f'<a href="{escape(link, quote=True)}">report.html</a>') if link else "")
     body.append("<h2>All audited updates (worst first)</h2>"
-                + table(["verdict", *[AUDIT_HEADERS.get(c, c) for c in columns], "why"], rows,
-                        keys=["verdict", *columns, "why"], row_verdicts=[it.label for it in ordered], cls="cells"))
+                + table(heads, rows, keys=keys, row_verdicts=[it.label for it in ordered], cls="cells"))
     if len(ordered) > MAX_TABLE_ROWS:
         body.append(f'<p class="muted">{len(ordered) - MAX_TABLE_ROWS} more rows in audit.csv</p>')
     return "".join(body)

@@ -1,0 +1,241 @@
+"""Attack specs: each attack declares itself once, in its own module, and everything else is
+derived from those declarations.
+
+An attack module under ``gradleak/attacks/`` holds, at its top, one literal ``SPEC = {...}``
+(Python literals only: strings, numbers, booleans, None, lists, tuples and dicts), then its
+science and ``run(config, update, model, engine)``. This module reads the literal from the
+module's source (``ast.literal_eval``) without importing it, so that the names, the flags, the
+``--help`` defaults and the verdict lines are known before torch is imported (the CLI answers a
+misspelt name, and ``gradleak list`` and ``gradleak attack --help`` run, without it). Derived
+from the specs:
+
+* catalog.IMAGE_ATTACKS (the names) and the one-line descriptions of ``gradleak list``;
+* the flat flags of config.AttackConfig (the CLI), their help texts and ``--help`` defaults;
+* the typed config of each attack (attacks/configs.py: pydantic, every default filled);
+* outcome.CONVERGED_BELOW (the verdict line of each attack);
+* ``auto``'s closed forms (in their declared order) and its portfolio's candidates;
+* the sweep's record of changed defaults (sweep/spec.py CHANGED_DEFAULTS).
+
+A SPEC's keys (KEYS says which are required):
+
+name           the attack's name (``--attack NAME``)
+summary        one line for ``gradleak list``
+kind           "optimisation" (an optimiser searches the inputs), "closed-form" (solved from the
+               update; run by ``auto`` before any optimisation) or "chooser" (auto itself)
+converged_below  the relative gradient distance at or below which its answer explains the
+               update (attacks/verdict.py says how each line was measured); None for the chooser
+needs          what it needs of the update and the model, in words (README's attacks table)
+flags          its constants: flag name -> default, or -> [type, default, help] for a constant
+               no other attack declares (COMMON_FLAGS has the shared ones' types and help). A
+               default of None is resolved at run time by the module's ``resolve`` (e.g. from
+               the attacked model's depth), and the help names the rule (``default_note``)
+default_note   flag -> how a default left None is resolved, for ``--help``
+presets        (optional) preset name -> every flag's value; ``preset`` picks one (the first
+               is the default); the preset's values are the flags' defaults
+auto           (optional) how ``auto`` uses it: {"order": N} for a closed form (tried in order),
+               {"order": N, "one_image": bool, "batch": bool, "max_side": px | None} for a
+               member of its optimisation portfolio
+resolve        (optional) True: the module's ``resolve(values, context)`` fills the defaults
+               that depend on the case (attacks/configs.py)
+changed_defaults  flag -> a tag, for defaults changed after sweep stores were written (each tag
+               is hashed into the identity of the cells it applies to: keep it word for word)
+
+Types of a flag: "int[LOW,HIGH]" (an integer in that range), "float>0", "float>=0" (finite),
+"bool", "str", a list of the allowed strings, or "optimisation attack" (the name of one).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import ConfigError
+
+KINDS = ("optimisation", "closed-form", "chooser")
+KEYS = ("name", "summary", "kind", "converged_below", "needs", "flags")
+OPTIONAL_KEYS = ("default_note", "presets", "auto", "resolve", "changed_defaults")
+TYPES = ("float>0", "float>=0", "bool", "str", "optimisation attack")  # and "int[LOW,HIGH]"
+INT_TYPE = re.compile(r"int\[(\d+),(\d+)\]")
+# The packages whose modules may declare an attack (searched in this order).
+ATTACK_PACKAGES = ("gradleak.attacks",)
+
+# The constants several attacks share: type and help. An attack names the ones it reads, with its
+# default, in its SPEC's "flags".
+COMMON_FLAGS: dict[str, tuple[Any, str]] = {
+    "iterations": ("int[0,10000000]", "optimisation steps"),
+    "lr": ("float>0", "learning rate"),
+    "optimizer": (["lbfgs", "adam", "sgd"], "optimizer"),
+    "init": (["randn", "rand", "zeros"], "dummy image initialisation"),
+    "dtype": (["float32", "float64"], "attack precision"),
+    "labels": (["gradinversion", "sum", "counts", "llg", "idlg"], "label restoration"),
+    "stall_restarts": ("int[0,100]", "DLG/iDLG: further starts (other inits) while the answer does not explain the "
+                       "update"),
+    "stop": (["settled", "budget"], "DLG/iDLG: end a start once its objective has settled below the verdict's line "
+             "(settled), or run every --iterations step (budget)"),
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One attack constant as a flat flag: its type, the attack's default and help."""
+
+    name: str
+    type: Any
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class AttackSpec:
+    name: str
+    module: str
+    summary: str
+    kind: str
+    converged_below: float | None
+    needs: str
+    flags: dict[str, Flag]
+    default_note: dict[str, str] = field(default_factory=dict)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    auto: dict[str, Any] | None = None
+    resolve: bool = False
+    changed_defaults: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def closed_form(self) -> bool:
+        return self.kind == "closed-form"
+
+    @property
+    def optimisation(self) -> bool:
+        return self.kind == "optimisation"
+
+
+def read_spec(path: Path, module: str) -> AttackSpec | None:
+    """The attack ``SPEC`` literal declared at the top level of the module file ``path`` (None when
+    it declares none). ConfigError when the literal is not a valid spec."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
+            try:
+                literal = ast.literal_eval(node.value)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: SPEC must be a literal (strings, numbers, lists, dicts): {exc}") from None
+            return make_spec(literal, module, str(path))
+    return None
+
+
+def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
+    """An AttackSpec from a SPEC literal (ConfigError naming ``where`` when it is not one)."""
+    where = where or module
+    if not isinstance(literal, dict):
+        raise ConfigError(f"{where}: SPEC must be a dict")
+    missing = [k for k in KEYS if k not in literal]
+    unknown = [k for k in literal if k not in KEYS + OPTIONAL_KEYS]
+    if missing or unknown:
+        raise ConfigError(f"{where}: SPEC " + (f"lacks {', '.join(missing)}" if missing else
+                                               f"has unknown keys {', '.join(unknown)}"))
+    if literal["kind"] not in KINDS:
+        raise ConfigError(f"{where}: SPEC kind {literal['kind']!r} is not one of {', '.join(KINDS)}")
+    presets = dict(literal.get("presets") or {})
+    flags = {}
+    for name, value in dict(literal["flags"]).items():
+        if isinstance(value, list) and len(value) == 3 and name not in COMMON_FLAGS:
+            kind, default, help_ = value
+        elif name in COMMON_FLAGS:
+            (kind, help_), default = COMMON_FLAGS[name], value
+        else:
+            raise ConfigError(f"{where}: flag {name!r} is not a common one: declare it as [type, default, help]")
+        if presets:
+            default = next(iter(presets.values())).get(name, default)
+        if not (kind in TYPES or (isinstance(kind, str) and INT_TYPE.fullmatch(kind))
+                or (isinstance(kind, list) and all(isinstance(k, str) for k in kind))):
+            raise ConfigError(f"{where}: flag {name!r} has an unknown type {kind!r}")
+        flags[name] = Flag(name, kind if isinstance(kind, str) else tuple(kind), default, help_)
+    for preset, values in presets.items():
+        extra = set(values) - set(flags)
+        if extra:
+            raise ConfigError(f"{where}: preset {preset!r} sets {', '.join(sorted(extra))}, which are not its flags")
+    return AttackSpec(name=literal["name"], module=module, summary=literal["summary"], kind=literal["kind"],
+                      converged_below=literal["converged_below"], needs=literal["needs"], flags=flags,
+                      default_note=dict(literal.get("default_note") or {}), presets=presets,
+                      auto=literal.get("auto"), resolve=bool(literal.get("resolve", False)),
+                      changed_defaults=dict(literal.get("changed_defaults") or {}))
+
+
+@functools.cache
+def attack_specs() -> dict[str, AttackSpec]:
+    """Every attack declared in ATTACK_PACKAGES, by name (sorted), read without importing them."""
+    specs: dict[str, AttackSpec] = {}
+    for package in ATTACK_PACKAGES:
+        found = importlib.util.find_spec(package)  # imports the parent package only (gradleak: no torch)
+        if found is None or not found.submodule_search_locations:
+            continue
+        for folder in found.submodule_search_locations:
+            for path in sorted(Path(folder).glob("*.py")):
+                spec = read_spec(path, f"{package}.{path.stem}")
+                if spec is None:
+                    continue
+                if spec.name in specs:
+                    raise ConfigError(f"attack {spec.name!r} is declared twice: {specs[spec.name].module} and "
+                                      f"{spec.module}")
+                specs[spec.name] = spec
+    return dict(sorted(specs.items()))
+
+
+def closed_forms() -> tuple[str, ...]:
+    """The closed-form attacks in the order ``auto`` tries them."""
+    specs = [s for s in attack_specs().values() if s.closed_form]
+    return tuple(s.name for s in sorted(specs, key=lambda s: (s.auto or {}).get("order", 99)))
+
+
+def portfolio_candidates() -> tuple[str, ...]:
+    """The optimisation attacks ``auto`` may run when no closed form explains the update, in its order."""
+    specs = [s for s in attack_specs().values() if s.optimisation and s.auto is not None]
+    return tuple(s.name for s in sorted(specs, key=lambda s: s.auto.get("order", 99)))  # type: ignore[union-attr]
+
+
+def annotation(kind: Any) -> tuple[Any, dict[str, Any]]:
+    """The Python type and pydantic Field constraints of a flag of type ``kind``."""
+    if isinstance(kind, tuple):
+        return Literal[kind], {}  # type: ignore[valid-type]
+    if kind == "optimisation attack":
+        return Literal[portfolio_candidates()], {}  # type: ignore[valid-type]
+    match = INT_TYPE.fullmatch(kind)
+    if match:
+        return int, {"ge": int(match.group(1)), "le": int(match.group(2))}
+    return {"float>0": (float, {"gt": 0, "allow_inf_nan": False}),
+            "float>=0": (float, {"ge": 0, "allow_inf_nan": False}),
+            "bool": (bool, {}), "str": (str, {})}[kind]
+
+
+def flat_flags() -> dict[str, Flag]:
+    """Every attack constant as one flat flag (the CLI's): the first declaration's type, the help
+    texts of the attacks that read it (joined when they differ), no default (each attack has its own).
+    ConfigError when two attacks declare one flag with different types."""
+    flags: dict[str, Flag] = {}
+    helps: dict[str, list[str]] = {}
+    order = [*COMMON_FLAGS]
+    for spec in attack_specs().values():
+        for name, flag in spec.flags.items():
+            if name not in order:
+                order.append(name)
+            if name in flags and flags[name].type != flag.type:
+                raise ConfigError(f"flag --{name.replace('_', '-')}: {spec.name} declares type {flag.type!r}, "
+                                  f"another attack {flags[name].type!r}")
+            flags.setdefault(name, flag)
+            if flag.help not in helps.setdefault(name, []):
+                helps[name].append(flag.help)
+    return {name: Flag(name, flags[name].type, None, "; ".join(helps[name])) for name in order if name in flags}
+
+
+def readers(flag: str) -> tuple[str, ...]:
+    """The attacks that read the constant ``flag``."""
+    return tuple(name for name, spec in attack_specs().items() if flag in spec.flags)
+
+
+__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
+           "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers"]

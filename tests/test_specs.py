@@ -1,0 +1,123 @@
+"""One attack, one module: each attack declares itself once (its SPEC literal) and the names, the
+flags, the --help defaults, the typed configs, the verdict lines, auto's candidates and the sweep's
+changed defaults are derived from the declarations. Dropping a new module into attacks/ is all it
+takes to add an attack (checked end to end on a copy of the package)."""
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gradleak
+from gradleak import catalog, specs
+from gradleak.attacks.configs import CLOSED_FORM, CONFIGS, FLAT_FIELDS, resolve_attack
+from gradleak.config import AttackConfig
+from gradleak.errors import ConfigError
+from gradleak.outcome import CONVERGED_BELOW
+from gradleak.sweep.spec import AUTO_PORTFOLIO, CHANGED_DEFAULTS
+
+
+def test_each_declaration_read_without_import_is_the_module_s_own():
+    """The literal specs.py reads from the source is the SPEC the imported module holds, and each
+    module runs as run(config, update, model, engine); a closed form also has its check."""
+    for name, spec in specs.attack_specs().items():
+        module = importlib.import_module(spec.module)
+        assert specs.make_spec(module.SPEC, spec.module) == spec, name
+        assert callable(module.run), name
+        if spec.closed_form:
+            assert callable(module.check), name
+
+
+def test_every_surface_derives_from_the_specs():
+    declared = specs.attack_specs()
+    assert set(catalog.IMAGE_ATTACKS) == set(declared) == set(CONFIGS)
+    assert {k for k in CONVERGED_BELOW if k != "text"} == {n for n, s in declared.items() if s.converged_below}
+    assert CLOSED_FORM == ("imprint", "analytic", "rgap")
+    assert AUTO_PORTFOLIO == ("dlg", "gradinversion", "idlg", "ig")
+    assert CHANGED_DEFAULTS[("ig", "iterations")] == "1000 since 2026-11-26 (4800 before)"  # hashed: word for word
+    for name, spec in declared.items():
+        for flag in spec.flags:
+            assert flag in AttackConfig.model_fields, (name, flag)   # a CLI flag
+            if spec.kind != "chooser":
+                assert flag in CONFIGS[name].model_fields, (name, flag)
+                assert flag in FLAT_FIELDS
+    # each attack's typed defaults are its declared ones (GradInversion: its first preset's)
+    for name in ("dlg", "idlg", "ig", "gradinversion"):
+        cfg = resolve_attack({"attack": name, "seed": 0}, bn_statistics_shared=True)
+        for flag, declared_flag in declared[name].flags.items():
+            assert getattr(cfg, flag) == declared_flag.default, (name, flag)
+
+
+def test_bad_declarations_are_refused_with_the_module_named():
+    base = {"name": "x", "summary": "s", "kind": "optimisation", "converged_below": 0.1, "needs": "n", "flags": {}}
+    specs.make_spec(base, "m")
+    for bad, words in (({**base, "kind": "magic"}, "kind"), ({**base, "colour": 1}, "unknown keys colour"),
+                       ({k: v for k, v in base.items() if k != "needs"}, "lacks needs"),
+                       ({**base, "flags": {"depth": 3}}, "not a common one"),
+                       ({**base, "flags": {"depth": ["int[0,x]", 3, "h"]}}, "unknown type"),
+                       ({**base, "presets": {"p": {"depth": 1}}}, "not its flags")):
+        with pytest.raises(ConfigError, match=words):
+            specs.make_spec(bad, "pkg.module")
+
+
+GREY = '''"""A test attack: mid-grey images at --level (the smallest module an attack can be)."""
+
+from __future__ import annotations
+
+SPEC = {
+    "name": "grey",
+    "summary": "every pixel at --level (a test of adding an attack)",
+    "kind": "optimisation",
+    "converged_below": 0.5,
+    "needs": "nothing",
+    "flags": {"level": ["float>=0", 0.25, "grey: the pixel value"]},
+}
+
+import torch
+
+from .labels import restore_labels
+from .reconstruction import Reconstruction
+
+
+def run(config, update, model, engine):
+    k = int(update.meta.batch_size)
+    images = torch.full((k, *model.input_shape), float(config.level))
+    return Reconstruction(images=images, labels=restore_labels(update, model, k, "gradinversion").cpu().long(),
+                          history=[], iterations=0, wall_seconds=0.0, label_method="gradinversion",
+                          extra={"relative_gradient_distance": 1.0, "plateau": False, "restarts_used": 0})
+'''
+
+
+@pytest.mark.slow
+def test_dropping_a_module_into_attacks_adds_an_attack(tmp_path):
+    """On a copy of the package with one new file in attacks/: `gradleak list` names it,
+    `attack --help` shows its flag and default, another attack refuses its flag, and a run
+    through the pipeline uses the flag and writes a judged run folder."""
+    src = tmp_path / "src"
+    shutil.copytree(Path(gradleak.__file__).parent, src / "gradleak",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "gradleak" / "attacks" / "grey.py").write_text(GREY)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "gradleak.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    listed = cli("list")
+    assert listed.returncode == 0 and "every pixel at --level" in listed.stdout
+    helped = cli("attack", "--help")
+    assert "--level" in helped.stdout and "grey: the pixel value (default: 0.25)" in " ".join(helped.stdout.split())
+    refused = cli("attack", "--attack", "dlg", "--level", "0.3", "--no-progress")
+    assert refused.returncode == 2 and "--level does not apply to attack 'dlg'" in refused.stderr
+    out = tmp_path / "run"
+    ran = cli("attack", "--attack", "grey", "--level", "0.3", "--no-progress", "--no-paper-metrics", "--threads", "1",
+              "--out", str(out))
+    assert ran.returncode in (0, 1), ran.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["attack"] == "grey" and metrics["verdict"] == "inconclusive"   # 1.0 is above its 0.5 line
+    assert json.loads((out / "config.json").read_text())["level"] == 0.3   # recorded with the run
