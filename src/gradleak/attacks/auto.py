@@ -100,7 +100,8 @@ def auto_portfolio(update: SharedUpdate) -> tuple[str, ...]:
 
 
 def _closed_form(name: str) -> Any:
-    """The closed-form attack's module (its ``check`` and ``run``)."""
+    """The closed-form attack's module (its ``check`` and ``run``); ``name`` is one of CLOSED_FORM,
+    whose modules are files of gradleak's own attack package (specs.attack_specs)."""
     return importlib.import_module(CONFIGS[name].spec.module)
 
 

@@ -139,6 +139,8 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     spec = CONFIGS[attack].spec
     try:
         if spec.resolve:  # the attack fills the defaults that depend on the case
+            # spec.module names a file of gradleak's own attack package (specs.attack_specs), never a
+            # name read from a run's input: ``attack`` was checked against CONFIGS above
             module = importlib.import_module(spec.module)
             given = module.resolve(given, Resolution(bn_statistics_shared, layers))
         return CONFIGS[attack](**given)

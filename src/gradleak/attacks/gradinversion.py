@@ -104,6 +104,8 @@ SPEC = {
     },
     "auto": {"order": 2, "one_image": False, "batch": True, "max_side": None},
     "resolve": True,
+    # Data, not history: each tag is hashed into stored sweep cells' identities (sweep/spec.py), so
+    # it stays word for word, its date included; a new tag says what changed, not when.
     "changed_defaults": {"alpha_g": "preset x reference / parameter tensors since 2026-11-25",
                          "alpha_bn": "preset x reference / BN layers since 2026-11-25"},
 }

@@ -56,6 +56,8 @@ SPEC = {
                                  "count / 14 above (ResNet-18: 0.44)"},
     "auto": {"order": 3, "one_image": False, "batch": True, "max_side": 64},
     "resolve": True,
+    # Data, not history: each tag is hashed into stored sweep cells' identities (sweep/spec.py), so
+    # it stays word for word, its date included; a new tag says what changed, not when.
     "changed_defaults": {"iterations": "1000 since 2026-11-26 (4800 before)",
                          "alpha_tv": "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)"},
 }
