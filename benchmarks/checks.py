@@ -9,7 +9,7 @@ JSON file (default benchmarks/checks.json) with the machine it ran on:
   the setting does: a 24 MiB block from the heap instead of its own mmap).
 * ``rpsnr``: wall time of ``registered_psnr`` on 8 ImageNet photos at 32 px rotated by 5 degrees
   and shifted by (3, 2) px, and its gain over plain PSNR; target: under 15 s (moved from
-  tests/test_paper_metrics.py).
+  tests/metrics/test_paper_metrics.py).
 * ``drift``: how far runs that compute the same thing in another floating-point order part with
   the iterations, on this CPU: GradInversion with ``--nproc 2`` vs one process (convnet width 8,
   batch 2; groups lazy G=4, registered G=4, none G=3), and G = 3 seeds batched vs 3 separate
@@ -17,7 +17,7 @@ JSON file (default benchmarks/checks.json) with the machine it ran on:
   command (600 steps) with --nproc 2 vs one process. Per iteration count: the
   largest pixel difference of the answer and of the candidates, |PSNR difference|, whether the
   labels and the best seed agree. What the README states about these equalities comes from here;
-  the tests assert only what holds on any CPU (tests/test_nproc.py, tests/test_gradinversion.py).
+  the tests assert only what holds on any CPU (tests/pipeline/test_nproc.py, tests/attacks/test_gradinversion.py).
 
     .venv/bin/python benchmarks/checks.py [--only allocator,rpsnr,drift] [--iterations 0,1,5,20,100]
                                           [--out benchmarks/checks.json] [--strict]
@@ -66,7 +66,7 @@ torch.set_num_threads(1)
 from gradleak import runtime
 from gradleak.config import make_config
 from gradleak.pipeline import build_case
-from gradleak.attacks import Engine
+from gradleak.engine import Engine
 cfg = make_config(attack="ig", model="convnet", batch_size=2, iterations=6, progress=False)
 case = build_case(cfg)
 typed = case.attack_config(cfg)
@@ -184,7 +184,7 @@ def _preset_drift() -> dict[str, Any]:
 
 
 def _batched_drift(iterations: list[int]) -> list[dict[str, Any]]:
-    from gradleak.attacks import Engine
+    from gradleak.engine import Engine
     from gradleak.attacks.configs import resolve_attack
     from gradleak.attacks.gradinversion import layer_counts, preset_values
     from gradleak.data import open_source, sample_batch

@@ -45,7 +45,7 @@ def _timed(fn, *args):  # noqa: ANN001, ANN202
 
 def main() -> int:
     torch.set_num_threads(1)
-    from gradleak.attacks import Engine
+    from gradleak.engine import Engine
     from gradleak.attacks.analytic import analytic
     from gradleak.attacks.configs import resolve_attack
     from gradleak.attacks.imprint import imprint_attack

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     bench = _bench()
-    from gradleak.attacks import loop as loop_module
+    from gradleak.engine import settings as loop_module
     spec = bench.CASES["dlg"]
     whole = json.loads(args.whole_runs.read_text())["cases"].get("dlg") if args.whole_runs.exists() else None
     reference_db = whole["breaching"]["psnr"] if whole else 45.0

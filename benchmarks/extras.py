@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gradleak.attacks import Engine
+from gradleak.engine import Engine
 from gradleak.config import make_config
 from gradleak.metrics import evaluate, match
 from gradleak.metrics.image import mse

@@ -28,7 +28,7 @@ difference from a CPU run):
 * ``seeds_32``: the CPU benchmark's seed case (extras.measure_seeds: convnet, batch 4, 32 px)
   on the GPU, for comparison with the CPU number in RESULTS.md.
 * ``precision``: one GradInversion step (G = 8, ``resnet50``, 224 px, batch 8) in IEEE float32
-  (what gradleak's attacks run on CUDA, runtime.ieee_float32), with TF32 convolutions and matmuls
+  (what gradleak's attacks run on CUDA, engine.precision.ieee_float32), with TF32 convolutions and matmuls
   (torch's default for cuDNN convolutions), and under bfloat16 autocast: time per step and the
   relative L2 difference of the image gradient from the IEEE float32 one: what TF32 or AMP would
   save, and what they would cost in gradient accuracy.
@@ -49,7 +49,7 @@ from typing import Any, Callable
 import torch
 
 import gradleak
-from gradleak.attacks.engine import Engine
+from gradleak.engine import Engine
 from gradleak.attacks.gradinversion import PRESETS
 from gradleak.attacks.group import Registration
 from gradleak.attacks.priors import bn_prior, bn_targets, l2_norm, total_variation
@@ -59,7 +59,8 @@ from gradleak.config import make_config
 from gradleak.errors import GradleakError
 from gradleak.pipeline import build_case
 from gradleak.pipeline.image import image_attack_config
-from gradleak.runtime import allocator, ieee_float32, resolve_device
+from gradleak.engine.precision import ieee_float32
+from gradleak.runtime import allocator, resolve_device
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

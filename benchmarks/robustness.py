@@ -3,7 +3,7 @@
 The photo set is built at run time from the photos that scikit-image (``skimage.data``) and
 scikit-learn (``load_sample_images``) ship: each center-cropped to a square, resized to 32x32 RGB
 and written as an ImageFolder, one class folder per photo (class index = sorted folder order).
-None of them is in the project's sample sets. tests/test_robust_attacks.py builds the same set
+None of them is in the project's sample sets. tests/attacks/test_robust_attacks.py builds the same set
 (``build_photo_set`` below) and checks a subset; this script measures the whole set:
 
 * ``idlg``: iDLG at its defaults (portfolio of starts, 300 L-BFGS steps each) on each of the 10

@@ -99,7 +99,7 @@ def run() -> str:
     Flower's simulation engine uses the Ray instance already running in this process. A plain
     ray.init (what run_simulation does without one) listens on every interface and probes cloud
     metadata services; gradleak's local_ray binds every Ray server to 127.0.0.1 and probes
-    nothing (gradleak.localray; tests/test_loopback.py traces it)."""
+    nothing (gradleak.localray; tests/reliability/test_loopback.py traces it)."""
     from gradleak.localray import local_ray
 
     with local_ray(num_cpus=2):

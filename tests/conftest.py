@@ -1,3 +1,8 @@
+"""Shared fixtures and helpers of the suite. The test folders mirror the packages (tests/attacks/,
+tests/engine/, tests/pipeline/, ...; top-level modules in tests/ itself; tests/reliability/ the
+cross-cutting hostile-input and process checks). No folder is a package: pytest puts tests/ on
+sys.path for this file, so a test imports the helpers below with ``from conftest import ...``."""
+
 import contextlib
 import os
 

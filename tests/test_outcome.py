@@ -180,65 +180,6 @@ def test_failed_and_skipped(status, verdict):
     assert evidence_from_metrics({}, status=status).status == status
 
 
-def test_dashboard_gives_the_worst_case_over_attacks_per_setting(tmp_path):
-    """Issue 37's first case: attack [idlg, ig] x defense [none, gaussian:0.001] x 2 seeds. IG ends
-    low with no defense (it was called "defended"); iDLG rebuilds the same photos. Per client
-    setting the page now gives the worst case over the attacks: leaked, by idlg; and a setting
-    where every attack is defended (with the evidence) is defended."""
-    import re
-
-    from test_dashboard import metrics
-
-    from gradleak.sweep import ResultStore, parse_spec
-    from gradleak.report.dashboard import render_dashboard
-    from gradleak.sweep.dashboard_cli import sweep_stores
-
-    def score(config, i):
-        defended = config["defense"] == ["gaussian:1"]
-        if config["attack"] == "idlg" and not defended:
-            return metrics(30.0 + config["seed"], True)
-        m = metrics(11.0 + config["seed"], True)
-        if not defended:   # no defense: the low PSNR is a failed attack
-            m = {**m, "defenses": [], "control": None}
-        return m
-
-    spec = parse_spec({"base": {"model": "lenet-dlg", "iterations": 5, "threads": 1},
-                       "grid": {"attack": ["idlg", "ig"], "defense": [[], "gaussian:1"], "seed": [0, 1]}})
-    with ResultStore(tmp_path) as store:
-        for i, cell in enumerate(spec.cells):
-            store.add(cell.cell_id, cell.grid, cell.config,
-                      {"status": "ok", "metrics": score(cell.config, i), "wall_seconds": 1.0})
-    page = render_dashboard(tmp_path, stores=sweep_stores()).read_text()
-    section = page.split("<h2>Worst case over the attacks, per client setting</h2>", 1)[1].split("<h2>", 1)[0]
-    rows = re.findall(r"<tr class=\"r-(\w+)\">(.*?)</tr>", section)
-    by_defense = {("gaussian:1" if "gaussian:1" in r else "none"): (v, r) for v, r in rows}
-    assert by_defense["none"][0] == LEAKED and by_defense["none"][1].rstrip().endswith("<td>idlg</td>")
-    assert by_defense["gaussian:1"][0] == DEFENDED
-    # the per-cell verdicts: IG with no defense is inconclusive, never defended
-    assert "ig" in section and "inconclusive" in by_defense["none"][1]
-
-
-def test_dashboard_links_each_cells_report(tmp_path):
-    """Issue 37 item 7: with run folders kept, each cell's row links its report.html (relative to
-    the page, wherever --out puts it); without them, no link column."""
-    from test_dashboard import make_sweep, metrics
-
-    from gradleak.report.dashboard import render_dashboard
-    from gradleak.sweep.dashboard_cli import sweep_stores
-
-    sweep = tmp_path / "sweep"
-    spec = make_sweep(sweep, {"seed": [0, 1]}, lambda c, i: metrics(30.0, True))
-    assert ">report.html</a>" not in render_dashboard(sweep, stores=sweep_stores()).read_text()
-    first = spec.cells[0].cell_id
-    (sweep / "runs" / first).mkdir(parents=True)
-    (sweep / "runs" / first / "report.html").write_text("<html></html>")
-    page = render_dashboard(sweep, stores=sweep_stores()).read_text()
-    assert page.count(">report.html</a>") == 1 and f'href="runs/{first}/report.html"' in page
-    (tmp_path / "pages").mkdir()
-    elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html", stores=sweep_stores()).read_text()
-    assert f'href="../sweep/runs/{first}/report.html"' in elsewhere
-
-
 def test_dashboard_summarises_a_folder_of_single_runs(tmp_path, capsys):
     """Issue 37 item 7: `gradleak dashboard runs/` over single `gradleak attack` runs: one row per
     run folder with the run's own verdict, the worst case over its attacks, a link to each report."""

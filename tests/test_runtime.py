@@ -1,5 +1,5 @@
 """gradleak.runtime: the allocator setting the first attack makes (glibc's mmap/trim thresholds),
-devices, and IEEE float32 during attacks.
+devices, and IEEE float32 during attacks (gradleak.engine.precision).
 
 What the allocator setting is for is fewer fresh pages per attack step; how many fewer (minor page
 faults of the same attack with and without it) is measured by benchmarks/checks.py, not here: a
@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from gradleak import runtime
+from gradleak.engine import precision
 
 glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                                 reason="mallopt is glibc's")
@@ -128,15 +129,15 @@ def test_ieee_float32_sets_and_restores_cuda_precision_flags() -> None:
 
     conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
     before = (conv.fp32_precision, matmul.fp32_precision)
-    with runtime.ieee_float32(torch.device("cpu")):
+    with precision.ieee_float32(torch.device("cpu")):
         assert (conv.fp32_precision, matmul.fp32_precision) == before  # nothing on a CPU
     legacy = (torch.backends.cudnn.allow_tf32, matmul.allow_tf32)
-    with runtime.ieee_float32(torch.device("cuda")):  # the flags exist without a GPU
+    with precision.ieee_float32(torch.device("cuda")):  # the flags exist without a GPU
         assert (torch.backends.cudnn.allow_tf32, matmul.allow_tf32) == (False, False)  # readable inside
         assert conv.fp32_precision != "tf32" and matmul.fp32_precision == "ieee"
     # back as before (torch may spell an unchanged matmul setting "none" or "ieee": the same precision)
     assert conv.fp32_precision == before[0] and (torch.backends.cudnn.allow_tf32, matmul.allow_tf32) == legacy
-    with pytest.raises(RuntimeError, match="boom"), runtime.ieee_float32(torch.device("cuda")):
+    with pytest.raises(RuntimeError, match="boom"), precision.ieee_float32(torch.device("cuda")):
         raise RuntimeError("boom")
     assert conv.fp32_precision == before[0] and (torch.backends.cudnn.allow_tf32, matmul.allow_tf32) == legacy
     # flags set through the new per-backend API (the legacy view cannot be read): that API is used
@@ -145,7 +146,7 @@ def test_ieee_float32_sets_and_restores_cuda_precision_flags() -> None:
     try:
         with pytest.raises(RuntimeError):
             torch.backends.cudnn.allow_tf32  # noqa: B018 (torch refuses the legacy read here)
-        with runtime.ieee_float32(torch.device("cuda")):
+        with precision.ieee_float32(torch.device("cuda")):
             assert conv.fp32_precision == "ieee" and matmul.fp32_precision == "ieee"
         assert conv.fp32_precision == "tf32"
     finally:
@@ -155,7 +156,7 @@ def test_ieee_float32_sets_and_restores_cuda_precision_flags() -> None:
 
 def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each attack entry point (DLG, iDLG, Inverting Gradients, GradInversion through Engine.run,
-    text DLG) runs its optimisation inside runtime.ieee_float32 on its own device, when called
+    text DLG) runs its optimisation inside engine.precision.ieee_float32 on its own device, when called
     through the API as much as through the runner: the context is entered once per attack, and the attack's
     observer, called from inside its loop, sees it open."""
     import contextlib
@@ -182,10 +183,10 @@ def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -
     def observer(name: str):  # noqa: ANN202
         return lambda *_: seen.setdefault(name, []).append(depth[0] == 1)
 
-    monkeypatch.setattr(runtime, "ieee_float32", record)
-    import gradleak.attacks.engine as engine_module  # Engine.run, which runs every image attack, holds its own binding
+    monkeypatch.setattr(precision, "ieee_float32", record)  # what text's attack_precision calls
+    import gradleak.engine.core as engine_core  # Engine.run, which runs every image attack, holds its own binding
 
-    monkeypatch.setattr(engine_module, "ieee_float32", record)
+    monkeypatch.setattr(engine_core, "ieee_float32", record)
     case = prepare(make_config(model="convnet", width=4, batch_size=1, share_bn_statistics=True, progress=False))
     names = ("dlg", "idlg", "ig", "gradinversion")
     for name in names:

@@ -92,7 +92,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 # torch), with GradInversion's presets as variants; resolved when the run starts
 # (attacks.configs.resolve_attack: --iterations then rescales GradInversion's registration
 # schedule and caps its warm-up). The text attacks' defaults per text model (text.attacks.
-# DEFAULTS) are data here; tests/test_cli_quiet.py checks every value against the code that
+# DEFAULTS) are data here; tests/cli/test_cli_quiet.py checks every value against the code that
 # resolves it.
 TEXT_DEFAULTS = ("text", {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64",
                           "search_evaluations": 4000},
@@ -267,7 +267,7 @@ def _attack_status(metrics: dict[str, Any], run_dir: Path | None) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """`gradleak attack --resume RUN`: continue an interrupted run with its saved config."""
-    from .attacks.state import find_state, read_saved_config
+    from .engine.checkpoints import find_state, read_saved_config
     from .config import AttackConfig, make_config
     from .errors import ConfigError
     from .pipeline import run
@@ -701,7 +701,7 @@ def _print_summary(metrics: dict[str, Any], run_dir: Path | None) -> None:
 
 
 # One-line help of the sub-commands whose flags a module that imports torch adds (they are added
-# only when the sub-command runs); tests/test_cli_quiet.py checks they equal the modules' own.
+# only when the sub-command runs); tests/cli/test_cli_quiet.py checks they equal the modules' own.
 LAZY_HELP = {
     "audit-flower": "run an example Flower federation (Fashion-MNIST, FedAvg) and audit every client's update "
                     "each round",
@@ -870,7 +870,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one line, bounded whatever a message echoes (a hostile file's megabyte of text)
         print(f"gradleak: error: {one_line(str(exc), MAX_ERROR_LINE)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt as exc:  # attacks.state.Interrupted: state saved, says how to resume
+    except KeyboardInterrupt as exc:  # engine.Interrupted: state saved, says how to resume
         if str(exc):
             print(f"gradleak: {exc}", file=sys.stderr)
         else:

@@ -20,7 +20,7 @@ collection off (no exporter, no metrics traffic); and every HTTP(S) request of R
 sent to a proxy at 127.0.0.1 port 0, which nothing can listen on, so the metadata probes fail on
 this machine without a DNS query or a packet out (loopback addresses bypass the proxy; Ray's
 gRPC ignores proxies). The environment is set for the block only: Ray's processes inherit it
-when they start, the caller's environment is restored on exit. ``tests/test_loopback.py``
+when they start, the caller's environment is restored on exit. ``tests/reliability/test_loopback.py``
 traces both users (the Ray sweep executor, the Flower audit) with strace: every AF_INET/AF_INET6
 ``bind`` is to loopback and every ``connect``/``sendto`` goes to loopback.
 

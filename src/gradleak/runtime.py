@@ -1,16 +1,9 @@
-"""Process and device settings of an attack: the device, float32 precision on CUDA, and glibc's
-allocator on CPU.
+"""Process and device settings of an attack: the device, glibc's allocator on CPU, and the
+threads on a busy machine (float32 precision on CUDA is the engine's: engine/precision.py).
 
 Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
 device, with one clear ConfigError for a GPU that is not there; the pipeline and the engine
 (``Engine.device``) both use it.
-
-float32 on CUDA: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere
-and later GPUs by default. Gradient matching compares the attacker's float32 gradient with the
-client's (computed in IEEE float32) and differentiates it once more, so TF32 would put a floor
-under the gradient distance and make GPU runs differ from CPU runs beyond rounding.
-``ieee_float32`` makes cuDNN convolutions and cuBLAS matmuls IEEE float32 while an attack runs
-(benchmarks/gpu.py measures what TF32 would save and how far its gradient is off).
 
 Allocator (CPU):
 
@@ -44,14 +37,11 @@ Only glibc (Linux) has these knobs; elsewhere nothing is changed.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import functools
 import os
 import platform
 import time
-from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
@@ -129,53 +119,6 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return dev
 
 
-@contextlib.contextmanager
-def ieee_float32(device: torch.device) -> Iterator[None]:
-    """While an attack runs on CUDA: float32 convolutions (cuDNN) and matmuls (cuBLAS) in IEEE
-    float32, not TF32; the previous settings come back afterwards. Nothing changes on a CPU.
-
-    Set through torch's legacy flags (``cudnn.allow_tf32``, ``cuda.matmul.allow_tf32``) so that
-    code reading them during the attack (an observer, ``torch.backends.cudnn.flags()``) still can:
-    after the per-backend ``fp32_precision`` API is used, torch refuses to read the legacy flags.
-    Where the process's flags were already set through that API in a way the legacy flags cannot
-    express, the API itself is used. The flags are process-wide: two attacks in threads of one
-    process share them (gradleak runs attacks in processes, or one at a time under a lock)."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    try:
-        legacy = (cudnn.allow_tf32, matmul.allow_tf32)
-    except RuntimeError:  # mixed legacy / new settings: only the new API can restore them
-        legacy = None
-    if legacy is not None:
-        cudnn.allow_tf32, matmul.allow_tf32 = False, False
-        try:
-            yield
-        finally:
-            cudnn.allow_tf32, matmul.allow_tf32 = legacy
-        return
-    saved = (cudnn.conv.fp32_precision, matmul.fp32_precision)
-    cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
-    try:
-        yield
-    finally:
-        cudnn.conv.fp32_precision, matmul.fp32_precision = saved
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def attack_precision(fn: F) -> F:
-    """Decorator of an attack ``fn(update, model, settings, ...)``: the whole attack (set-up, loop,
-    final scoring) runs under ``ieee_float32`` on ``settings.device``."""
-    @functools.wraps(fn)
-    def wrapper(update: Any, model: Any, settings: Any, *args: Any, **kwargs: Any) -> Any:
-        with ieee_float32(resolve_device(settings.device)):
-            return fn(update, model, settings, *args, **kwargs)
-    return wrapper  # type: ignore[return-value]
-
-
 # ---------------------------------------------------------------- threads on a busy machine
 # Why: torch starts one intra-op thread per core, and its OpenMP threads wait for each other at
 # every parallel region. When other processes already keep cores busy, the thread that shares a
@@ -239,5 +182,5 @@ def threads_on_busy_machine() -> tuple[int, str] | None:
                      f"{'s' if threads != 1 else ''} instead of {default} (--threads N to choose)")
 
 
-__all__ = ["BUSY_SAMPLE_SECONDS", "ENV", "allocator", "attack_precision", "busy_cores", "ieee_float32", "resolve_device",
+__all__ = ["BUSY_SAMPLE_SECONDS", "ENV", "allocator", "busy_cores", "resolve_device",
            "threads_for", "threads_on_busy_machine", "tune_allocator"]

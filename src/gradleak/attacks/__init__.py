@@ -8,12 +8,10 @@ whole run through gradleak.pipeline.run) is the way in.
 
 from __future__ import annotations
 
-from .base import Observer
+from ..engine import AttackState, Engine, Observer
 from .configs import CLOSED_FORM, CONFIGS, IMAGE_ATTACK_CONFIGS, ImageAttackConfig, resolve_attack
-from .engine import Engine
 from .labels import LABEL_METHODS, restore_labels
 from .reconstruction import Reconstruction
-from .state import AttackState
 
 
 def attack_names() -> list[str]:

@@ -68,9 +68,8 @@ from ..models import ModelSpec
 from ..paths import one_line
 from ..specs import attack_specs
 from .configs import CLOSED_FORM, CONFIGS, AutoConfig
-from .engine import Engine
+from ..engine import Engine, StateFileError
 from .reconstruction import Reconstruction
-from .state import StateFileError
 from .verdict import converged_below, verdict
 
 

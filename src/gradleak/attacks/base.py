@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from ..errors import ConfigError
 from ..models import ModelSpec
 
-# observer(iteration, images) with images [K, C, H, W] (or [G, K, C, H, W]) in [0, 1]: lets the
-# caller watch progress (e.g. PSNR against a truth it holds); nothing flows back into the attack.
-Observer = Callable[[int, torch.Tensor], None]
 INITS = ("randn", "rand", "zeros")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

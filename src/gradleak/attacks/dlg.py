@@ -41,13 +41,13 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import DTYPES, initial_images, to_pixels
 from .labels import gradinversion_labels, idlg_label
-from .engine import Engine
-from .loop import LoopResult, LoopSettings, check_optimizer_memory
+from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
+from ..engine.optimizers import check_optimizer_memory
 from .objectives import squared_l2
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
-from .state import AttackState, StateFileError
+from ..engine import AttackState, StateFileError
 from .verdict import converged_below, relative_distance
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
@@ -55,7 +55,7 @@ from .verdict import converged_below, relative_distance
 # MSE on the DLG job, so the code's number is kept). float64: in float32 the attack stalls
 # around MSE 5e-5 (gradient differences drown in rounding); in float64 it reaches the paper's
 # ~3e-6 and beyond on the sigmoid LeNet. The L-BFGS is torch's algorithm with its direction in
-# compact form (lbfgs.py), with a strong Wolfe line search (torch's; DLG's code has none): without
+# compact form (engine/lbfgs.py), with a strong Wolfe line search (torch's; DLG's code has none): without
 # it, on the DLG LeNet trained on Fashion-MNIST, a step of length lr = 1 lands in the sigmoids'
 # saturation after ~14 steps (the loss jumps from 2e-3 to 1.3 and the gradient vanishes) and every
 # restart ends there (relative distance 1e2..1e4, 1 of 4 held-out images rebuilt at 100 % of
@@ -356,8 +356,9 @@ class _Portfolio:
 
             def log(t: int) -> None:
                 observer(base + t, to_pixels(model, x))
-        res = self.engine.optimise(trial.variables, objective, settings, generator=trial.gen, on_log=log,
-                                   log_every=self.engine.log_every, should_stop=stop_rule, state=outer, phase=phase)
+        res = self.engine.optimise(trial.variables, objective, settings,
+                                   LoopHooks(on_log=log, should_stop=stop_rule, state=outer), generator=trial.gen,
+                                   phase=phase)
         done = outer.done
         outer.history = [*outer.history, *({"iteration": done + h["iteration"], "loss": h["loss"],
                                              "trial": trial.index, "stage": stage} for h in res.history)]

@@ -120,17 +120,14 @@ from ..catalog import unknown
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .base import DTYPES, Observer, initial_images, to_pixels
+from .base import DTYPES, initial_images, to_pixels
 from .group import GroupConsistency, group_penalty
 from .labels import restore_labels
-from .engine import Engine
-from .loop import LoopResult, LoopSettings
+from ..engine import AttackState, Engine, LoopHooks, LoopResult, LoopSettings, Observer, SeedShard
 from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
                      l2_norm, total_variation)
 from .reconstruction import Reconstruction
-from .shard import SeedShard
 from .simulate import UpdateSimulator
-from .state import AttackState
 from .verdict import relative_distance
 
 FINAL_CHOICES = ("best", "consensus")
@@ -433,7 +430,7 @@ def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Rec
     """GradInversion on a shared update, with ``cfg`` its typed config (attacks/configs.py). Returns the final answer, every seed's candidate batch
     ([G, K, C, H, W] in ``candidates``) and the restored labels.
 
-    ``engine.shard``: the seeds spread over processes (shard.py; every process calls this with the
+    ``engine.shard``: the seeds spread over processes (engine/shard.py; every process calls this with the
     same arguments and its own shard): this process optimises seeds ``shard.local_range`` and the
     processes exchange the consensus, the loss and, at the end, scores and candidates. Every
     process returns the same answer; ``candidates`` holds every seed on rank 0 only (None on the
@@ -477,8 +474,8 @@ def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Rec
     loop = LoopSettings(iterations=cfg.iterations, lr=cfg.lr, optimizer=cfg.optimizer,
                         schedule="cosine", warmup=cfg.warmup, langevin=cfg.alpha_n,
                         progress=engine.progress, description="gradinversion")
-    result = engine.optimise([x], run.objective, loop, after_step=run.after_step, noise=run.noise, on_log=log,
-                             log_every=engine.log_every, state=state)
+    result = engine.optimise([x], run.objective, loop,
+                             LoopHooks(after_step=run.after_step, noise=run.noise, on_log=log, state=state))
     return run.reconstruction(result, notes)
 
 

@@ -37,7 +37,7 @@ Choices (the paper leaves these open):
 * With repeated labels two slots of a seed may hold the same class and swap between seeds;
   slots are not re-paired across seeds (the consensus assumes slot k is the same image in every
   candidate, which holds for distinct restored labels).
-* Seeds over processes (``shard``, see shard.py; ``gradleak attack --nproc P``): ``x`` holds
+* Seeds over processes (``shard``, see engine/shard.py; ``gradleak attack --nproc P``): ``x`` holds
   this process's seeds only; the pixel-wise mean is the all-reduced sum of every process's
   candidates / G, each process registers its own images to that global mean (the fits are per
   image), and Eq. 12's consensus is the all-reduced sum of the registered candidates / G.
@@ -49,7 +49,7 @@ import torch
 
 from .. import registration
 from ..errors import ConfigError
-from .shard import SeedShard
+from ..engine.shard import SeedShard
 
 GROUP_MODES = ("none", "lazy", "registered")
 
@@ -94,7 +94,7 @@ class Registration:
         self.fits += 1
 
     def get_state(self) -> dict[str, object]:
-        """The transforms and fit count (for resumable runs, see state.py)."""
+        """The transforms and fit count (for resumable runs, see engine/state.py)."""
         return {"theta": self.theta, "fits": self.fits}
 
     def set_state(self, state: dict[str, object]) -> None:
@@ -149,7 +149,7 @@ class GroupConsistency:
         return True
 
     def get_state(self) -> dict[str, object]:
-        """What the next steps depend on: the registration's transforms (state.py)."""
+        """What the next steps depend on: the registration's transforms (engine/state.py)."""
         return {"registration": self.registration.get_state() if self.registration is not None else None}
 
     def set_state(self, state: dict[str, object]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .dlg import run_dlg
-from .engine import Engine
+from ..engine import Engine
 from .reconstruction import Reconstruction
 
 

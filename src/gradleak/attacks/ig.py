@@ -72,9 +72,7 @@ from ..models import ModelSpec
 from .base import DTYPES, initial_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import restore_labels
-from .engine import Engine
-from .loop import LoopSettings
-from .state import AttackState
+from ..engine import AttackState, Engine, LoopHooks, LoopSettings
 from .verdict import relative_distance
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
@@ -187,8 +185,7 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
 
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         schedule="step", signed=True, progress=engine.progress, description="ig")
-    result = engine.optimise([x], objective, loop, after_step=box, on_log=log, log_every=engine.log_every,
-                      state=kept)
+    result = engine.optimise([x], objective, loop, LoopHooks(after_step=box, on_log=log, state=kept))
     with torch.no_grad():
         keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
     score, answer = kept.score, kept.x

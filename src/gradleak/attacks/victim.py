@@ -51,7 +51,7 @@ class BatchStatNorm(nn.Module):
     central differences: single BN-weight terms off by up to 40 %, the whole derivative of the
     gradient distance by 1e-5 to 1e-4 relative, and 2e-3 to 7e-3 with GradInversion's BN prior
     added, for G = 1 and G = 2 alike). Written out like this the derivative matches the
-    finite difference and plain autograd to rounding (tests/test_gradinversion.py). The
+    finite difference and plain autograd to rounding (tests/attacks/test_gradinversion.py). The
     parameters keep their names (``weight``, ``bias``), so ``functional_call`` is unchanged.
     """
 

@@ -189,7 +189,7 @@ class LeakageAuditor:
         """Attack one client's update of one round: write its run folder, append and return its
         index row. Never raises for a failed attack (the row says why): an audit must not stop
         the federation."""
-        from ..attacks.state import Session
+        from ..engine import Session
         from ..pipeline.image import ImageCase
         from ..pipeline.run import attack_case
 

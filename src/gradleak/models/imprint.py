@@ -49,7 +49,7 @@ from .registry import ModelSpec
 # proportional to the gain alone, so the server makes them loud: loud next to a defense's noise
 # and next to the float32 rounding of a FedAvg update (the attack's exact ratio does not depend on
 # it). A gain of 1e-3 with s = 1 (the first version) lost the images under Gaussian noise of 1e-5
-# that iDLG shrugs off; see IMPRINT_GAIN's measurements in tests/test_imprint.py.
+# that iDLG shrugs off; see IMPRINT_GAIN's measurements in tests/attacks/test_imprint.py.
 IMPRINT_SHIFT = 1e-3
 IMPRINT_GAIN = 1e2
 

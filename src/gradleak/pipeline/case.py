@@ -113,7 +113,7 @@ class Observer:
         return {"points": dict(self.points)}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        from ..attacks.state import StateFileError
+        from ..engine import StateFileError
 
         points = state.get("points")
         if not isinstance(points, dict) or not all(isinstance(k, int) and isinstance(v, float) for k, v in points.items()):

@@ -15,7 +15,7 @@ Two ways in, one code path per process (the pipeline's ``run_shard``, handed in 
 
 Every process builds the case itself (the simulated client is deterministic for a given
 config; with ``--update FILE`` every node needs the file), so nothing but the attack's own
-exchanges goes over the wire (see attacks/shard.py). Rank 0 writes the run folder; resumable
+exchanges goes over the wire (see engine/shard.py). Rank 0 writes the run folder; resumable
 state is not saved (``--resume`` with several processes is refused).
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..attacks.shard import SeedShard
+from ..engine import SeedShard
 from ..config import AttackConfig
 from ..errors import ConfigError, GradleakError
 from ..localray import safe_path_children

@@ -194,7 +194,7 @@ def attack_update(update: SharedUpdate, model: ModelSpec, attack: str, *, observ
     ``seeds=2``, ...) and ``seed``, resolved on this update and model exactly as a run resolves
     them (unknown or inapplicable flags are a ConfigError), then run by an Engine with
     ``observer`` (e.g. a PSNR observer holding a truth the attack never sees)."""
-    from ..attacks.engine import Engine
+    from ..engine import Engine
     from ..config import make_config
 
     values = make_config(attack=attack, **flags).model_dump()  # the CLI's validation of every flag

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import __version__
-from ..attacks.state import state_dir_for
+from ..engine.checkpoints import state_dir_for
 from ..paths import StagedDir
 from ..runtime import allocator, cpu_model
 

@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from ..attacks.engine import Engine
-from ..attacks.shard import SeedShard
-from ..attacks.state import Session, StateFileError, load_state, state_dir_for
+from ..engine import Engine, SeedShard, Session, StateFileError
+from ..engine.checkpoints import load_state, state_dir_for
 from ..attacks.verdict import verdict
 from ..defenses.floor import noise_floor
 from ..config import AttackConfig

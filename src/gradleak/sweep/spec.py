@@ -46,7 +46,7 @@ LATER_FIELDS = {"box": False}
 # a store of before, whose cell ran under the old default, does not hand that cell to a run under
 # the new one (without this, reproduction/batch-size reused its Inverting Gradients cells of 4800
 # iterations as if they were the 1000 of the new default). Fields whose default never changed stay
-# out, so stores keep those cells. tests/test_sweep.py pins every attack's resolved defaults and
+# out, so stores keep those cells. tests/sweep/test_sweep.py pins every attack's resolved defaults and
 # fails, naming this table, when one changes: add the field here with its new default.
 # Each attack declares its own in its SPEC ("changed_defaults", gradleak/specs.py). Each tag is
 # hashed into the identity of the cells it applies to: an existing tag stays word for word (the

@@ -40,15 +40,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..attacks.engine import Engine
-from ..attacks.loop import LoopResult, LoopSettings
+from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
 from ..attacks.objectives import squared_l2
 from ..catalog import unknown
 from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate
-from ..runtime import attack_precision, resolve_device
+from ..engine.precision import attack_precision
+from ..runtime import resolve_device
 from .models import TextModel
 
 # observer(iteration, token ids per sentence [CLS] ... [SEP]); for watching only.
@@ -709,7 +709,7 @@ class _TextDLG:
 
             def log(t: int) -> None:
                 observer(t, self.to_tokens(self.relax.current_ids()))
-        res = engine.optimise(variables, self.objective, loop, generator=gen, on_log=log, log_every=log_every)
+        res = engine.optimise(variables, self.objective, loop, LoopHooks(on_log=log, log_every=log_every), generator=gen)
         self.history = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"} for h in res.history]
         self.done = res.iterations
         return res

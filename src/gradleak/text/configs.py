@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..attacks.engine import Engine, register_attack
+from ..engine import Engine, register_attack
 from ..errors import ConfigError, GradleakError
 from ..fl.update import SharedUpdate
 from .attacks import DEFAULTS, TEXT_ATTACKS, TextAttackSettings, TextReconstruction, run_text_attack

@@ -1,19 +1,20 @@
 """The engine: the run services an attack is given, passed to it explicitly (never found through
-a global).
+a global). An attack computes an objective and its answer; the engine does the rest.
 
-* ``session`` (state.py): resumable checkpoints, divergence recovery and SIGINT/SIGTERM handling
-  of the one optimisation loop; an attack's extra state goes into the loop's snapshots through
-  the StateHooks it passes to :meth:`Engine.optimise`;
-* ``observer``: watches the attack's current answer (PSNR against a truth the caller holds);
-  nothing flows back;
-* ``shard``: GradInversion's seeds spread over processes (shard.py; None: all seeds here);
+* ``session`` (session.py, checkpoints.py, loop_state.py): resumable checkpoints, the resume
+  point and SIGINT/SIGTERM handling of the one optimisation loop; an attack's extra state goes
+  into the loop's snapshots through the ``state`` hook it passes to :meth:`Engine.optimise`;
+* the divergence guard (guard.py): a non-finite step goes back to the last good state with a
+  smaller learning rate;
+* ``observer`` (progress.py): watches the attack's current answer (PSNR against a truth the
+  caller holds), every ``log_every`` steps; nothing flows back; ``progress``: the progress bar;
+* ``shard`` (shard.py): GradInversion's seeds spread over processes (None: all seeds here);
 * precision and the allocator: :meth:`Engine.run` runs the attack under IEEE float32 on CUDA
-  (runtime.ieee_float32) and the loop tunes glibc's allocator once per process;
-* ``device``, ``log_every``, ``progress``: where it runs, how often it is observed, whether a
-  progress bar is shown.
+  (precision.py) and the loop tunes glibc's allocator once per process (runtime.py);
+* ``device``: where it runs.
 
 ``Engine.run(config, update, model)`` runs the attack whose typed config ``config`` is: an image
-attack's config carries its spec (configs.py), whose module's ``run(config, update, model,
+attack's config carries its spec (attacks/configs.py), whose module's ``run(config, update, model,
 engine)`` it calls; the text attacks register theirs with :func:`register_attack`
 (text/configs.py).
 """
@@ -21,18 +22,21 @@ engine)`` it calls; the text attacks register theirs with :func:`register_attack
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import UnknownNameError
 from ..fl.update import SharedUpdate
-from ..runtime import ieee_float32, resolve_device
-from .base import Observer
-from .loop import LoopResult, LoopSettings, Objective, optimise
+from ..runtime import resolve_device
+from .loop import optimise
+from .precision import ieee_float32
+from .progress import Observer
+from .session import Session
+from .settings import LoopHooks, LoopResult, LoopSettings, Objective
 from .shard import SeedShard
-from .state import Session, StateHooks
+from .state import StateHooks
 
 
 @dataclass
@@ -49,9 +53,16 @@ class Engine:
 
     # -- what attacks call
     def optimise(self, variables: Sequence[torch.Tensor], objective: Objective, settings: LoopSettings,
-                 **kwargs: Any) -> LoopResult:
-        """loop.optimise under this engine's session (checkpoints, divergence, signals)."""
-        return optimise(variables, objective, settings, session=self.session, **kwargs)
+                 hooks: LoopHooks | None = None, *, generator: torch.Generator | None = None,
+                 phase: str = "main") -> LoopResult:
+        """loop.optimise under this engine's session (checkpoints, divergence, signals); the
+        attack's ``on_log`` hook runs every ``log_every`` steps of this engine unless it says
+        otherwise."""
+        hooks = hooks if hooks is not None else LoopHooks()
+        if hooks.log_every is None:
+            hooks = replace(hooks, log_every=self.log_every)
+        return optimise(variables, objective, settings, hooks, generator=generator, phase=phase,
+                        session=self.session)
 
     def resume_phase(self) -> str | None:
         """The phase a resumed run restarts in (attacks with several phases skip to it), or None."""

@@ -50,7 +50,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gradleak.attacks.shard import SeedShard
+from gradleak.engine import SeedShard
 from gradleak.cli import main
 from gradleak.config import make_config
 from gradleak.errors import ConfigError, GradleakError
@@ -220,12 +220,12 @@ def _diverging_worker(rank: int, port: int, folder: str) -> None:
     """Rank 1's candidates become non-finite after its 7th step (its loss stays finite)."""
     import torch.distributed as dist
 
-    import gradleak.attacks.loop as loop
+    import gradleak.engine.loop as loop
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     if rank == 1:
-        make = loop._make_optimizer
+        make = loop.make_optimizer
 
         def poisoned(variables, settings):
             opt = make(variables, settings)
@@ -240,7 +240,7 @@ def _diverging_worker(rank: int, port: int, folder: str) -> None:
                 return out
             opt.step = step_then_poison
             return opt
-        loop._make_optimizer = poisoned
+        loop.make_optimizer = poisoned
     try:
         result = run(make_config(**BASE, seeds=4, group="lazy"), write=False, shard=SeedShard(4, 2, rank))
         if rank == 0:

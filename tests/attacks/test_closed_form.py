@@ -30,7 +30,7 @@ from gradleak.models.server import parse_server
 from gradleak.pipeline import attack_update
 
 FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "robustness.py"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

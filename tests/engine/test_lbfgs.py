@@ -1,4 +1,4 @@
-"""CompactLBFGS (attacks/lbfgs.py) is torch's L-BFGS with the direction in compact form: same
+"""CompactLBFGS (engine/lbfgs.py) is torch's L-BFGS with the direction in compact form: same
 trajectories to rounding, with the history wrapping around, with and without line search, and
 its state survives a state_dict round trip (resume)."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from gradleak.attacks.lbfgs import CompactLBFGS
+from gradleak.engine.lbfgs import CompactLBFGS
 
 N = 30
 

@@ -2,7 +2,7 @@
 
 Each experiment runs at its ``--smoke`` setting (its smallest meaningful one) and must write the
 declared columns with sane numbers; the asserted comparisons were measured first (single thread,
-numbers in the comments) and are checked with a declared margin. What tests/test_threats.py,
+numbers in the comments) and are checked with a declared margin. What tests/fl/test_threats.py,
 test_threat_attacks.py and test_defenses.py already cover (the simulation reproducing the update,
 each defense's exact effect, DP epsilon) is not repeated here.
 """
@@ -92,7 +92,7 @@ def _readme_states_the_defenses_smoke(rows) -> None:
     """The README's sentence on the defenses smoke run says what this run measured (issue 43: it
     said four settings "defend" while a fresh smoke run had none defended; issue 37: "defended"
     needs positive evidence, which DP-SGD's cell has)."""
-    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
     cell = {(r["attack"], r["spec"]): r for r in rows}
     db = lambda attack, *specs: ", ".join(f"{cell[attack, s]['psnr']:.1f}" for s in specs)  # noqa: E731
     strong = ("gaussian:0.1", "laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")

@@ -36,7 +36,7 @@ from gradleak.fl.threats import ThreatModel, client_share, share
 from gradleak.metrics import evaluate
 from gradleak.models import ModelSpec, build_model
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "robustness.py"
 # the module itself (gradleak.attacks re-exports the function under the same name)
 rgap_module = importlib.import_module("gradleak.attacks.rgap")
 

@@ -41,7 +41,7 @@ from gradleak.models import build_model
 
 # scikit-image and scikit-learn are in the test extra: the photos come from their wheels (no skip)
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness.py"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "robustness.py"
 
 
 def _robustness():

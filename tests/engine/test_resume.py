@@ -31,8 +31,11 @@ from safetensors.torch import load_file
 from gradleak.attacks import Engine
 from gradleak.attacks.configs import resolve_attack
 from gradleak.attacks.gradinversion import layer_counts, preset_values
-from gradleak.attacks.loop import LoopSettings, optimise
-from gradleak.attacks.state import Interrupted, Session, StateFileError, load_state, pack, state_dir_for, unpack
+from gradleak.engine import LoopSettings
+from gradleak.engine.loop import optimise
+from gradleak.engine import Interrupted, Session, StateFileError
+from gradleak.engine.checkpoints import load_state, state_dir_for
+from gradleak.engine.state import pack, unpack
 from gradleak.cli import main
 from gradleak.data import open_source, sample_batch
 from gradleak.fl import fedsgd

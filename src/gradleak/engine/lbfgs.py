@@ -27,7 +27,7 @@ pair is added. Every
 other rule is torch's, unchanged: the first step's length min(1, 1/|g|_1) lr, the curvature test
 y^T s > 1e-10 for storing a pair, the history limit (oldest pair dropped), max_iter / max_eval,
 the tolerances, the optional strong-Wolfe line search, and the state kept across ``step`` calls.
-In exact arithmetic the directions are identical; tests/test_lbfgs.py checks that the trajectories
+In exact arithmetic the directions are identical; tests/engine/test_lbfgs.py checks that the trajectories
 of the two agree to rounding (a quadratic and Rosenbrock, with and without line search, with the
 history wrapping around). ``maximize`` is not supported (the attacks minimise).
 

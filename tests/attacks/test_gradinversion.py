@@ -428,16 +428,16 @@ def test_bn_approx_on_initial_running_statistics_says_so(tmp_path, capsys):
 
 def _final_iterate(monkeypatch, update, spec, gi):
     """Run GradInversion and return its optimised variable (normalised images) after the last step."""
-    from gradleak.attacks import engine as engine_module
+    from gradleak.engine import Engine
 
     seen: list[torch.Tensor] = []
-    real = engine_module.Engine.optimise
+    real = Engine.optimise
 
-    def optimise(self, variables, objective, settings, **kwargs):
+    def optimise(self, variables, objective, settings, *args, **kwargs):
         seen.append(variables[0])
-        return real(self, variables, objective, settings, **kwargs)
+        return real(self, variables, objective, settings, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module.Engine, "optimise", optimise)
+    monkeypatch.setattr(Engine, "optimise", optimise)
     rec = gradinversion(update, spec, seed=3, **gi)
     return seen[0].detach(), rec
 

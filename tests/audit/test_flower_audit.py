@@ -59,7 +59,7 @@ def test_flower_client_update_is_gradleaks_fedavg_update(tmp_path):
 
 
 def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
-    from gradleak.attacks.engine import Engine
+    from gradleak.engine import Engine
 
     s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05)
     g, c, batch = _client_round(s)
@@ -154,7 +154,7 @@ def test_audit_flower_refuses_bad_flags_before_anything_starts(flags, named, tmp
 @pytest.mark.timeout(240)
 def test_flower_example_federation_audits_every_client_every_round(tmp_path, capsys):
     """Flower's own simulation engine, 2 clients x 2 rounds, FedAvg; one audit row per client per round.
-    Ray runs as gradleak.localray starts it (loopback only; tests/test_loopback.py traces it) and
+    Ray runs as gradleak.localray starts it (loopback only; tests/reliability/test_loopback.py traces it) and
     the caller's environment is given back unchanged."""
     from gradleak.cli import main
     from gradleak.localray import ENVIRONMENT
@@ -208,7 +208,7 @@ def test_the_existing_app_example_runs_flower_on_gradleaks_loopback_ray(tmp_path
 
     import gradleak.localray
 
-    path = Path(__file__).resolve().parent.parent / "examples" / "flower_existing_app.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "flower_existing_app.py"
     spec = importlib.util.spec_from_file_location("gradleak_example_flower_existing_app", path)
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)

@@ -12,7 +12,7 @@ import torch
 from gradleak.attacks import AttackState, resolve_attack
 from gradleak.attacks.configs import CONFIGS
 from gradleak.attacks.gradinversion import settings_record
-from gradleak.attacks.state import state_dir_for
+from gradleak.engine.checkpoints import state_dir_for
 from gradleak.cli import main
 from gradleak.config import make_config
 from gradleak.errors import ConfigError

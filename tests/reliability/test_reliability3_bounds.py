@@ -184,7 +184,7 @@ def test_auto_keeps_the_closed_form_answer_when_its_fallback_errors(monkeypatch)
     """The fallback's own error ends the run only when no closed-form answer is left to keep."""
     from gradleak.attacks import auto
     from gradleak.attacks.configs import CONFIGS
-    from gradleak.attacks.engine import ATTACK_RUNNERS
+    from gradleak.engine import ATTACK_RUNNERS
     from gradleak.pipeline import attack_update
 
     update, model = _mlp_update([0, 1], width=256)

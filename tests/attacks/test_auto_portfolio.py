@@ -13,9 +13,9 @@ import torch
 from gradleak.attacks import Engine, resolve_attack
 from gradleak.attacks.auto import auto_portfolio
 from gradleak.attacks.configs import CONFIGS
-from gradleak.attacks.engine import ATTACK_RUNNERS
+from gradleak.engine import ATTACK_RUNNERS
 from gradleak.attacks.reconstruction import Reconstruction
-from gradleak.attacks.state import state_dir_for
+from gradleak.engine.checkpoints import state_dir_for
 from gradleak.cli import main
 from gradleak.data import open_source, sample_batch
 from gradleak.errors import ConfigError, GradleakError

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import gradleak.attacks.engine as engine
+import gradleak.engine.core as engine
 import gradleak.pipeline.image as runner
 from gradleak.cli import main
 

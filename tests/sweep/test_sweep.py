@@ -148,7 +148,7 @@ CELLS = {"base": BASE, "grid": {"batch_size": [1, 2], "seed": [0, 1]}}
 
 @pytest.mark.timeout(240)
 def test_ray_sweep_matches_local_executor(tmp_path):
-    """The local Ray is gradleak.localray's (loopback only; tests/test_loopback.py traces it)."""
+    """The local Ray is gradleak.localray's (loopback only; tests/reliability/test_loopback.py traces it)."""
     import ray
 
     from gradleak.localray import ENVIRONMENT
@@ -250,7 +250,7 @@ def test_dashboard_is_self_contained_and_escaped(tmp_path):
 
 
 # ------------------------------------------------------------------ attack defaults and cell identity
-DEFAULTS_FILE = Path(__file__).with_name("attack_defaults.json")
+DEFAULTS_FILE = Path(__file__).resolve().parents[1] / "attack_defaults.json"
 # The reference convnet (14 parameter tensors, 4 BN layers) and ResNet-18 (62, 20): the per-layer
 # rules of IG's alpha_TV and GradInversion's preset alphas are read at both.
 DEFAULTS_LAYERS = (None, (14, 4), (62, 20))
@@ -335,7 +335,7 @@ def test_the_readme_sweep_example_is_a_valid_spec_of_36_cells():
     2 defenses x 3 seeds, each cell a distinct resolved config."""
     from gradleak.sweep.spec import load_spec
 
-    spec = load_spec(Path(__file__).resolve().parent.parent / "examples" / "sweep-batch-defense.yaml")
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "sweep-batch-defense.yaml")
     assert len(spec.cells) == 36 and len({c.cell_id for c in spec.cells}) == 36
     assert {c.config["attack"] for c in spec.cells} == {"dlg", "idlg"}
     assert {c.config["batch_size"] for c in spec.cells} == {1, 2, 4}

@@ -1,0 +1,72 @@
+"""Precision while an attack runs: IEEE float32 on CUDA (never TF32), restored afterwards.
+
+Why: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere
+and later GPUs by default. Gradient matching compares the attacker's float32 gradient with the
+client's (computed in IEEE float32) and differentiates it once more, so TF32 would put a floor
+under the gradient distance and make GPU runs differ from CPU runs beyond rounding.
+``ieee_float32`` makes cuDNN convolutions and cuBLAS matmuls IEEE float32 while an attack runs
+(benchmarks/gpu.py measures what TF32 would save and how far its gradient is off).
+
+:meth:`core.Engine.run` runs every image attack under :func:`ieee_float32`; the text attacks'
+entry points are decorated with :func:`attack_precision`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+from ..runtime import resolve_device
+
+
+@contextlib.contextmanager
+def ieee_float32(device: torch.device) -> Iterator[None]:
+    """While an attack runs on CUDA: float32 convolutions (cuDNN) and matmuls (cuBLAS) in IEEE
+    float32, not TF32; the previous settings come back afterwards. Nothing changes on a CPU.
+
+    Set through torch's legacy flags (``cudnn.allow_tf32``, ``cuda.matmul.allow_tf32``) so that
+    code reading them during the attack (an observer, ``torch.backends.cudnn.flags()``) still can:
+    after the per-backend ``fp32_precision`` API is used, torch refuses to read the legacy flags.
+    Where the process's flags were already set through that API in a way the legacy flags cannot
+    express, the API itself is used. The flags are process-wide: two attacks in threads of one
+    process share them (gradleak runs attacks in processes, or one at a time under a lock)."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    try:
+        legacy = (cudnn.allow_tf32, matmul.allow_tf32)
+    except RuntimeError:  # mixed legacy / new settings: only the new API can restore them
+        legacy = None
+    if legacy is not None:
+        cudnn.allow_tf32, matmul.allow_tf32 = False, False
+        try:
+            yield
+        finally:
+            cudnn.allow_tf32, matmul.allow_tf32 = legacy
+        return
+    saved = (cudnn.conv.fp32_precision, matmul.fp32_precision)
+    cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+    try:
+        yield
+    finally:
+        cudnn.conv.fp32_precision, matmul.fp32_precision = saved
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def attack_precision(fn: F) -> F:
+    """Decorator of an attack ``fn(update, model, settings, ...)``: the whole attack (set-up, loop,
+    final scoring) runs under ``ieee_float32`` on ``settings.device``."""
+    @functools.wraps(fn)
+    def wrapper(update: Any, model: Any, settings: Any, *args: Any, **kwargs: Any) -> Any:
+        with ieee_float32(resolve_device(settings.device)):
+            return fn(update, model, settings, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["attack_precision", "ieee_float32"]
