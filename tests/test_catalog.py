@@ -23,7 +23,7 @@ def test_catalog_equals_the_registries():
     from gradleak.models import describe_models
     from gradleak.models.server import SERVERS
     from gradleak.attacks.gradinversion import PRESETS
-    from gradleak.text.attacks import TEXT_ATTACKS
+    from gradleak.text.configs import TEXT_ATTACK_CONFIGS
     from gradleak.text.models import TEXT_MODELS
 
     assert describe_models() == dict(sorted(catalog.MODELS.items()))
@@ -36,7 +36,10 @@ def test_catalog_equals_the_registries():
     assert tuple(defense_names()) == catalog.DEFENSES
     assert tuple(SERVERS) == catalog.SERVERS
     assert tuple(sorted(PRESETS)) == catalog.PRESETS
-    assert TEXT_ATTACKS == catalog.TEXT_ATTACKS
+    assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("bow", "dlg", "dlg-free")
+    for name, summary in catalog.TEXT_ATTACKS.items():  # text attacks declare themselves the same way
+        module = importlib.import_module(TEXT_ATTACK_CONFIGS[name].spec.module)
+        assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)
     assert TEXT_MODELS == catalog.TEXT_MODELS
     assert experiment_names() == sorted(catalog.EXPERIMENTS)
     assert {k: v[1] for k, v in EXPERIMENTS.items()} == catalog.EXPERIMENTS

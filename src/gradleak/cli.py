@@ -14,7 +14,7 @@ import shlex
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .console import notice_once
 from .errors import GradleakError
@@ -91,35 +91,61 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 # (its SPEC, read by specs.py without importing the attack: `gradleak attack --help` imports no
 # torch), with GradInversion's presets as variants; resolved when the run starts
 # (attacks.configs.resolve_attack: --iterations then rescales GradInversion's registration
-# schedule and caps its warm-up). The text attacks' defaults per text model (text.attacks.
-# DEFAULTS) are data here; tests/cli/test_cli_quiet.py checks every value against the code that
-# resolves it.
-TEXT_DEFAULTS = ("text", {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64",
-                          "search_evaluations": 4000},
-                 (("on minilm", {"iterations": 50, "dtype": "float32", "search_evaluations": 500}),))
-Defaults = tuple[tuple[str, dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]], ...]
+# schedule and caps its warm-up). The text attacks' defaults per text model come from their SPECs'
+# model_defaults (the first model's are the row, the others' its variants "on MODEL");
+# tests/cli/test_cli_quiet.py checks every value against the code that resolves it.
+Variants = tuple[tuple[str, dict[str, Any]], ...]   # (label, the values that differ)
+Row = tuple[str, dict[str, Any], Variants]            # (attack or attacks, their defaults, variants)
+Defaults = tuple[Row, ...]
 
 
-@functools.cache
-def attack_defaults() -> Defaults:
-    """(attacks, their default values, variants: (label, values that differ)) per group of image
-    attacks with the same defaults (in the order declared), then the text attacks'."""
-    from .specs import attack_specs
-
-    rows: list[tuple[list[str], dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]]] = []
-    for name, spec in attack_specs().items():
-        if not spec.optimisation:
-            continue
-        values = {k: f.default for k, f in spec.flags.items() if k not in ("init", "labels", "preset", "box")}
-        presets = list(spec.presets.items())
-        variants = tuple((f"with --preset {p}", {k: v for k, v in preset.items() if k in values and values[k] != v})
-                         for p, preset in presets[1:])
+def _grouped(entries: Iterable[Row]) -> list[tuple[list[str], dict[str, Any], Variants]]:
+    """(attack, values, variants) entries grouped: attacks with the same values and variants share a row."""
+    rows: list[tuple[list[str], dict[str, Any], Variants]] = []
+    for name, values, variants in entries:
         same = next((row for row in rows if row[1] == values and row[2] == variants), None)
         if same is not None:
             same[0].append(name)
         else:
             rows.append(([name], values, variants))
-    return (*((", ".join(names), values, variants) for names, values, variants in rows), TEXT_DEFAULTS)
+    return rows
+
+
+def _image_defaults() -> Iterator[Row]:
+    """Each image optimisation attack's defaults, its presets after the first as variants."""
+    from .specs import attack_specs
+
+    for name, spec in attack_specs().items():
+        if not spec.optimisation:
+            continue
+        values = {k: f.default for k, f in spec.flags.items() if k not in ("init", "labels", "preset", "box")}
+        presets = list(spec.presets.items())
+        yield name, values, tuple((f"with --preset {p}", {k: v for k, v in preset.items() if k in values and values[k] != v})
+                                  for p, preset in presets[1:])
+
+
+def _text_defaults() -> Iterator[Row]:
+    """Each text attack's defaults: its declared ones and those of the first model it names, the
+    other models' as variants."""
+    from .specs import attack_specs
+
+    for name, spec in attack_specs("text").items():
+        models = list(spec.model_defaults.items()) or [("", {})]
+        values = {**{k: f.default for k, f in spec.flags.items() if f.default is not None}, **models[0][1]}
+        if values:
+            yield name, values, tuple((f"on {model}", {k: v for k, v in other.items() if values.get(k) != v})
+                                      for model, other in models[1:])
+
+
+@functools.cache
+def attack_defaults() -> Defaults:
+    """(attacks, their default values, variants: (label, values that differ)) per group of image
+    attacks with the same defaults (in the order declared), then the text attacks' (one group is
+    labelled "text"; several, "text" and their names)."""
+    image, text = _grouped(_image_defaults()), _grouped(_text_defaults())
+    return (*((", ".join(names), values, variants) for names, values, variants in image),
+            *(("text" + ("" if len(text) == 1 else f" {', '.join(names)}"), values, variants)
+              for names, values, variants in text))
 
 
 @functools.cache

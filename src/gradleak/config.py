@@ -137,8 +137,8 @@ class _RunConfig(BaseModel):
 
 
 def attack_flag_fields() -> dict[str, Any]:
-    """Every image attack's constants (specs.flat_flags) as flat config fields: None (the
-    attack's default) unless given; ``init`` defaults to "randn" and a switch to off."""
+    """Every attack's constants, image and text (specs.flat_flags), as flat config fields: None
+    (the attack's default) unless given; ``init`` defaults to "randn" and a switch to off."""
     from .specs import annotation, flat_flags
 
     fields: dict[str, Any] = {}

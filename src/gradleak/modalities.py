@@ -131,7 +131,7 @@ TEXT = Modality(
     name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
     report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
     own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)"},
-    # "auto" chooses among image attacks; a text run's default attack is DLG (text/attacks.py)
+    # "auto" chooses among image attacks; a text run's default attack is DLG (text/attacks/dlg.py)
     default_attack="dlg", run_prefix="text-", files="reconstruction.json",
     summary_keys=("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
                   "label_accuracy", "gradient_distance", "iterations", "wall_seconds"),

@@ -45,7 +45,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .modalities import recorded_modality
+from .errors import ConfigError
+from .modalities import MODALITIES, recorded_modality
 from .specs import attack_specs
 
 LEAKED, PRESUMED_LEAKED, INCONCLUSIVE, FAILED, SKIPPED, DEFENDED = (
@@ -76,9 +77,21 @@ TEXT_LEAK_TOKEN_ACCURACY = 0.5
 TRUTH_FIT_SLACK = 0.01
 #: The relative gradient distance at or below which an attack's answer explains the update
 #: (its convergence line; attacks/verdict.py says how each was measured and applies it).
-#: Each image attack declares its line in its SPEC (gradleak/specs.py); text's is here.
-CONVERGED_BELOW: dict[str, float] = {**{name: spec.converged_below for name, spec in attack_specs().items()
-                                        if spec.converged_below is not None}, "text": 1e-4}
+#: Each attack declares its line in its SPEC (gradleak/specs.py). A modality whose attacks are one
+#: family (its ``verdict_family``: text's) declares one line in all its SPECs, named by the family.
+CONVERGED_BELOW: dict[str, float] = {name: spec.converged_below for name, spec in attack_specs().items()
+                                     if spec.converged_below is not None}
+
+
+def _family_line(modality: str) -> float:
+    lines = {spec.converged_below for spec in attack_specs(modality).values() if spec.converged_below is not None}
+    if len(lines) != 1:
+        raise ConfigError(f"the {modality} attacks' SPECs must declare one convergence line, not {sorted(lines)}")
+    return lines.pop()
+
+
+CONVERGED_BELOW.update({m.verdict_family: _family_line(m.name) for m in MODALITIES.values()
+                        if m.verdict_family is not None})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Attack specs: each attack declares itself once, in its own module, and everything else is
 derived from those declarations.
 
-An attack module under ``gradleak/attacks/`` holds, at its top, one literal ``SPEC = {...}``
+An attack module under ``gradleak/attacks/`` (image) or ``gradleak/text/attacks/`` (text) holds, at
+its top, one literal ``SPEC = {...}``
 (Python literals only: strings, numbers, booleans, None, lists, tuples and dicts), then its
 science and ``run(config, update, model, engine)``. This module reads the literal from the
 module's source (``ast.literal_eval``) without importing it, so that the names, the flags, the
@@ -9,26 +10,34 @@ module's source (``ast.literal_eval``) without importing it, so that the names, 
 misspelt name, and ``gradleak list`` and ``gradleak attack --help`` run, without it). Derived
 from the specs:
 
-* catalog.IMAGE_ATTACKS (the names) and the one-line descriptions of ``gradleak list``;
+* catalog.IMAGE_ATTACKS and TEXT_ATTACKS (the names) and the one-line descriptions of
+  ``gradleak list``;
 * the flat flags of config.AttackConfig (the CLI), their help texts and ``--help`` defaults;
-* the typed config of each attack (attacks/configs.py: pydantic, every default filled);
-* outcome.CONVERGED_BELOW (the verdict line of each attack);
+* the typed config of each attack (attacks/configs.py, text/configs.py: pydantic, every default
+  filled);
+* outcome.CONVERGED_BELOW (the verdict line of each image attack, and the text attacks' one line);
 * ``auto``'s closed forms (in their declared order) and its portfolio's candidates;
 * the sweep's record of changed defaults (sweep/spec.py CHANGED_DEFAULTS).
 
 A SPEC's keys (KEYS says which are required):
 
-name           the attack's name (``--attack NAME``)
+name           the attack's name (``--attack NAME``), unique within its modality
+modality       (optional) "image" (the default) or "text": which runs it attacks (``--modality``)
 summary        one line for ``gradleak list``
 kind           "optimisation" (an optimiser searches the inputs), "closed-form" (solved from the
-               update; run by ``auto`` before any optimisation) or "chooser" (auto itself)
+               update; image ones are run by ``auto`` before any optimisation) or "chooser"
+               (auto itself)
 converged_below  the relative gradient distance at or below which its answer explains the
                update (attacks/verdict.py says how each line was measured); None for the chooser
+               and the text bag of words (judged on whether its rows were exactly non-zero)
 needs          what it needs of the update and the model, in words (README's attacks table)
 flags          its constants: flag name -> default, or -> [type, default, help] for a constant
-               no other attack declares (COMMON_FLAGS has the shared ones' types and help). A
-               default of None is resolved at run time by the module's ``resolve`` (e.g. from
-               the attacked model's depth), and the help names the rule (``default_note``)
+               no other attack declares (COMMON_FLAGS has the shared ones' types and help, per
+               modality). A default of None is resolved at run time: from ``model_defaults``, or
+               by the module's ``resolve`` (e.g. from the attacked model's depth), and the help
+               names the rule (``default_note``)
+model_defaults (optional) model name -> {flag: default}: defaults that depend on the attacked model
+               (the first model's for a model not named; the text attacks')
 default_note   flag -> how a default left None is resolved, for ``--help``
 presets        (optional) preset name -> every flag's value; ``preset`` picks one (the first
                is the default); the preset's values are the flags' defaults
@@ -36,11 +45,11 @@ auto           (optional) how ``auto`` uses it: {"order": N} for a closed form (
                {"order": N, "one_image": bool, "batch": bool, "max_side": px | None} for a
                member of its optimisation portfolio
 resolve        (optional) True: the module's ``resolve(values, context)`` fills the defaults
-               that depend on the case (attacks/configs.py)
+               that depend on the case (attacks/configs.py, text/configs.py)
 changed_defaults  flag -> a tag, for defaults changed after sweep stores were written (each tag
                is hashed into the identity of the cells it applies to: keep it word for word)
 
-Types of a flag: "int[LOW,HIGH]" (an integer in that range), "float>0", "float>=0" (finite),
+Types of a flag: "int[LOW,HIGH]" (an integer in that range), "int>=0", "float>0", "float>=0" (finite),
 "bool", "str", a list of the allowed strings, or "optimisation attack" (the name of one).
 """
 
@@ -58,11 +67,12 @@ from .errors import ConfigError
 
 KINDS = ("optimisation", "closed-form", "chooser")
 KEYS = ("name", "summary", "kind", "converged_below", "needs", "flags")
-OPTIONAL_KEYS = ("default_note", "presets", "auto", "resolve", "changed_defaults")
-TYPES = ("float>0", "float>=0", "bool", "str", "optimisation attack")  # and "int[LOW,HIGH]"
+OPTIONAL_KEYS = ("modality", "model_defaults", "default_note", "presets", "auto", "resolve", "changed_defaults")
+TYPES = ("int>=0", "float>0", "float>=0", "bool", "str", "optimisation attack")  # and "int[LOW,HIGH]"
 INT_TYPE = re.compile(r"int\[(\d+),(\d+)\]")
-# The packages whose modules may declare an attack (searched in this order).
-ATTACK_PACKAGES = ("gradleak.attacks",)
+# The packages whose modules may declare an attack (searched in this order), found as folders
+# under the gradleak package without importing them (gradleak.text imports torch).
+ATTACK_PACKAGES = ("gradleak.attacks", "gradleak.text.attacks")
 
 # The constants several attacks share: type and help. An attack names the ones it reads, with its
 # default, in its SPEC's "flags".
@@ -78,6 +88,19 @@ COMMON_FLAGS: dict[str, tuple[Any, str]] = {
     "stop": (["settled", "budget"], "DLG/iDLG: end a start once its objective has settled below the verdict's line "
              "(settled), or run every --iterations step (budget)"),
 }
+
+
+# The text attacks' shared constants (their defaults depend on the text model: model_defaults).
+TEXT_COMMON_FLAGS: dict[str, tuple[Any, str]] = {
+    "iterations": ("int[0,10000000]", "optimisation steps"),
+    "lr": ("float>0", "learning rate"),
+    "optimizer": (["adam", "sgd", "lbfgs"], "optimizer"),
+    "dtype": (["float32", "float64"], "attack precision"),
+    "labels": (["soft", "bias"], "labels: soft (optimised with the sentences) or bias (one sentence: the class "
+               "whose classifier-bias gradient is negative, exact)"),
+    "search_evaluations": ("int>=0", "sentences the order search may score (0: none)"),
+}
+COMMON_BY_MODALITY: dict[str, dict[str, tuple[Any, str]]] = {"image": COMMON_FLAGS, "text": TEXT_COMMON_FLAGS}
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,14 @@ class AttackSpec:
     auto: dict[str, Any] | None = None
     resolve: bool = False
     changed_defaults: dict[str, str] = field(default_factory=dict)
+    modality: str = "image"
+    model_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def defaults_for(self, model: str) -> dict[str, Any]:
+        """The defaults that depend on the attacked model (the first model's for any other)."""
+        if not self.model_defaults:
+            return {}
+        return dict(self.model_defaults.get(model, next(iter(self.model_defaults.values()))))
 
     @property
     def closed_form(self) -> bool:
@@ -140,13 +171,34 @@ def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
                                                f"has unknown keys {', '.join(unknown)}"))
     if literal["kind"] not in KINDS:
         raise ConfigError(f"{where}: SPEC kind {literal['kind']!r} is not one of {', '.join(KINDS)}")
+    modality = literal.get("modality", "image")
+    if modality not in COMMON_BY_MODALITY:
+        raise ConfigError(f"{where}: SPEC modality {modality!r} is not one of {', '.join(COMMON_BY_MODALITY)}")
     presets = dict(literal.get("presets") or {})
+    flags = _flags(dict(literal["flags"]), presets, COMMON_BY_MODALITY[modality], where)
+    model_defaults = {str(m): dict(v) for m, v in dict(literal.get("model_defaults") or {}).items()}
+    for label, values in (*((f"preset {p!r}", v) for p, v in presets.items()),
+                          *((f"model_defaults {m!r}", v) for m, v in model_defaults.items())):
+        extra = set(values) - set(flags)
+        if extra:
+            raise ConfigError(f"{where}: {label} sets {', '.join(sorted(extra))}, which are not its flags")
+    return AttackSpec(name=literal["name"], module=module, summary=literal["summary"], kind=literal["kind"],
+                      converged_below=literal["converged_below"], needs=literal["needs"], flags=flags,
+                      default_note=dict(literal.get("default_note") or {}), presets=presets,
+                      auto=literal.get("auto"), resolve=bool(literal.get("resolve", False)),
+                      changed_defaults=dict(literal.get("changed_defaults") or {}), modality=modality,
+                      model_defaults=model_defaults)
+
+
+def _flags(declared: dict[str, Any], presets: dict[str, dict[str, Any]], common: dict[str, tuple[Any, str]],
+           where: str) -> dict[str, Flag]:
+    """A SPEC's flags: a common one (its modality's) by its default, any other as [type, default, help]."""
     flags = {}
-    for name, value in dict(literal["flags"]).items():
-        if isinstance(value, list) and len(value) == 3 and name not in COMMON_FLAGS:
+    for name, value in declared.items():
+        if isinstance(value, list) and len(value) == 3 and name not in common:
             kind, default, help_ = value
-        elif name in COMMON_FLAGS:
-            (kind, help_), default = COMMON_FLAGS[name], value
+        elif name in common:
+            (kind, help_), default = common[name], value
         else:
             raise ConfigError(f"{where}: flag {name!r} is not a common one: declare it as [type, default, help]")
         if presets:
@@ -155,35 +207,40 @@ def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
                 or (isinstance(kind, list) and all(isinstance(k, str) for k in kind))):
             raise ConfigError(f"{where}: flag {name!r} has an unknown type {kind!r}")
         flags[name] = Flag(name, kind if isinstance(kind, str) else tuple(kind), default, help_)
-    for preset, values in presets.items():
-        extra = set(values) - set(flags)
-        if extra:
-            raise ConfigError(f"{where}: preset {preset!r} sets {', '.join(sorted(extra))}, which are not its flags")
-    return AttackSpec(name=literal["name"], module=module, summary=literal["summary"], kind=literal["kind"],
-                      converged_below=literal["converged_below"], needs=literal["needs"], flags=flags,
-                      default_note=dict(literal.get("default_note") or {}), presets=presets,
-                      auto=literal.get("auto"), resolve=bool(literal.get("resolve", False)),
-                      changed_defaults=dict(literal.get("changed_defaults") or {}))
+    return flags
+
+
+def _package_folders(package: str) -> list[Path]:
+    """The folders of ``package`` (e.g. gradleak.text.attacks), found from the top package's
+    location without importing any package below it."""
+    top, *rest = package.split(".")
+    found = importlib.util.find_spec(top)  # gradleak itself imports no torch
+    if found is None or not found.submodule_search_locations:
+        return []
+    return [Path(loc, *rest) for loc in found.submodule_search_locations if Path(loc, *rest).is_dir()]
 
 
 @functools.cache
-def attack_specs() -> dict[str, AttackSpec]:
-    """Every attack declared in ATTACK_PACKAGES, by name (sorted), read without importing them."""
-    specs: dict[str, AttackSpec] = {}
+def _all_specs() -> dict[tuple[str, str], AttackSpec]:
+    """Every attack declared in ATTACK_PACKAGES, by (modality, name), read without importing them."""
+    specs: dict[tuple[str, str], AttackSpec] = {}
     for package in ATTACK_PACKAGES:
-        found = importlib.util.find_spec(package)  # imports the parent package only (gradleak: no torch)
-        if found is None or not found.submodule_search_locations:
-            continue
-        for folder in found.submodule_search_locations:
-            for path in sorted(Path(folder).glob("*.py")):
+        for folder in _package_folders(package):
+            for path in sorted(folder.glob("*.py")):
                 spec = read_spec(path, f"{package}.{path.stem}")
                 if spec is None:
                     continue
-                if spec.name in specs:
-                    raise ConfigError(f"attack {spec.name!r} is declared twice: {specs[spec.name].module} and "
-                                      f"{spec.module}")
-                specs[spec.name] = spec
-    return dict(sorted(specs.items()))
+                key = (spec.modality, spec.name)
+                if key in specs:
+                    raise ConfigError(f"{spec.modality} attack {spec.name!r} is declared twice: {specs[key].module} "
+                                      f"and {spec.module}")
+                specs[key] = spec
+    return specs
+
+
+def attack_specs(modality: str = "image") -> dict[str, AttackSpec]:
+    """The attacks of ``modality`` by name (sorted), read without importing them."""
+    return dict(sorted((name, spec) for (m, name), spec in _all_specs().items() if m == modality))
 
 
 def closed_forms() -> tuple[str, ...]:
@@ -207,28 +264,33 @@ def annotation(kind: Any) -> tuple[Any, dict[str, Any]]:
     match = INT_TYPE.fullmatch(kind)
     if match:
         return int, {"ge": int(match.group(1)), "le": int(match.group(2))}
-    return {"float>0": (float, {"gt": 0, "allow_inf_nan": False}),
+    return {"int>=0": (int, {"ge": 0}), "float>0": (float, {"gt": 0, "allow_inf_nan": False}),
             "float>=0": (float, {"ge": 0, "allow_inf_nan": False}),
             "bool": (bool, {}), "str": (str, {})}[kind]
 
 
 def flat_flags() -> dict[str, Flag]:
-    """Every attack constant as one flat flag (the CLI's): the first declaration's type, the help
-    texts of the attacks that read it (joined when they differ), no default (each attack has its own).
-    ConfigError when two attacks declare one flag with different types."""
+    """Every attack constant, of every modality, as one flat flag (the CLI's): the first
+    declaration's type (choice lists of different attacks joined: text's optimizers are image's
+    too), the help texts of the attacks that read it (joined when they differ), no default (each
+    attack has its own). ConfigError when two attacks declare one flag with other types."""
     flags: dict[str, Flag] = {}
     helps: dict[str, list[str]] = {}
     order = [*COMMON_FLAGS]
-    for spec in attack_specs().values():
-        for name, flag in spec.flags.items():
-            if name not in order:
-                order.append(name)
-            if name in flags and flags[name].type != flag.type:
-                raise ConfigError(f"flag --{name.replace('_', '-')}: {spec.name} declares type {flag.type!r}, "
-                                  f"another attack {flags[name].type!r}")
-            flags.setdefault(name, flag)
-            if flag.help not in helps.setdefault(name, []):
-                helps[name].append(flag.help)
+    for modality in COMMON_BY_MODALITY:
+        for spec in attack_specs(modality).values():
+            for name, flag in spec.flags.items():
+                if name not in order:
+                    order.append(name)
+                kind = flag.type
+                if name in flags and flags[name].type != kind:
+                    if not (isinstance(kind, tuple) and isinstance(flags[name].type, tuple)):
+                        raise ConfigError(f"flag --{name.replace('_', '-')}: {spec.name} declares type {kind!r}, "
+                                          f"another attack {flags[name].type!r}")
+                    flags[name] = Flag(name, tuple(dict.fromkeys((*flags[name].type, *kind))), None, "")
+                flags.setdefault(name, flag)
+                if flag.help not in helps.setdefault(name, []):
+                    helps[name].append(flag.help)
     return {name: Flag(name, flags[name].type, None, "; ".join(helps[name])) for name in order if name in flags}
 
 
@@ -237,5 +299,5 @@ def readers(flag: str) -> tuple[str, ...]:
     return tuple(name for name, spec in attack_specs().items() if flag in spec.flags)
 
 
-__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
+__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
            "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers"]

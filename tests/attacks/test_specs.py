@@ -24,19 +24,44 @@ from gradleak.sweep.spec import AUTO_PORTFOLIO, CHANGED_DEFAULTS
 
 def test_each_declaration_read_without_import_is_the_module_s_own():
     """The literal specs.py reads from the source is the SPEC the imported module holds, and each
-    module runs as run(config, update, model, engine); a closed form also has its check."""
-    for name, spec in specs.attack_specs().items():
-        module = importlib.import_module(spec.module)
-        assert specs.make_spec(module.SPEC, spec.module) == spec, name
-        assert callable(module.run), name
-        if spec.closed_form:
-            assert callable(module.check), name
+    module runs as run(config, update, model, engine); an image closed form also has its check."""
+    for modality in ("image", "text"):
+        for name, spec in specs.attack_specs(modality).items():
+            module = importlib.import_module(spec.module)
+            assert specs.make_spec(module.SPEC, spec.module) == spec, name
+            assert spec.modality == modality and callable(module.run), name
+            if spec.closed_form and modality == "image":
+                assert callable(module.check), name
+
+
+def test_text_attacks_derive_from_their_specs():
+    """The text attacks' names, typed configs, per-model defaults, flags and verdict line come from
+    their modules' SPECs (text/attacks/); a name may be an image attack's too (dlg)."""
+    from gradleak.text.configs import TEXT_ATTACK_CONFIGS, TEXT_FLAT_FIELDS
+
+    declared = specs.attack_specs("text")
+    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dlg", "dlg-free"}
+    assert declared["dlg"].module == "gradleak.text.attacks.dlg" and specs.attack_specs()["dlg"].module == \
+        "gradleak.attacks.dlg"
+    assert CONVERGED_BELOW["text"] == declared["dlg"].converged_below == 1e-4
+    assert TEXT_FLAT_FIELDS == ("iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations")
+    for flag in TEXT_FLAT_FIELDS:
+        assert flag in AttackConfig.model_fields and flag in FLAT_FIELDS
+    assert declared["dlg"].defaults_for("minilm")["iterations"] == 50
+    assert declared["dlg"].defaults_for("a-model-of-mine") == declared["dlg"].defaults_for("tiny-transformer")
+    with pytest.raises(ConfigError, match="model_defaults 'm' sets depth"):
+        specs.make_spec({"name": "x", "modality": "text", "summary": "s", "kind": "optimisation",
+                         "converged_below": 1e-4, "needs": "n", "flags": {"lr": None},
+                         "model_defaults": {"m": {"depth": 2}}}, "x")
+    with pytest.raises(ConfigError, match="modality 'audio'"):
+        specs.make_spec({"name": "x", "modality": "audio", "summary": "s", "kind": "optimisation",
+                         "converged_below": 1e-4, "needs": "n", "flags": {}}, "x")
 
 
 def test_every_surface_derives_from_the_specs():
     declared = specs.attack_specs()
     assert set(catalog.IMAGE_ATTACKS) == set(declared) == set(CONFIGS)
-    assert {k for k in CONVERGED_BELOW if k != "text"} == {n for n, s in declared.items() if s.converged_below}
+    assert set(CONVERGED_BELOW) - {"text"} == {n for n, s in declared.items() if s.converged_below}
     assert CLOSED_FORM == ("imprint", "analytic", "rgap")
     assert AUTO_PORTFOLIO == ("dlg", "gradinversion", "idlg", "ig")
     assert CHANGED_DEFAULTS[("ig", "iterations")] == "1000 since 2026-11-26 (4800 before)"  # hashed: word for word
@@ -121,3 +146,58 @@ def test_dropping_a_module_into_attacks_adds_an_attack(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["attack"] == "grey" and metrics["verdict"] == "inconclusive"   # 1.0 is above its 0.5 line
     assert json.loads((out / "config.json").read_text())["level"] == 0.3   # recorded with the run
+
+
+ECHO = '''"""A text attack added by dropping this file into text/attacks/ (tests/attacks/test_specs.py)."""
+
+SPEC = {
+    "name": "echo",
+    "modality": "text",
+    "summary": "each sentence is the first leaked token, --copies times",
+    "kind": "closed-form",
+    "converged_below": None,
+    "needs": "the word-embedding gradient",
+    "flags": {"copies": ["int[1,8]", 2, "echo: how many times the token is repeated"]},
+}
+
+from ..inversion import TextAttackSettings, bow_attack
+
+
+def run(config, update, model, engine):
+    rec = bow_attack(update, model, TextAttackSettings(seed=config.seed, device=str(engine.device)), engine.observer)
+    tok = model.tokenizer
+    rec.token_ids = [[tok.cls_id, *(row[1:2] * config.copies), tok.sep_id] for row in rec.token_ids]
+    return rec
+'''
+
+
+@pytest.mark.slow
+def test_dropping_a_module_into_text_attacks_adds_a_text_attack(tmp_path):
+    """The same for text: one new file in text/attacks/ gives a text attack with its own flag that
+    `gradleak list` names, `attack --help` shows, image attacks refuse, and a text run records."""
+    pytest.importorskip("tokenizers")
+    src = tmp_path / "src"
+    shutil.copytree(Path(gradleak.__file__).parent, src / "gradleak",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "gradleak" / "text" / "attacks" / "echo.py").write_text(ECHO)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "gradleak.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    listed = cli("list")
+    assert listed.returncode == 0 and "echo" in listed.stdout.split("text attacks:")[1].splitlines()[0]
+    assert "echo: how many times the token is repeated (default: 2)" in " ".join(cli("attack", "--help").stdout.split())
+    refused = cli("attack", "--attack", "dlg", "--copies", "3", "--no-progress")
+    assert refused.returncode == 2 and "--copies does not apply to attack 'dlg'" in refused.stderr
+    refused = cli("attack", "--modality", "text", "--attack", "dlg", "--copies", "3", "--no-progress",
+                  "--text", "the cat sat on the mat")
+    assert refused.returncode == 2 and "--copies does not apply to text attack 'dlg'" in refused.stderr
+    out = tmp_path / "run"
+    ran = cli("attack", "--modality", "text", "--attack", "echo", "--copies", "3", "--text", "the cat sat on the mat",
+              "--no-progress", "--threads", "1", "--out", str(out))
+    assert ran.returncode in (0, 1), ran.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["attack"] == "echo" and len(metrics["recovered_sentences"][0].split()) == 3
+    assert json.loads((out / "config.json").read_text())["copies"] == 3   # recorded with the run

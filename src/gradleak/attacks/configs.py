@@ -40,19 +40,23 @@ class AttackConfigBase(BaseModel):
     seed: int = Field(0, ge=0)
 
 
-def _config_class(spec: AttackSpec) -> type[AttackConfigBase]:
+def make_config_class(spec: AttackSpec) -> type[AttackConfigBase]:
+    """The typed config of the attack ``spec`` declares: ``attack``, ``seed`` and one field per flag
+    (its type's constraints, its default). Text attacks' classes are named Text...Config."""
     fields: dict[str, Any] = {"attack": (Literal[spec.name], spec.name)}  # type: ignore[valid-type]
     for name, flag in spec.flags.items():
         kind, constraints = annotation(flag.type)
         fields[name] = (kind, Field(flag.default, description=flag.help, **constraints))
     title = "".join(part.capitalize() for part in spec.name.split("-")) + "Config"
+    if spec.modality != "image":
+        title = spec.modality.capitalize() + title
     cls = create_model(title, __base__=AttackConfigBase, __doc__=spec.summary, **fields)
     cls.spec = spec
     return cls
 
 
 # Every attack's typed config but the chooser's, by name (attack modules' SPECs).
-CONFIGS: dict[str, type[AttackConfigBase]] = {name: _config_class(spec) for name, spec in attack_specs().items()
+CONFIGS: dict[str, type[AttackConfigBase]] = {name: make_config_class(spec) for name, spec in attack_specs().items()
                                               if spec.kind != "chooser"}
 OPTIMISATION = tuple(name for name, spec in attack_specs().items() if spec.optimisation)
 OptimisationConfig = Annotated[Union[tuple(CONFIGS[n] for n in OPTIMISATION)],  # type: ignore[valid-type]
@@ -78,9 +82,9 @@ CONFIGS["auto"] = AutoConfig
 IMAGE_ATTACK_CONFIGS = CONFIGS
 ImageAttackConfig = Annotated[Union[tuple(CONFIGS.values())], Field(discriminator="attack")]  # type: ignore[valid-type]
 CLOSED_FORM = closed_forms()  # the order attack "auto" tries them in
-# The flat (CLI) names of every attack constant (the chooser's --fallback is its own), and the
-# text attacks' search budget, which no image attack reads.
-FLAT_FIELDS = tuple(name for name in flat_flags() if name != "fallback") + ("search_evaluations",)
+# The flat (CLI) names of every attack constant, image and text (the chooser's --fallback is its
+# own): an image attack given one it does not read (a text attack's search budget) refuses it.
+FLAT_FIELDS = tuple(name for name in flat_flags() if name != "fallback")
 
 
 @dataclass(frozen=True)
@@ -176,4 +180,4 @@ def config_class(attack: str) -> type[AttackConfigBase]:
 
 __all__ = ["AttackConfigBase", "AutoConfig", "CLOSED_FORM", "CONFIGS", "FLAT_FIELDS", "IMAGE_ATTACK_CONFIGS",
            "ImageAttackConfig", "OPTIMISATION", "OptimisationConfig", "Resolution", "applicable", "check_flags",
-           "config_class", "given_flags", "resolve_attack"]
+           "config_class", "given_flags", "make_config_class", "resolve_attack"]

@@ -16,13 +16,13 @@ An attack computes an objective and its answer; the engine owns the rest::
     precision.py    IEEE float32 on CUDA while an attack runs
     shard.py        GradInversion's seeds spread over processes
 
-The engine sits below the attacks and imports none of them: :meth:`Engine.run` finds an image
-attack's ``run`` through its config's spec (by module name).
+The engine sits below the attacks and imports none of them: :meth:`Engine.run` finds an attack's
+``run`` through its config's spec (by module name).
 """
 
 from __future__ import annotations
 
-from .core import ATTACK_RUNNERS, Engine, register_attack
+from .core import ATTACK_RUNNERS, Engine
 from .progress import Observer
 from .session import Interrupted, Session
 from .settings import LoopHooks, LoopResult, LoopSettings, Objective
@@ -30,4 +30,4 @@ from .shard import SeedShard
 from .state import AttackState, StateFileError, StateHooks
 
 __all__ = ["ATTACK_RUNNERS", "AttackState", "Engine", "Interrupted", "LoopHooks", "LoopResult", "LoopSettings",
-           "Objective", "Observer", "SeedShard", "Session", "StateFileError", "StateHooks", "register_attack"]
+           "Objective", "Observer", "SeedShard", "Session", "StateFileError", "StateHooks"]

@@ -13,10 +13,10 @@ a global). An attack computes an objective and its answer; the engine does the r
   (precision.py) and the loop tunes glibc's allocator once per process (runtime.py);
 * ``device``: where it runs.
 
-``Engine.run(config, update, model)`` runs the attack whose typed config ``config`` is: an image
-attack's config carries its spec (attacks/configs.py), whose module's ``run(config, update, model,
-engine)`` it calls; the text attacks register theirs with :func:`register_attack`
-(text/configs.py).
+``Engine.run(config, update, model)`` runs the attack whose typed config ``config`` is: every
+attack's config (attacks/configs.py, text/configs.py) carries its spec, whose module's ``run(config,
+update, model, engine)`` it calls. ``ATTACK_RUNNERS`` may put another runner in place of a config
+type's module (a test's stand-in attack).
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ class Engine:
         fn = ATTACK_RUNNERS.get(type(config))
         spec = getattr(type(config), "spec", None)
         if fn is None and spec is not None:
+            # spec.module names a file of gradleak's own attack packages (specs.attack_specs), never a
+            # name read from a run's input: the config's class was derived from that spec
             fn = importlib.import_module(spec.module).run
         if fn is None:
             raise UnknownNameError(f"no attack is registered for {type(config).__name__}")
@@ -87,16 +89,8 @@ class Engine:
 
 
 AttackRunner = Callable[[Any, SharedUpdate, Any, Engine], Any]
+# A runner in place of a config type's spec module: fn(config, update, model, engine).
 ATTACK_RUNNERS: dict[type, AttackRunner] = {}
 
 
-def register_attack(config_type: type) -> Callable[[AttackRunner], AttackRunner]:
-    """Decorator: ``fn(config, update, model, engine)`` runs the attack whose typed config is
-    ``config_type`` (image attacks in configs.py, text attacks in text/configs.py)."""
-    def add(fn: AttackRunner) -> AttackRunner:
-        ATTACK_RUNNERS[config_type] = fn
-        return fn
-    return add
-
-
-__all__ = ["ATTACK_RUNNERS", "Engine", "register_attack"]
+__all__ = ["ATTACK_RUNNERS", "Engine"]

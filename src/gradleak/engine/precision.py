@@ -7,19 +7,16 @@ under the gradient distance and make GPU runs differ from CPU runs beyond roundi
 ``ieee_float32`` makes cuDNN convolutions and cuBLAS matmuls IEEE float32 while an attack runs
 (benchmarks/gpu.py measures what TF32 would save and how far its gradient is off).
 
-:meth:`core.Engine.run` runs every image attack under :func:`ieee_float32`; the text attacks'
-entry points are decorated with :func:`attack_precision`.
+:meth:`core.Engine.run` runs every attack, image and text, under :func:`ieee_float32`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Iterator
 
 import torch
 
-from ..runtime import resolve_device
 
 
 @contextlib.contextmanager
@@ -56,17 +53,4 @@ def ieee_float32(device: torch.device) -> Iterator[None]:
         cudnn.conv.fp32_precision, matmul.fp32_precision = saved
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def attack_precision(fn: F) -> F:
-    """Decorator of an attack ``fn(update, model, settings, ...)``: the whole attack (set-up, loop,
-    final scoring) runs under ``ieee_float32`` on ``settings.device``."""
-    @functools.wraps(fn)
-    def wrapper(update: Any, model: Any, settings: Any, *args: Any, **kwargs: Any) -> Any:
-        with ieee_float32(resolve_device(settings.device)):
-            return fn(update, model, settings, *args, **kwargs)
-    return wrapper  # type: ignore[return-value]
-
-
-__all__ = ["attack_precision", "ieee_float32"]
+__all__ = ["ieee_float32"]

@@ -189,7 +189,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def write_result(result: ExperimentResult, out: Path) -> None:
     """Write results.csv (one row per sample), summary.csv (per setting, if the experiment has a
     summary), results.md and experiment.json into ``out`` (figures already there)."""
-    from .common import MEANS_NOTE
+    from .common import IMAGES_NOTE, MEANS_NOTE
 
     # each file is written whole or not at all (an experiment's --out is reused by its reruns, so a
     # file cut short by a signal would stay there)
@@ -197,8 +197,9 @@ def write_result(result: ExperimentResult, out: Path) -> None:
     summary_md = ""
     if result.summary_columns:
         atomic_write_text(out / "summary.csv", _csv_text(result.summary_columns, result.summary))
+        means_note = MEANS_NOTE + (f" {IMAGES_NOTE}" if "images" in result.summary_columns else "")
         summary_md = (f"## Summary per setting (summary.csv)\n\n{markdown_table(result.summary_columns, result.summary)}"
-                      f"\n\n{MEANS_NOTE}\n\n")
+                      f"\n\n{means_note}\n\n")
     setup = "\n".join(f"- **{k}**: {_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)}"
                       for k, v in result.setup.items())
     notes = "\n".join(f"- {n}" for n in result.notes)

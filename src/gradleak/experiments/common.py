@@ -297,6 +297,9 @@ MEANS_NOTE = ("Summary per setting: `<metric>_mean`, `_std` (sample standard dev
               "evidence of protection); `<metric>_mean_converged` is over the samples whose attack converged only. "
               "`non_converged`: samples whose attack did not converge (attacks/verdict.py); `leaked`, "
               "`inconclusive`, `defended`: the verdicts of results.csv's rows (gradleak/outcome.py).")
+#: Added to MEANS_NOTE where a sample is a batch of images (a summary with an ``images`` column).
+IMAGES_NOTE = ("Here a sample is one attack on a batch of `images` images: `samples` and `non_converged` count "
+               "batches; the means, spreads and verdict columns are over images (results.csv has a row per image).")
 
 
 def converged_of(metrics: dict[str, Any]) -> bool | None:

@@ -403,8 +403,8 @@ def _notes(opt: ExperimentOptions, st: Setting, rows: list[dict[str, Any]], summ
                f"offline); the property is a pixel statistic (brightest quartile of the class) instead of a "
                f"semantic attribute (Eyeglasses, Asian), so a rebuilt batch gives it away exactly by the rule "
                f"that defines it (no attribute detector on the reconstruction): {st.attack}'s AUC here measures "
-               f"whether it rebuilds the batch; the model is an untrained {st.model} at {size} px (the rebuttal does "
-               f"not say which); K = {k}; the classifier sees one client's single FedSGD update of a fixed model "
+               f"whether it rebuilds the batch; the model is an untrained {st.model} at {size} px (the rebuttal names "
+               f"its data, LFW, not its model); K = {k}; the classifier sees one client's single FedSGD update of a fixed model "
                "(Melis et al.: aggregated updates over a joint training)."]
             + _error_notes(rows, st.attack)
             + convergence_notes(c for c in cells.values())

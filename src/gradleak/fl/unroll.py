@@ -15,7 +15,7 @@ candidate seeds) and in how each step's gradient is taken (``mode``):
   create_graph=True at every step, so Delta is a differentiable function of whatever L depends on
   (dummy inputs, soft labels, embedding rows), for the double backward of the gradient-matching
   attacks (Geiping et al. 2020, Sec. 5: the multi-step update unrolled with known
-  hyper-parameters). attacks.simulate.UpdateSimulator, text.attacks.TextSimulator.
+  hyper-parameters). attacks.simulate.UpdateSimulator, text.inversion.TextSimulator.
 - ``"func"``:   the same through torch.func.grad_and_value, for a loss evaluated under
   torch.func.vmap (G candidate batches at once); differentiable by the caller's autograd.
 

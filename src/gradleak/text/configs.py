@@ -1,100 +1,87 @@
-"""Typed text-attack configs (a discriminated union on ``attack``), resolved before the attack
-starts from the flat run config and the model's defaults (attacks.DEFAULTS), and registered with
-the engine like the image attacks (attacks/configs.py)."""
+"""Typed text-attack configs, derived from the text attacks' own declarations (each module's
+``SPEC`` under text/attacks/, read by gradleak/specs.py), a discriminated union on ``attack``,
+every field resolved before the attack starts: the flags given, else the attacked model's
+defaults (the SPEC's ``model_defaults``), then what the attack's ``resolve(values, context)``
+derives from the case (DLG's label rule from the batch size). The engine runs a config through its
+spec's module (``run(config, update, model, engine)``), like the image attacks
+(attacks/configs.py).
+
+:func:`run_text_attack` is the Python API's way in: the same resolution and the same engine as the
+CLI."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping, Union
+import importlib
+from typing import Annotated, Any, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from ..engine import Engine, register_attack
-from ..errors import ConfigError, GradleakError
+from ..attacks.configs import AttackConfigBase, make_config_class
+from ..catalog import TEXT_ATTACKS, unknown
+from ..engine import Engine
+from ..errors import ConfigError
 from ..fl.update import SharedUpdate
-from .attacks import DEFAULTS, TEXT_ATTACKS, TextAttackSettings, TextReconstruction, run_text_attack
+from ..specs import attack_specs
+from .inversion import TextAttackSettings, TextObserver, TextReconstruction, TextResolution
 from .models import TextModel
 
-
-class TextBOWConfig(BaseModel):
-    """The bag of words only: the token set from the word-embedding gradient (no optimisation)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attack: Literal["bow"] = "bow"
-    seed: int = Field(0, ge=0)
+TEXT_ATTACK_CONFIGS: dict[str, type[AttackConfigBase]] = {name: make_config_class(spec)
+                                                          for name, spec in attack_specs("text").items()}
+TextAttackConfig = Annotated[Union[tuple(TEXT_ATTACK_CONFIGS.values())],  # type: ignore[valid-type]
+                             Field(discriminator="attack")]
+# The flat (CLI) names of the text attacks' constants, in their declared order.
+TEXT_FLAT_FIELDS = tuple(dict.fromkeys(f for spec in attack_specs("text").values() for f in spec.flags))
 
 
-class TextDLGConfig(BaseModel):
-    """DLG for text restricted to the leaked bag of words, then a search over orders."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attack: Literal["dlg"] = "dlg"
-    seed: int = Field(0, ge=0)
-    iterations: int = Field(ge=0)
-    lr: float = Field(gt=0, allow_inf_nan=False)
-    optimizer: Literal["adam", "sgd", "lbfgs"]
-    dtype: Literal["float32", "float64"]
-    labels: Literal["soft", "bias"]
-    search_evaluations: int = Field(ge=0)
-
-    def settings(self, engine: Engine) -> TextAttackSettings:
-        return TextAttackSettings(iterations=self.iterations, lr=self.lr, optimizer=self.optimizer, dtype=self.dtype,
-                                  seed=self.seed, device=str(engine.device), log_every=engine.log_every,
-                                  progress=engine.progress, labels=self.labels,
-                                  search_evaluations=self.search_evaluations)
-
-
-class TextDLGFreeConfig(TextDLGConfig):
-    """DLG on free token embeddings (nearest tokens), then the search."""
-
-    attack: Literal["dlg-free"] = "dlg-free"  # type: ignore[assignment]
-
-
-TextAttackConfig = Annotated[Union[TextBOWConfig, TextDLGConfig, TextDLGFreeConfig], Field(discriminator="attack")]
-TEXT_ATTACK_CONFIGS: dict[str, type[BaseModel]] = {"bow": TextBOWConfig, "dlg": TextDLGConfig,
-                                                   "dlg-free": TextDLGFreeConfig}
-TEXT_FLAT_FIELDS = ("iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations")
+def text_attack_names() -> list[str]:
+    return list(TEXT_ATTACKS)
 
 
 def text_applicable(attack: str) -> tuple[str, ...]:
-    cls = TEXT_ATTACK_CONFIGS[attack]
-    return tuple(f for f in TEXT_FLAT_FIELDS if f in cls.model_fields)
+    """The flat config fields the text attack ``attack`` reads."""
+    return tuple(f for f in TEXT_FLAT_FIELDS if f in TEXT_ATTACK_CONFIGS[attack].spec.flags)
 
 
-def resolve_text_attack(values: Mapping[str, Any], model: TextModel, batch_size: int) -> TextAttackConfig:
+def resolve_text_attack(values: Mapping[str, Any], model: TextModel, batch_size: int) -> Any:
     """The typed, resolved config of text attack ``values["attack"]``: flags given, else the
-    model's defaults; labels "bias" for one sentence (exact), else soft labels."""
+    model's defaults, then the attack's own rule (labels "bias" for one sentence, else soft)."""
     attack = str(values.get("attack"))
     if attack not in TEXT_ATTACK_CONFIGS:
-        raise GradleakError(f"unknown text attack {attack!r}; known: {', '.join(TEXT_ATTACKS)}")
+        raise unknown("text attack", attack, TEXT_ATTACKS)
     known = text_applicable(attack)
     for name in TEXT_FLAT_FIELDS:
         if values.get(name) is not None and name not in known:
             raise ConfigError(f"option --{name.replace('_', '-')} does not apply to text attack {attack!r}")
-    given = {k: values[k] for k in known if values.get(k) is not None}
-    defaults = DEFAULTS.get(model.name, DEFAULTS["tiny-transformer"])
-    resolved: dict[str, Any] = {k: given.get(k, defaults.get(k)) for k in known}
-    if "labels" in known and resolved.get("labels") is None:
-        resolved["labels"] = "bias" if batch_size == 1 else "soft"
+    spec = TEXT_ATTACK_CONFIGS[attack].spec
+    defaults = spec.defaults_for(model.name)
+    resolved: dict[str, Any] = {k: values[k] if values.get(k) is not None else defaults.get(k) for k in known}
+    if spec.resolve:
+        # spec.module names a file of gradleak's own text attack package (specs.attack_specs), never a
+        # name read from a run's input: ``attack`` was checked against TEXT_ATTACK_CONFIGS above
+        resolved = importlib.import_module(spec.module).resolve(resolved, TextResolution(model.name, batch_size))
     try:
-        return TEXT_ATTACK_CONFIGS[attack](seed=int(values.get("seed", 0)), **resolved)  # type: ignore[return-value]
+        return TEXT_ATTACK_CONFIGS[attack](seed=int(values.get("seed", 0)), **resolved)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(f"text {attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
-@register_attack(TextBOWConfig)
-def _bow(cfg: TextBOWConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    return run_text_attack("bow", update, model, TextAttackSettings(seed=cfg.seed, device=str(engine.device)),
-                           engine.observer)
+def run_text_attack(name: str, update: SharedUpdate, model: TextModel,
+                    settings: TextAttackSettings | None = None, observer: TextObserver | None = None, *,
+                    engine: Engine | None = None) -> TextReconstruction:
+    """Run text attack ``name`` on ``update`` (``settings``: the constants to set, None for the
+    model's defaults; seed, device, log_every and progress for the engine) the way the CLI does:
+    the typed config resolved from its SPEC, run by an Engine (IEEE float32 on CUDA)."""
+    settings = settings if settings is not None else TextAttackSettings()
+    values = {"attack": name, "seed": settings.seed, "iterations": settings.iterations, "lr": settings.lr,
+              "optimizer": settings.optimizer, "dtype": settings.dtype, "labels": settings.labels,
+              "search_evaluations": settings.search_evaluations}
+    config = resolve_text_attack(values, model, int(update.meta.batch_size))
+    if engine is None:
+        engine = Engine(device=settings.device, observer=observer, log_every=settings.log_every,
+                        progress=settings.progress)
+    return engine.run(config, update, model)
 
 
-@register_attack(TextDLGConfig)
-@register_attack(TextDLGFreeConfig)
-def _dlg(cfg: TextDLGConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    return run_text_attack(cfg.attack, update, model, cfg.settings(engine), engine.observer, engine=engine)
-
-
-__all__ = ["TEXT_ATTACK_CONFIGS", "TextAttackConfig", "TextBOWConfig", "TextDLGConfig", "TextDLGFreeConfig",
-           "resolve_text_attack", "text_applicable"]
+__all__ = ["TEXT_ATTACK_CONFIGS", "TEXT_FLAT_FIELDS", "TextAttackConfig", "resolve_text_attack", "run_text_attack",
+           "text_applicable", "text_attack_names"]

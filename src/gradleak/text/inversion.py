@@ -1,6 +1,5 @@
-"""Token-level leakage: rebuild a client's sentences from its shared update.
-
-Three attacks, each a composition of the parts below:
+"""Token-level leakage: the parts the text attacks (text/attacks/, one module each) compose to
+rebuild a client's sentences from its shared update:
 
 * ``bow`` (bag of words): the word-embedding layer maps token t to row t of W, so the gradient of
   W is non-zero exactly in the rows of the tokens that occur in the batch (embedding backward is an
@@ -33,8 +32,8 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,37 +41,33 @@ import torch.nn.functional as F
 
 from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
 from ..attacks.objectives import squared_l2
-from ..catalog import unknown
 from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate
-from ..engine.precision import attack_precision
 from ..runtime import resolve_device
 from .models import TextModel
 
 # observer(iteration, token ids per sentence [CLS] ... [SEP]); for watching only.
 TextObserver = Callable[[int, list[list[int]]], None]
-TEXT_ATTACKS = {
-    "dlg": "DLG restricted to the leaked bag of words, plus a search over orders (default)",
-    "dlg-free": "DLG on free token embeddings, nearest tokens, plus the search",
-    "bow": "bag of words only: the token set from the word-embedding gradient's non-zero rows",
-}
 LABEL_MODES = ("soft", "bias")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-DEFAULTS = {
-    "tiny-transformer": dict(iterations=200, lr=0.1, optimizer="adam", dtype="float64", search_evaluations=4000),
-    "minilm": dict(iterations=50, lr=0.1, optimizer="adam", dtype="float32", search_evaluations=500),
-}
 
 
-def text_attack_names() -> list[str]:
-    return list(TEXT_ATTACKS)
+@dataclass(frozen=True)
+class TextResolution:
+    """What a text attack's ``resolve`` may read of the case: the attacked model's name and the
+    update's batch size (text/configs.py)."""
+
+    model: str
+    batch_size: int
 
 
 @dataclass(frozen=True)
 class TextAttackSettings:
-    """``None`` means the attack's default for the model (see DEFAULTS).
+    """What the text attacks read, from their typed config and the engine (``settings_from_config``);
+    through the API (``run_text_attack``), ``None`` means the attack's default for the model (its
+    SPEC's ``model_defaults``).
 
     labels: "soft" (DLG: optimised soft labels) or "bias" (one sentence: the class whose
     classifier-bias gradient is negative, exact). search_evaluations: budget of discrete
@@ -90,9 +85,17 @@ class TextAttackSettings:
     labels: str | None = None
     search_evaluations: int | None = None
 
-    def resolved(self, model: TextModel) -> "TextAttackSettings":
-        d = DEFAULTS.get(model.name, DEFAULTS["tiny-transformer"])
-        return replace(self, **{k: v for k, v in d.items() if getattr(self, k) is None})
+    def unresolved(self) -> list[str]:
+        """The constants still None (the attack's typed config fills them all)."""
+        return [k for k in ("iterations", "lr", "optimizer", "dtype", "search_evaluations") if getattr(self, k) is None]
+
+
+def settings_from_config(config: Any, engine: Engine) -> TextAttackSettings:
+    """The settings of a typed text-attack config (text/configs.py) run by ``engine``."""
+    return TextAttackSettings(iterations=config.iterations, lr=config.lr, optimizer=config.optimizer,
+                              dtype=config.dtype, seed=config.seed, device=str(engine.device),
+                              log_every=engine.log_every, progress=engine.progress, labels=config.labels,
+                              search_evaluations=config.search_evaluations)
 
 
 @dataclass
@@ -751,18 +754,19 @@ class _TextDLG:
         return final, scale
 
 
-@attack_precision
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-             observer: TextObserver | None = None, *, restrict: bool = True,
-             engine: Engine | None = None) -> TextReconstruction:
-    """DLG for text (see the module docstring). Returns [CLS] ... [SEP] ids per sentence.
+             observer: TextObserver | None, *, restrict: bool, engine: Engine) -> TextReconstruction:
+    """DLG for text (see the module docstring) with resolved ``settings``. Returns [CLS] ... [SEP]
+    ids per sentence.
 
     ``engine`` (the run's services): its session makes the optimisation phase resumable
     (checkpoints, SIGINT/SIGTERM, divergence recovery); the order search after it is
     deterministic (seeded), so a resumed run repeats it exactly. A signal that arrives during
     the search takes effect when the run ends (a second one stops it at once)."""
-    engine = engine if engine is not None else Engine(device=settings.device)
-    s = settings.resolved(model)
+    if settings.unresolved():
+        raise ConfigError(f"text dlg: {', '.join(settings.unresolved())} not resolved (run it through "
+                          "gradleak.text.run_text_attack or the pipeline)")
+    s = settings
     dtype = _text_dtype(s)
     device = resolve_device(s.device)
     k = update.meta.batch_size
@@ -832,17 +836,6 @@ def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSetti
                                      "analytic": True, "exact": bool(bag.exact)})
 
 
-def run_text_attack(name: str, update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-                    observer: TextObserver | None = None, *, engine: Engine | None = None) -> TextReconstruction:
-    if name == "bow":
-        return bow_attack(update, model, settings, observer)
-    if name == "dlg":
-        return dlg_text(update, model, settings, observer, restrict=True, engine=engine)
-    if name == "dlg-free":
-        return dlg_text(update, model, settings, observer, restrict=False, engine=engine)
-    raise unknown("text attack", name, TEXT_ATTACKS)
-
-
-__all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "TEXT_ATTACKS", "TextAttackSettings", "TextReconstruction",
-           "TextSimulator", "bag_of_words", "bias_labels", "check_text_batch", "dlg_text", "leaked_length",
-           "run_text_attack", "text_attack_names"]
+__all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "TextAttackSettings", "TextReconstruction", "TextResolution",
+           "TextSimulator", "bag_of_words", "bias_labels", "bow_attack", "check_text_batch", "dlg_text", "leaked_length",
+           "settings_from_config"]

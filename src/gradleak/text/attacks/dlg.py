@@ -1,0 +1,47 @@
+"""DLG for text (Zhu et al. 2019, Sec. 4.2), restricted to the leaked bag of words: K x L dummy
+positions, each a softmax over the leaked tokens, and soft labels, optimised so that the simulated
+update matches the shared one; each position then takes its most probable token and a greedy
+search over discrete sentences keeps every move that lowers the gradient distance
+(text/inversion.py ``dlg_text``)."""
+
+from __future__ import annotations
+
+# The attack's declaration (gradleak/specs.py reads it without importing this module). Its
+# defaults depend on the text model ("model_defaults"; the first model's for any other).
+SPEC = {
+    "name": "dlg",
+    "modality": "text",
+    "summary": "DLG restricted to the leaked bag of words, plus a search over orders (default)",
+    "kind": "optimisation",
+    "converged_below": 1e-4,   # the text line (attacks/verdict.py)
+    "needs": "the gradients (or update) of a text classifier whose word embedding is trained",
+    "flags": {"iterations": None, "lr": None, "optimizer": None, "dtype": None, "labels": None,
+              "search_evaluations": None},
+    "model_defaults": {
+        "tiny-transformer": {"iterations": 200, "lr": 0.1, "optimizer": "adam", "dtype": "float64",
+                             "search_evaluations": 4000},
+        "minilm": {"iterations": 50, "lr": 0.1, "optimizer": "adam", "dtype": "float32", "search_evaluations": 500},
+    },
+    "default_note": {"labels": "bias for one sentence, else soft"},
+    "resolve": True,
+}
+
+from typing import Any
+
+from ...engine import Engine
+from ...fl.update import SharedUpdate
+from ..inversion import TextReconstruction, TextResolution, dlg_text, settings_from_config
+from ..models import TextModel
+
+
+def resolve(values: dict[str, Any], context: TextResolution) -> dict[str, Any]:
+    """The label rule: the classifier bias's gradient for one sentence (exact), soft labels
+    optimised with the sentences for a batch."""
+    if values.get("labels") is None:
+        values = {**values, "labels": "bias" if context.batch_size == 1 else "soft"}
+    return values
+
+
+def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+    return dlg_text(update, model, settings_from_config(config, engine), engine.observer, restrict=True,
+                    engine=engine)
