@@ -19,6 +19,7 @@ from .specs import attack_specs
 MODELS: dict[str, str] = {
     "convnet": "small CNN with BatchNorm (--width, default 32)",
     "efficientnet-lite0": "EfficientNet-Lite0, ImageNet-pretrained BatchNorm net (offline weights; dropout off)",
+    "efficientnet-lite0-random": "EfficientNet-Lite0 architecture with random weights (model seed; dropout off)",
     "lenet-dlg": "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights",
     "mlp": "fully connected: Linear(C*H*W, width) - ReLU - Linear (--width, default 1024)",
     "resnet18": "torchvision ResNet-18",
@@ -44,8 +45,12 @@ EXPERIMENTS: dict[str, str] = {
     "comparison": "GradInversion Table 4: DLG vs Inverting Gradients vs GradInversion BN approx / exact",
     "defenses": "accuracy when trained under a defense vs whether iDLG and a malicious server's imprint still "
                 "leak (rebuttal Table 3)",
+    "feature-extractor": "GradInversion Table 3: leakage of a weaker vs a stronger network (pretrained vs random "
+                         "EfficientNet-Lite0, trained vs untrained convnet, convnet vs ResNet-18)",
     "identifiability": "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality "
                        "(--trained: on a victim trained first)",
+    "gradient-loss": "GradInversion Table 5: l2 vs cosine as the gradient-matching loss (fit to the true gradient, "
+                     "PSNR)",
     "label-restoration": "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)",
     "local-iterations": "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size",
     "model-size": "leakage vs model width (convnet) with Inverting Gradients on real photos",

@@ -573,20 +573,23 @@ def cmd_models(args: argparse.Namespace) -> int:
     """`gradleak list`, from the torch-free catalog (tests/test_catalog.py holds it to the registries)."""
     from . import catalog
 
-    print("models:")
-    for k, v in sorted(catalog.MODELS.items()):
-        print(f"  {k:20s} {v}")
+    sections = {"models": dict(sorted(catalog.MODELS.items())), "attacks": catalog.IMAGE_ATTACKS,
+                "text models": catalog.TEXT_MODELS, "text attacks": catalog.TEXT_ATTACKS,
+                "experiments": dict(sorted(catalog.EXPERIMENTS.items()))}
+    width = max(20, *(len(k) for names in sections.values() for k in names))
+
+    def section(title: str, names: dict[str, str]) -> None:
+        print(f"{title}:")
+        for k, v in names.items():
+            print(f"  {k:{width}s} {v}")
+
+    section("models", sections["models"])
     print("data sources: " + ", ".join(catalog.SOURCES) + ", or a folder (ImageFolder layout)")
-    print("attacks:")
-    for k, v in catalog.IMAGE_ATTACKS.items():
-        print(f"  {k:20s} {v}")
-    print("text models (--modality text):")
-    for k, v in catalog.TEXT_MODELS.items():
-        print(f"  {k:20s} {v}")
-    print("text attacks: " + ", ".join(catalog.TEXT_ATTACKS) + "; text data: --text \"...\" (repeatable) or --data FILE.txt")
-    print("experiments:")
-    for k, v in sorted(catalog.EXPERIMENTS.items()):
-        print(f"  {k:20s} {v}")
+    section("attacks", sections["attacks"])
+    section("text models (--modality text)", sections["text models"])
+    section("text attacks (--modality text; text data: --text \"...\" (repeatable) or --data FILE.txt)",
+            sections["text attacks"])
+    section("experiments", sections["experiments"])
     return 0
 
 

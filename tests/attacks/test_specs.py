@@ -187,7 +187,8 @@ def test_dropping_a_module_into_text_attacks_adds_a_text_attack(tmp_path):
                               env=env, cwd=tmp_path, timeout=300)
 
     listed = cli("list")
-    assert listed.returncode == 0 and "echo" in listed.stdout.split("text attacks:")[1].splitlines()[0]
+    text_attacks = listed.stdout.split("text attacks")[1].split("experiments:")[0]
+    assert listed.returncode == 0 and "echo" in text_attacks and "the first leaked token, --copies times" in text_attacks
     assert "echo: how many times the token is repeated (default: 2)" in " ".join(cli("attack", "--help").stdout.split())
     refused = cli("attack", "--attack", "dlg", "--copies", "3", "--no-progress")
     assert refused.returncode == 2 and "--copies does not apply to attack 'dlg'" in refused.stderr

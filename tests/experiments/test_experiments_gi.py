@@ -237,3 +237,32 @@ def test_identifiability_trained_attacks_the_trained_checkpoint(tmp_path, monkey
     with pytest.raises(ConfigError, match="--trained does not apply to experiment batch-size"):
         run_experiment("batch-size", make_options(out=str(tmp_path / "bs"), smoke=True, trained=True))
     assert not (tmp_path / "bs").exists()
+
+
+def test_comparison_trained_attacks_the_trained_checkpoint_and_says_so(tmp_path, monkeypatch):
+    """Table 4's BN-approx row on a trained network: with --trained every method's cell attacks the
+    trained victim's checkpoint (whose running statistics were learnt from the training split), and
+    the setup and notes say which weights the row regularises towards."""
+    from gradleak.experiments.cells import Workspace
+
+    seen: list[dict] = []
+    run = Workspace.run
+
+    def spy(self, cells, **kw):
+        seen.extend(dict(c) for c in cells.values())
+        return run(self, cells, **kw)
+
+    monkeypatch.setattr(Workspace, "run", spy)
+    data = _fashion_mnist_subset(tmp_path / "fm", 2000, 500)
+    result, folder, _, rows = _run("comparison", tmp_path / "cmp", data=str(data), trained=True,
+                                   attacks=["gradinversion"], iterations=10, executor="inline")
+    assert {c["attack"] for c in seen} == {"gradinversion"} and {c["bn"] for c in seen} == {"approx", "exact"}
+    checkpoints = {c.get("checkpoint") for c in seen}
+    assert len(checkpoints) == 1 and None not in checkpoints
+    assert (folder / "training") in Path(checkpoints.pop()).parents
+    assert "trained from seed 0's init" in result.setup["model"]
+    assert any("the trained victim's, learnt from the training split" in n for n in result.notes)
+    untrained, _, _, _ = _run("comparison", tmp_path / "cmp0", attacks=["gradinversion-bn-approx"], iterations=5,
+                              executor="inline")
+    assert "random init" in untrained.setup["model"]
+    assert any("initial 0/1" in n for n in untrained.notes)

@@ -284,6 +284,22 @@ def test_attack_defaults_are_pinned_for_cell_identity():
                          f"sweep.spec.CHANGED_DEFAULTS (known: {sorted(CHANGED_DEFAULTS)}) and regenerate {DEFAULTS_FILE.name}")
 
 
+def test_fields_added_since_the_stores_leave_identities_alone_at_their_default():
+    """A flag added to AttackConfig after cell stores were written (GradInversion's --distance,
+    --box; any new attack's own flags) enters a cell's identity only when it is not at its default:
+    stores of before keep their cells, and adding an attack needs no entry in the sweep."""
+    from gradleak.config import AttackConfig
+    from gradleak.sweep.spec import HASHED_FIELDS, IDENTITY_EXCLUDED
+
+    later = set(AttackConfig.model_fields) - HASHED_FIELDS - IDENTITY_EXCLUDED
+    assert HASHED_FIELDS <= set(AttackConfig.model_fields) and {"box", "distance"} <= later
+    cell = parse_spec({"base": {"attack": "gradinversion", "iterations": 5}, "grid": {"seed": [0]}}).cells[0].config
+    before = {k: v for k, v in cell.items() if k not in later}   # what a store of before hashed
+    assert cell_identity(cell) == cell_identity(before)
+    assert cell_identity({**cell, "distance": "cosine"}) != cell_identity(cell)
+    assert cell_identity({**cell, "box": True}) != cell_identity(cell)
+
+
 def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
     from gradleak.sweep.spec import changed_defaults
 
@@ -292,13 +308,13 @@ def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
     assert ig["iterations"] is None and set(changed_defaults(ig)) == {"ig.iterations", "ig.alpha_tv"}
     # The store of before hashed the config alone: a cell left at IG's default iterations is not
     # that cell any more (it ran 4800 iterations then, 1000 now); one that names them keeps its id.
-    legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k not in ("out", "progress", "box")},
+    legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k not in ("out", "progress", "box", "distance")},
                                        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cell_identity(ig) != legacy
     named = {**ig, "iterations": 4800, "alpha_tv": 0.1}
     assert changed_defaults(named) == {}
     assert cell_identity(named) == hashlib.sha256(json.dumps(
-        {k: v for k, v in named.items() if k not in ("out", "progress", "box")},
+        {k: v for k, v in named.items() if k not in ("out", "progress", "box", "distance")},
         sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     # DLG's L-BFGS gained a line search: its cells that leave the optimizer to DLG get new ids
     # (BASE is a DLG cell); one that names the optimizer keeps its id

@@ -266,10 +266,38 @@ def gradinversion_cell(iterations: int, seeds: int, bn: str = "exact", **fields:
     return {**cell, **fields}
 
 
-def victim_setup(model: str, width: int, data: str, batch_size: int, samples: int, seed: int) -> dict[str, Any]:
-    """The setup lines of the GradInversion experiments' victim: data, model, batch, samples."""
-    return {"data": data, "model": f"{model} (width {width}, random init, seed 0; training-mode BN)",
+def victim_setup(model: str, width: int, data: str, batch_size: int, samples: int, seed: int,
+                 weights: str = "random init, seed 0") -> dict[str, Any]:
+    """The setup lines of the GradInversion experiments' victim: data, model (``weights``: how its
+    weights came about), batch, samples."""
+    return {"data": data, "model": f"{model} (width {width}, {weights}; training-mode BN)",
             "batch size": batch_size, "samples": f"{samples} batch(es), seeds {seed}..{seed + samples - 1}"}
+
+
+# --trained (identifiability, comparison): the victim is first trained like training-stage's (SGD,
+# one epoch, batch 32, lr 0.01, momentum 0.9) from the same initial weights (model seed 0), on the
+# data source's training split.
+VICTIM_TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
+VICTIM_SMOKE_TRAIN_SUBSET = 2000
+VICTIM_SMOKE_TEST_SUBSET = 500
+
+
+def trained_victim(opt: Any, ws: Any, model: str, width: Any, data: str) -> tuple[str | None, str]:
+    """(checkpoint, how the victim's weights came about): with ``--trained`` the checkpoint of the
+    victim trained first (the cells attack it: ``checkpoint=``); else None and its random initial
+    weights."""
+    if not opt.trained:
+        return None, "random init, seed 0"
+    from ..training import TrainConfig
+
+    trained = ws.trained(TrainConfig(
+        model=model, width=width, data=data, checkpoints=(1.0,), seed=opt.seed, model_seed=0,
+        train_subset=VICTIM_SMOKE_TRAIN_SUBSET if opt.smoke else None,
+        test_subset=VICTIM_SMOKE_TEST_SUBSET if opt.smoke else 2000, **VICTIM_TRAIN))
+    final = trained.checkpoints[-1]
+    return str(final.path), (f"trained from seed 0's init: SGD one epoch on {data}'s training split"
+                             f"{f' (first {VICTIM_SMOKE_TRAIN_SUBSET} of a permutation)' if opt.smoke else ''}, "
+                             f"batch 32, lr 0.01, momentum 0.9; test accuracy {100 * final.test_accuracy:.1f} %")
 
 
 def settings_of(cells: Iterable[CellResult]) -> dict[str, Any] | None:

@@ -8,6 +8,12 @@ DLG (L-BFGS, up to 20 function evaluations per step, float64, as its authors ran
 T * G / 20 steps, i.e. at most the same number of gradient evaluations, in one trial (its
 restart portfolio, --stall-restarts, is off here: with it DLG ran 3.5x its share). Wall time is reported
 for each. The rows give every image of every batch; the notes give means per method.
+
+BN approx regularises towards the model's running statistics. On the default randomly initialised
+victim these are the initial 0/1, not statistics learnt from data as in the paper; ``--trained``
+(with a data source that has a training split, e.g. ``--data fashion-mnist``) trains the victim
+first (common.trained_victim), so that the row matches the running statistics of a trained
+network, as the paper's does.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
 from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
-                     save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
+                     save_grid, settings_of, summarize, summary_columns, trained_victim, verdict_fields, victim,
+                     victim_setup)
 
 METHODS = ("dlg", "ig", "gradinversion-bn-approx", "gradinversion-bn-exact")
 COLUMNS = ["method", "sample", "seed", "image", "name", "label", "label_restored", "psnr", "ssim", "fft2d", "rpsnr",
@@ -44,15 +51,17 @@ def method_cell(method: str, iterations: int, seeds: int, **fields: Any) -> dict
     return gradinversion_cell(iterations, seeds, bn=method.rsplit("-", 1)[-1], **fields)
 
 
-@experiment("comparison")
+@experiment("comparison", accepts=("trained",))
 def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]
     samples = opt.samples or (1 if opt.smoke else 3)
     iterations, seeds = budget(opt)
     methods = [m for m in METHODS if not opt.attacks or m in opt.attacks or m.split("-")[0] in opt.attacks]
+    checkpoint, weights = trained_victim(opt, ws, model, width, data)
+    victim_fields = {"checkpoint": checkpoint} if checkpoint else {}
     plan = {(method, sample): method_cell(method, iterations, seeds, model=model, width=width, data=data,
-                                          batch_size=k, seed=opt.seed + sample)
+                                          batch_size=k, seed=opt.seed + sample, **victim_fields)
             for sample in range(samples) for method in methods}
     cells = ws.run(plan, run_folders=[(method, 0) for method in methods])
     rows: list[dict[str, Any]] = []
@@ -73,8 +82,10 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     if all(r["lpips"] is None for r in rows):
         notes.append("LPIPS is null: its AlexNet/VGG weights are not in the torch cache (no random backbone is used).")
     if "gradinversion-bn-approx" in methods:
-        notes.append("BN approx regularises towards the model's running statistics; for a randomly initialised "
-                     "model these are the initial 0/1, not statistics learnt from the data as in the paper.")
+        notes.append("BN approx regularises towards the model's running statistics: " + (
+            "the trained victim's, learnt from the training split (as in the paper)." if checkpoint else
+            "for a randomly initialised model these are the initial 0/1, not statistics learnt from the data as in "
+            "the paper (--trained trains the victim first)."))
     best = max(summary, key=lambda r: r["psnr"] if r["psnr"] is not None else -1.0)
     if best["psnr"] is not None:
         b = next((r for r in spread if r["method"] == best["method"]), None)
@@ -84,14 +95,15 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     figs = ["comparison_quality.png", "comparison_images.png"]
     save_line_plot(ws.out / figs[0], [r["method"] for r in summary],
                    {"PSNR (dB)": [r["psnr"] for r in summary], "RPSNR (dB)": [r["rpsnr"] for r in summary]},
-                   xlabel="method", ylabel="dB (higher is better)", title=f"{model} K={k}, {samples} batch(es)")
+                   xlabel="method", ylabel="dB (higher is better)",
+                   title=f"{model}{' (trained)' if checkpoint else ''} K={k}, {samples} batch(es)")
     if not save_grid(ws.out / figs[1], [(method, cells[(method, 0)]) for method in methods]):
         figs.remove("comparison_images.png")
     return ExperimentResult(
         name="comparison", title="DLG vs Inverting Gradients vs GradInversion (Table 4)",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
         summary_columns=summary_columns(["method"], ("psnr", "rpsnr"), images=True),
-        setup={**victim_setup(model, width, data, k, samples, opt.seed),
+        setup={**victim_setup(model, width, data, k, samples, opt.seed, weights),
                "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
                                     f"{VERDICT_RULE}",
                "budget": f"{iterations} iterations x {seeds} seeds/restarts; "

@@ -6,8 +6,9 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
 - accuracy: the test accuracy of the DLG LeNet *trained* on Fashion-MNIST with every gradient
   step defended that way (:func:`gradleak.training.train`, the same small budget for all, plus
   the undefended baseline);
-- leakage: iDLG against the defended FedSGD update of one real held-out Fashion-MNIST test image
-  (per sample), and the closed-form imprint attack of a malicious server (Fowl et al. 2022:
+- leakage: DLG (the rebuttal's attack) and iDLG against the defended FedSGD update of one real
+  held-out Fashion-MNIST test image (per sample), and the closed-form imprint attack of a malicious
+  server (Fowl et al. 2022:
   ``--server imprint``, the same image, the same defended update of the imprinted model): a defense
   that stops the optimisation attack but not the imprint module shows it. Each sample's verdict is
   gradleak.outcome's: "leaked" (PSNR >= THRESHOLD_DB or a recognisable image), "defended" (the
@@ -56,8 +57,9 @@ TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
 SMOKE_TRAIN_SUBSET = 3000
 SMOKE_TEST_SUBSET = 1000
 INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
-# the attacks compared (--attacks): the optimisation attack and a malicious server's imprint module
-ATTACKS = ("idlg", "imprint")
+# the attacks compared (--attacks): DLG (the rebuttal's), iDLG (its label restored exactly from the
+# update, so that a failure is the image's) and a malicious server's imprint module
+ATTACKS = ("dlg", "idlg", "imprint")
 
 
 @experiment("defenses")
@@ -65,7 +67,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     from ..training import TrainConfig
 
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
-    model, data, attack, samples, n_iter = st.model, st.data, st.attack, st.samples, st.iterations
+    model, data, samples, n_iter = st.model, st.data, st.samples, st.iterations
     attacks = list(dict.fromkeys(opt.attacks or ATTACKS))
     if not set(attacks) <= {"dlg", "idlg", "imprint"}:
         raise ConfigError(f"defenses compares dlg, idlg and imprint; got --attacks {','.join(attacks)}")
@@ -126,8 +128,8 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "training": {**TRAIN, "train_images": train_subset, "test_images": test_subset or "all",
                             "same budget for every defense": True, "seed": opt.seed,
                             "defense applied to": "every training step's gradient (defended FedSGD client)"},
-               "attack": f"{attack} (float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, defended FedSGD "
-                         "update of the untrained global model",
+               "attack": f"{', '.join(a for a in attacks if a != 'imprint')} (float64 L-BFGS, {n_iter} iterations, "
+                         f"start {INIT}), batch 1, defended FedSGD update of the untrained global model",
                "attacks": attacks,
                "imprint": "a malicious server sends the model with Fowl et al.'s imprint block in front (--server "
                           f"imprint: {DEFAULT_BINS} bins, the public brightness prior); the client computes the same "

@@ -32,7 +32,7 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (VERDICT_RULE, refuse_attacks, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, refuse_attacks, trained_victim, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grids, summarize, summary_columns, trend_notes, verdict_fields, victim)
 
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
@@ -66,32 +66,17 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     return float(spearmanr(x, y).statistic)
 
 
-# --trained: the victim is first trained like training-stage's (SGD, one epoch, batch 32, lr 0.01,
-# momentum 0.9) from the same initial weights (model seed 0), on the data source's training split.
-TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
-SMOKE_TRAIN_SUBSET = 2000
-SMOKE_TEST_SUBSET = 500
-
-
 def _train_victim(opt: ExperimentOptions, ws: Workspace, spec: Any, model: str, width: Any,
                   data: str) -> tuple[str | None, str]:
     """(checkpoint, how the victim's weights came about): with ``--trained`` the victim is trained
-    first and its weights applied to ``spec``, since the paper's vulnerable population is defined
-    on a trained network; else its random initial weights."""
-    if not opt.trained:
-        return None, "random init, seed 0"
-    from ..training import TrainConfig, apply_checkpoint
+    first (common.trained_victim) and its weights applied to ``spec``, since the paper's vulnerable
+    population is defined on a trained network; else its random initial weights."""
+    checkpoint, state = trained_victim(opt, ws, model, width, data)
+    if checkpoint is not None:
+        from ..training import apply_checkpoint
 
-    trained = ws.trained(TrainConfig(
-        model=model, width=width, data=data, checkpoints=(1.0,), seed=opt.seed, model_seed=0,
-        train_subset=SMOKE_TRAIN_SUBSET if opt.smoke else None,
-        test_subset=SMOKE_TEST_SUBSET if opt.smoke else 2000, **TRAIN))
-    final = trained.checkpoints[-1]
-    checkpoint = str(final.path)
-    apply_checkpoint(spec, checkpoint)
-    return checkpoint, (f"trained from seed 0's init: SGD one epoch on {data}'s training split"
-                        f"{f' (first {SMOKE_TRAIN_SUBSET} of a permutation)' if opt.smoke else ''}, batch 32, lr 0.01, "
-                        f"momentum 0.9; test accuracy {100 * final.test_accuracy:.1f} %")
+        apply_checkpoint(spec, checkpoint)
+    return checkpoint, state
 
 
 def _plan(opt: ExperimentOptions, base_cell: Callable[[int], dict[str, Any]], batch_sizes: list[int], samples: int,

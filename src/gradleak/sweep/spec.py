@@ -38,9 +38,18 @@ from ..specs import attack_specs, portfolio_candidates
 SPEC_KEYS = ("base", "grid", "description")
 # Fields that never change a cell's result; they are left out of its identity.
 IDENTITY_EXCLUDED = frozenset({"out", "progress"})
-# Fields added to AttackConfig after cell stores were written, with the value every earlier cell
-# ran with: at that value a field leaves the identity out, so stores of before keep their cells.
-LATER_FIELDS = {"box": False}
+# The AttackConfig fields every cell identity has hashed since cell stores took their present form.
+# A field added since (a new attack's flag, --box, GradInversion's --distance) is left out of the
+# identity while it holds its AttackConfig default, the value every earlier cell ran with: stores of
+# before keep their cells, and an attack's new flag needs no entry here. Never add to this set.
+HASHED_FIELDS = frozenset({"allow_repeats", "alpha_bn", "alpha_g", "alpha_group", "alpha_l2", "alpha_n",
+    "alpha_tv", "attack", "batch_size", "bn", "checkpoint", "checkpoint_every", "clients", "data", "data_root",
+    "defense", "device", "divergence_retries", "dtype", "fallback", "final", "group", "image_size", "indices",
+    "init", "inner", "iterations", "labels", "local_batch_size", "local_lr", "local_steps", "log_every", "lr",
+    "modality", "model", "model_seed", "nproc", "num_classes", "optimizer", "paper_metrics", "preset",
+    "registration_every", "registration_start", "registration_steps", "restarts", "search_evaluations", "seed",
+    "seeds", "server", "share_bn_statistics", "split", "stall_restarts", "stop", "text", "threads", "threat",
+    "truth", "update", "warmup", "width"})
 # Attack defaults that changed after cell stores were written: (attack, field) -> the default now.
 # A cell that leaves such a field unset (None: the attack's default) carries it in its identity, so
 # a store of before, whose cell ran under the old default, does not hand that cell to a run under
@@ -95,12 +104,18 @@ class SweepSpec:
         return {"base": self.base, "grid": self.grid, "description": self.description}
 
 
+def _later_at_default(name: str, value: Any) -> bool:
+    """Whether ``name`` is an AttackConfig field added since HASHED_FIELDS, at its default."""
+    info = AttackConfig.model_fields.get(name)
+    return name not in HASHED_FIELDS and info is not None and value == info.get_default(call_default_factory=True)
+
+
 def cell_identity(config: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> str:
     """16 hex digits of the SHA-256 of the canonical JSON of ``config`` (minus IDENTITY_EXCLUDED,
-    ``exclude`` and LATER_FIELDS at their earlier value; plus the changed defaults it leaves unset,
-    changed_defaults)."""
+    ``exclude`` and the fields added since HASHED_FIELDS at their default; plus the changed defaults
+    it leaves unset, changed_defaults)."""
     ident = {k: v for k, v in config.items() if k not in IDENTITY_EXCLUDED and k not in exclude
-             and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+             and not _later_at_default(k, v)}
     defaults = changed_defaults(config)
     if defaults:
         ident["defaults"] = defaults
