@@ -205,12 +205,8 @@ def _fashion_mnist_subset(folder: Path, train: int, test: int) -> Path:
     return folder
 
 
-def test_identifiability_trained_attacks_the_trained_checkpoint(tmp_path, monkeypatch):
-    """--trained (the paper defines the vulnerable population on a trained network): the victim is
-    trained first, the gradient norms are the trained network's and every cell attacks its
-    checkpoint. Observed (the first 2000 real training images, one epoch; 500 test images): test
-    accuracy 80.2 %, the 4 images' per-sample gradient norms 0.91-76.7 (untrained: 1.2-1.4, every
-    image alike)."""
+def _cells_run(monkeypatch) -> list[dict]:
+    """The configs of every cell the experiment runs (Workspace.run, spied on), as they run."""
     from gradleak.experiments.cells import Workspace
 
     seen: list[dict] = []
@@ -221,6 +217,16 @@ def test_identifiability_trained_attacks_the_trained_checkpoint(tmp_path, monkey
         return run(self, cells, **kw)
 
     monkeypatch.setattr(Workspace, "run", spy)
+    return seen
+
+
+def test_identifiability_trained_attacks_the_trained_checkpoint(tmp_path, monkeypatch):
+    """--trained (the paper defines the vulnerable population on a trained network): the victim is
+    trained first, the gradient norms are the trained network's and every cell attacks its
+    checkpoint. Observed (the first 2000 real training images, one epoch; 500 test images): test
+    accuracy 80.2 %, the 4 images' per-sample gradient norms 0.91-76.7 (untrained: 1.2-1.4, every
+    image alike)."""
+    seen = _cells_run(monkeypatch)
     data = _fashion_mnist_subset(tmp_path / "fm", 2000, 500)
     result, folder, _, rows = _run("identifiability", tmp_path / "iip", data=str(data), trained=True,
                                    batch_sizes=[2], iterations=20, executor="inline")
@@ -243,16 +249,7 @@ def test_comparison_trained_attacks_the_trained_checkpoint_and_says_so(tmp_path,
     """Table 4's BN-approx row on a trained network: with --trained every method's cell attacks the
     trained victim's checkpoint (whose running statistics were learnt from the training split), and
     the setup and notes say which weights the row regularises towards."""
-    from gradleak.experiments.cells import Workspace
-
-    seen: list[dict] = []
-    run = Workspace.run
-
-    def spy(self, cells, **kw):
-        seen.extend(dict(c) for c in cells.values())
-        return run(self, cells, **kw)
-
-    monkeypatch.setattr(Workspace, "run", spy)
+    seen = _cells_run(monkeypatch)
     data = _fashion_mnist_subset(tmp_path / "fm", 2000, 500)
     result, folder, _, rows = _run("comparison", tmp_path / "cmp", data=str(data), trained=True,
                                    attacks=["gradinversion"], iterations=10, executor="inline")

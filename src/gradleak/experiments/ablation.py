@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..report import save_line_plot
-from ..errors import ConfigError
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (VERDICT_RULE, refuse_attacks, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
-                     save_grid, settings_of, summarize, summary_columns, verdict_fields, victim, victim_setup)
+from .common import (VERDICT_RULE, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, gradinversion_cell, image_rows, mean,
+                     one_batch_victim, save_grid, settings_of, summarize, summary_columns, verdict_fields, victim_setup)
 
 # Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
 STEPS: dict[str, dict[str, Any]] = {
@@ -44,13 +43,7 @@ LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_di
 
 @experiment("ablation")
 def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
-    refuse_attacks(opt, "ablation", "GradInversion with each term added in turn")
-    if len(opt.batch_sizes or []) > 1:
-        raise ConfigError("ablation runs one batch size (--batch-sizes K)")
-    model, width, data = victim(opt)
-    k = (opt.batch_sizes or [4])[0]
-    samples = opt.samples or (1 if opt.smoke else 3)
-    iterations, seeds = budget(opt)
+    model, width, data, k, samples, iterations, seeds = one_batch_victim(opt, "ablation", "GradInversion with each term added in turn")
     plan = {(step, sample): {**gradinversion_cell(iterations, seeds, model=model, width=width, data=data,
                                                   batch_size=k, seed=opt.seed + sample), **changes}
             for sample in range(samples) for step, changes in STEPS.items()}

@@ -266,6 +266,17 @@ def gradinversion_cell(iterations: int, seeds: int, bn: str = "exact", **fields:
     return {**cell, **fields}
 
 
+def one_batch_victim(opt: Any, name: str, what: str) -> tuple[str, int, str, int, int, int, int]:
+    """(model, width, data, K, samples, iterations, seeds) of a GradInversion experiment that attacks
+    one batch size with its own attacks (``what``: refused --attacks are told so)."""
+    refuse_attacks(opt, name, what)
+    if len(opt.batch_sizes or []) > 1:
+        raise ConfigError(f"{name} runs one batch size (--batch-sizes K)")
+    model, width, data = victim(opt)
+    iterations, seeds = budget(opt)
+    return model, width, data, (opt.batch_sizes or [4])[0], opt.samples or (1 if opt.smoke else 3), iterations, seeds
+
+
 def victim_setup(model: str, width: int, data: str, batch_size: int, samples: int, seed: int,
                  weights: str = "random init, seed 0") -> dict[str, Any]:
     """The setup lines of the GradInversion experiments' victim: data, model (``weights``: how its

@@ -29,15 +29,15 @@ from typing import Any
 import torch
 
 from ..data import Batch, open_source
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from ..fl import fedsgd
 from ..models import ModelSpec, build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import CellResult, Workspace
-from .common import (VERDICT_RULE, THRESHOLD_DB, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell,
-                     image_rows, mean, refuse_attacks, save_grid, settings_of, summarize, summary_columns,
-                     verdict_fields, victim, victim_setup)
+from .common import (VERDICT_RULE, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, gradinversion_cell, one_batch_victim,
+                     image_rows, mean, save_grid, settings_of, summarize, summary_columns,
+                     verdict_fields, victim_setup)
 
 DISTANCES = ("l2", "cosine")
 # Each objective's fields on top of the cpu preset.
@@ -185,13 +185,7 @@ def _figures(ws: Workspace, cells: dict[tuple[str, str, int], CellResult], summa
 
 @experiment("gradient-loss")
 def gradient_loss(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
-    refuse_attacks(opt, "gradient-loss", "GradInversion with each gradient loss (l2, cosine)")
-    if len(opt.batch_sizes or []) > 1:
-        raise ConfigError("gradient-loss runs one batch size (--batch-sizes K)")
-    model, width, data = victim(opt)
-    k = (opt.batch_sizes or [4])[0]
-    samples = opt.samples or (1 if opt.smoke else 3)
-    iterations, seeds = budget(opt)
+    model, width, data, k, samples, iterations, seeds = one_batch_victim(opt, "gradient-loss", "GradInversion with each gradient loss (l2, cosine)")
     objectives = list(OBJECTIVES)
 
     def cell(objective: str, distance: str, sample: int) -> dict[str, Any]:
