@@ -134,6 +134,8 @@ def test_defenses_non_converged_attack_is_inconclusive_never_defended(tmp_path, 
     for r in rows:  # defended is exactly outcome.py's verdict
         assert r["defended"] == str(r["verdict"] == DEFENDED)
     summary = {r["spec"]: r for r in _csv(out / "summary.csv")}
+    header = (out / "summary.csv").read_text().splitlines()[0].split(",")
+    assert len(header) == len(set(header))   # one "defended": the setting's
     assert summary["gaussian:0.1"]["verdict"] == INCONCLUSIVE and summary["gaussian:0.1"]["defended"] == "False"
     assert summary["gaussian:0.1"]["non_converged"] == "3" and summary["gaussian:0.1"]["inconclusive"] == "3"
     assert summary["laplace:0.1"]["verdict"] == "defended" and summary["laplace:0.1"]["defended"] == "True"

@@ -156,7 +156,10 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
            if opt.smoke else []))
 
 
-SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"] + summary_columns((), ("psnr",))
+# "defended" here is the setting's (every sample defended), in place of the count of defended samples
+# that summary_columns has (samples - leaked - inconclusive): one column of that name, not two.
+SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"]
+                   + [c for c in summary_columns((), ("psnr",)) if c != "defended"]
                    + ["defended", "verdict", "epsilon", "spec"])
 
 
