@@ -46,7 +46,7 @@ class StateHooks:
 
 class AttackState:
     """An attack's own resumable state, declared as a typed dataclass (subclass this, decorate
-    with ``@dataclass``) and handed to the loop (``Engine.optimise(..., state=...)``), which
+    with ``@dataclass``) and handed to the loop (``Engine.optimise(..., LoopHooks(state=...))``), which
     snapshots every field and puts it back on resume or after a divergence.
 
     Restoring checks each saved value against the field: a tensor must have the current value's
