@@ -25,7 +25,7 @@ LOW, HIGH = LINE / 2, LINE * 2
 GI_IG = ("gradinversion", "ig")
 # Folders whose every row is a GradInversion run (no attack column).
 ALL_GI = ("ablation", "identifiability", "identifiability-fashion-mnist", "identifiability-trained",
-          "feature-extractor", "gradient-loss", "gradinversion-imagenet", "comparison-trained")
+          "feature-extractor", "gradient-loss", "gradinversion-imagenet")
 
 
 def attack_of(folder: str, row: dict[str, str]) -> str | None:
