@@ -58,7 +58,8 @@ class _RunConfig(BaseModel):
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
     server: str = Field("honest", description="what the server sends the client: honest | imprint[:bins=N,mean=M,"
-                        "std=S,gain=G] (a malicious server's imprint block, Fowl et al. 2022)")
+                        "std=S,gain=G] (a malicious server's imprint block, Fowl et al. 2022) | trap[:rows=N,"
+                        "shrink=A|rate=R,seed=S,gain=G] (trap weights, Boenisch et al. 2023)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     text: list[str] = Field(default_factory=list, description="text: one sentence of the client's data, repeatable")
     # the attack: its constants are flags too, derived from the attacks' declarations (specs.py,

@@ -2,6 +2,9 @@
 
     honest                                the global model as it is
     imprint[:bins=N,mean=M,std=S,gain=G]  Robbing the Fed's imprint block in front of it
+    trap[:rows=N,shrink=A|rate=R,seed=S,gain=G]
+                                          Boenisch et al.'s trap weights in front of it (a shrink
+                                          given, or calibrated for the firing rate R on public photos)
 
 models/server.py builds the model a spec names.
 """
@@ -17,6 +20,13 @@ from .paths import one_line
 
 DEFAULT_BINS = 64
 
+# Each malicious server's parameters (the first one may be given without its key: imprint:64).
+PARAMETERS: dict[str, tuple[str, ...]] = {
+    "imprint": ("bins", "mean", "std", "gain"),
+    "trap": ("rows", "shrink", "rate", "seed", "gain"),
+}
+INTEGER_PARAMETERS = frozenset({"bins", "rows", "seed"})
+
 
 @dataclass(frozen=True)
 class ServerSpec:
@@ -25,42 +35,49 @@ class ServerSpec:
     mean: float | None = None
     std: float | None = None
     gain: float | None = None
+    rows: int | None = None
+    shrink: float | None = None
+    rate: float | None = None
+    seed: int | None = None
 
 
 def parse_server(text: str | None) -> ServerSpec:
-    """``honest`` | ``imprint[:bins=N][,mean=M][,std=S][,gain=G]`` (``imprint:N`` = bins N);
-    ConfigError naming the problem otherwise."""
+    """``honest`` | ``imprint[:bins=N][,mean=M][,std=S][,gain=G]`` (``imprint:N`` = bins N) |
+    ``trap[:rows=N][,shrink=A][,rate=R][,seed=S][,gain=G]`` (``trap:N`` = rows N); ConfigError
+    naming the problem otherwise."""
     raw = (text or "honest").strip()
     name, _, params = raw.partition(":")
     name = name.strip().lower()
     if name not in SERVERS:
-        raise unknown("server", name, SERVERS, " (e.g. imprint:bins=64)")
+        raise unknown("server", name, SERVERS, " (e.g. imprint:bins=64, trap:rows=1000)")
     if name == "honest":
         if params.strip():
             raise ConfigError("server honest takes no parameters")
         return ServerSpec()
+    keys = PARAMETERS[name]
     values: dict[str, float] = {}
     for i, part in enumerate(p.strip() for p in params.split(",") if params.strip()):
         key, eq, value = part.partition("=")
         if not eq:
             if i:
-                raise ConfigError(f"server imprint: {one_line(repr(part), 80)} is not key=value")
-            key, value = "bins", part
+                raise ConfigError(f"server {name}: {one_line(repr(part), 80)} is not key=value")
+            key, value = keys[0], part
         key = key.strip()
-        if key not in ("bins", "mean", "std", "gain") or key in values:
-            raise ConfigError(f"server imprint: unknown or repeated parameter {one_line(repr(key), 80)} (bins, mean, std, gain)")
+        if key not in keys or key in values:
+            raise ConfigError(f"server {name}: unknown or repeated parameter {one_line(repr(key), 80)} "
+                              f"({', '.join(keys)})")
         try:
             number = float(value)
         except ValueError:
-            raise ConfigError(f"server imprint: {key} must be a number, got {one_line(repr(value.strip()), 80)}") from None
+            raise ConfigError(f"server {name}: {key} must be a number, got {one_line(repr(value.strip()), 80)}") from None
         if not math.isfinite(number):
-            raise ConfigError(f"server imprint: {key} must be finite, got {one_line(repr(value.strip()), 80)}")
-        values[key] = number
-    bins = values.get("bins")
-    if bins is not None and bins != int(bins):
-        raise ConfigError(f"server imprint: bins must be an integer, got {bins:g}")
-    return ServerSpec("imprint", None if bins is None else int(bins), values.get("mean"), values.get("std"),
-                      values.get("gain"))
+            raise ConfigError(f"server {name}: {key} must be finite, got {one_line(repr(value.strip()), 80)}")
+        if key in INTEGER_PARAMETERS and number != int(number):
+            raise ConfigError(f"server {name}: {key} must be an integer, got {number:g}")
+        values[key] = int(number) if key in INTEGER_PARAMETERS else number
+    if "shrink" in values and "rate" in values:
+        raise ConfigError(f"server {name}: give shrink or rate, not both (the shrink is calibrated for the rate)")
+    return ServerSpec(name, **values)
 
 
-__all__ = ["DEFAULT_BINS", "SERVERS", "ServerSpec", "parse_server"]
+__all__ = ["DEFAULT_BINS", "PARAMETERS", "SERVERS", "ServerSpec", "parse_server"]

@@ -5,6 +5,10 @@ server's modification of it.
     imprint[:bins=N,mean=M,std=S,gain=G]  Robbing the Fed's imprint block in front of it
                                           (models/imprint.py; default 64 bins, the public
                                           brightness prior, gain 100)
+    trap[:rows=N,shrink=A|rate=R,seed=S,gain=G]
+                                          Boenisch et al.'s trap weights in front of it
+                                          (models/trap.py; default 2000 rows (fewer at 224 px), the shrink
+                                          calibrated on public photos for a firing rate of 1/8)
 
 The modified model is recorded in the update's ``model_kwargs["server"]`` as its canonical text,
 every value resolved, so the attacker (and a file's reader) rebuilds the same architecture.
@@ -15,6 +19,7 @@ from __future__ import annotations
 from ..server_spec import DEFAULT_BINS, SERVERS, ServerSpec, parse_server
 from .imprint import IMPRINT_GAIN, default_brightness_prior, imprint_model
 from .registry import ModelSpec
+from .trap import DEFAULT_RATE, DEFAULT_SEED, TRAP_GAIN, calibrate_shrink, default_rows, trap_model
 
 def server_model(spec: ModelSpec, server: str | None) -> ModelSpec:
     """The model the client receives from ``server`` (``spec`` itself for an honest server).
@@ -22,6 +27,12 @@ def server_model(spec: ModelSpec, server: str | None) -> ModelSpec:
     s = parse_server(server)
     if s.name == "honest":
         return spec
+    if s.name == "trap":
+        shrink = s.shrink if s.shrink is not None else calibrate_shrink(
+            spec.input_shape, DEFAULT_RATE if s.rate is None else s.rate)
+        return trap_model(spec, rows=default_rows(spec.input_shape) if s.rows is None else s.rows, shrink=shrink,
+                          seed=DEFAULT_SEED if s.seed is None else s.seed,
+                          gain=TRAP_GAIN if s.gain is None else s.gain)
     mean, std = default_brightness_prior(spec)
     bins = DEFAULT_BINS if s.bins is None else s.bins
     mean = mean if s.mean is None else s.mean

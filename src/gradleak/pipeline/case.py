@@ -171,10 +171,12 @@ def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_o
         if given == values[key]:
             return True
         if key == "server":  # "imprint" agrees with the file's resolved "imprint:bins=64,..."
-            from ..server_spec import parse_server
+            from ..server_spec import PARAMETERS, parse_server
 
             a, b = parse_server(given), parse_server(values[key])
-            return a.name == b.name and all(getattr(a, f) in (None, getattr(b, f)) for f in ("bins", "mean", "std", "gain"))
+            # a trap's "rate" is what the server calibrated its shrink for: the file records the shrink
+            fields = [f for f in PARAMETERS.get(a.name, ()) if f != "rate"]
+            return a.name == b.name and all(getattr(a, f) in (None, getattr(b, f)) for f in fields)
         if key == "local_batch_size" and fedavg:  # None means the whole client batch
             return (given or per_client) == (values[key] or per_client)
         # "use the file's / the data's" defaults agree with any recorded value

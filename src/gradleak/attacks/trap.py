@@ -1,0 +1,179 @@
+"""The trap-weights attack ("When the Curious Abandon Honesty", Boenisch et al., EuroS&P 2023):
+analytic, no optimisation.
+
+The malicious server sent the client a model with a trap layer in front of the victim network
+(gradleak.models.trap: random rows whose positive entries the server scaled down, so that each
+neuron fires for few inputs). For that layer y = W x + b behind a ReLU, the gradient of the mean
+loss over the batch is, row by row (Boenisch et al. Sec. 4, after Phong et al.),
+
+    dL/dW_j = (1/K) sum_{k: W_j x_k + b_j > 0} delta_kj x_k^T,    dL/db_j = (1/K) sum_{k: ...} delta_kj
+
+so a row that one sample alone activated gives that sample exactly: x_k = dL/dW_j / dL/db_j. The
+attack reads every active row's ratio and keeps the inputs that at least two rows agree on
+(attacks/analytic.py's clustering: the server's second layer has distinct columns, so rows mixing
+the same samples mix them with different weights and do not agree; rows of one sample agree to
+float32 rounding). The server knows its trap weights; the attacker here reads them from the model
+it sent (update.global_weights), never from the server's configuration.
+
+Labels: the label multiset of the classifier's bias gradient, each label given to the image whose
+pure rows it explains best (analytic.py's Hungarian assignment). Threats: FedSGD, an aggregate of
+FedSGD clients (a sum over every client's samples: the trap separates across clients) and FedAvg
+with one local step (W_1 - W_0 = -lr grad); several local steps move the trap between steps and are
+refused. The answer is judged by the attacker's own evidence (the relative distance between the
+update it would produce and the shared one, verdict.py).
+"""
+
+from __future__ import annotations
+
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "trap",
+    "summary": "a malicious server's trap weights (Boenisch et al., EuroS&P 2023): inputs read off rows one sample fired",
+    "kind": "closed-form",
+    "converged_below": 1e-3,   # exact answers measured 1e-12..1.6e-4 (ResNet-18, float32 updates), mixtures 0.3-2
+    "needs": "a model carrying the server's trap layer (--server trap)",
+    "flags": {},
+    "auto": {"order": 1},
+}
+
+import copy
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, ModelMismatchError, NonFiniteError
+from ..fl.threats import ThreatModel
+from ..fl.update import SharedUpdate
+from ..models import ModelSpec
+from .analytic import _assign, analytic
+from .reconstruction import Reconstruction
+
+LAYER = "trap.linear0"
+W0, B0, W2 = f"{LAYER}.weight", f"{LAYER}.bias", "trap.linear2.weight"
+
+# The server's rows must look the way trap rows do: in pixel space, most rows have a negative sum
+# (their positive entries were scaled down). A layer whose rows do not lean negative is no trap
+# (an honest first layer's rows have sums of either sign).
+NEGATIVE_ROWS_ABOVE = 0.5
+
+MISSING_LAYER = ("trap: the update was not computed on a model with the server's trap layer "
+                 "(share with --server trap)")
+
+
+def _pixel_rows(weight: torch.Tensor, model: ModelSpec) -> torch.Tensor:
+    """The layer's rows seen on pixels: for x = (x_pix - mean) / std, W x = (W / std) x_pix - W (mean / std)."""
+    c = len(model.std)
+    hw = weight.shape[1] // c
+    std = torch.tensor(model.std, dtype=weight.dtype).repeat_interleave(hw)
+    return weight / std
+
+
+def check_trap(update: SharedUpdate, model: ModelSpec) -> str:
+    """Refuse an update the trap attack cannot read (typed errors, one line each):
+    ModelMismatchError without the server's trap layer, with one of another shape, or with rows that
+    do not lean negative; NonFiniteError for NaN/Inf in it; ConfigError for FedAvg with several
+    local steps. Returns the layer's name."""
+    for key, where in ((W0, update.gradients), (B0, update.gradients), (W0, update.global_weights),
+                       (B0, update.global_weights), (W2, update.global_weights)):
+        if key not in where:
+            raise ModelMismatchError(MISSING_LAYER if key == W0 else
+                                     f"trap: the update holds no {key!r} (share with --server trap)")
+    d = 1
+    for v in model.input_shape:
+        d *= int(v)
+    weight = update.global_weights[W0]
+    if weight.ndim != 2 or weight.shape[1] != d:
+        raise ModelMismatchError(f"trap: the trap layer's weight is {tuple(weight.shape)}, expected [rows, {d}] "
+                                 f"for images {tuple(model.input_shape)}")
+    n = int(weight.shape[0])
+    for label, where in (("global weight", update.global_weights), ("gradient", update.gradients)):
+        for key, shape in ((W0, (n, d)), (B0, (n,))):
+            t = where[key]
+            if tuple(t.shape) != shape:
+                raise ModelMismatchError(f"trap: {label} {key!r} is {tuple(t.shape)}, expected {list(shape)}")
+            if not bool(torch.isfinite(t).all()):
+                raise NonFiniteError(f"trap: {label} {key!r} holds NaN or Inf")
+    threat = ThreatModel.from_record(update.meta.threat)  # ConfigError on a malformed record
+    if threat.client_threat == "fedavg" and threat.local_steps > 1:
+        raise ConfigError(f"trap: FedAvg with {threat.local_steps} local steps is not supported: the trap layer "
+                          "moves between the steps (one local step, FedSGD or an aggregate of them)")
+    rows = _pixel_rows(weight.detach().double().cpu(), model)
+    negative = float((rows.sum(1) < 0).double().mean())
+    if negative <= NEGATIVE_ROWS_ABOVE:
+        raise ModelMismatchError(f"trap: only {negative:.0%} of the layer's rows lean negative on pixels: "
+                                 "not the server's trap weights")
+    return LAYER
+
+
+def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Tensor,
+                      slot_rows: list[torch.Tensor | None], target: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
+    """The label multiset assigned to the slots from the classifier's weight gradient: one
+    forward pass, no backward (analytic.py's per-slot pullbacks cost K x classes backward passes:
+    ~45 s for 8 slots of ResNet-18 here).
+
+    For a classifier z = V h + c and the mean cross-entropy over the K samples,
+    dL/dV = (1/K) sum_k (p_k - e_{y_k}) h_k^T (iDLG's observation, per sample), so
+    T = sum_k p_k h_k^T - K dL/dV has row c = sum_{k: y_k = c} h_k: the features of the samples of
+    class c. The slots read off pure rows are run through the model together (train mode, as the
+    client's batch); the coefficients a_ck of T_c = sum_k a_ck h_k (least squares over the slots'
+    features) are 1 for the slots of class c and 0 elsewhere when the answer is exact, repeated
+    classes included (a first version scored ||T_c - h_k||, which fails on repeated labels);
+    slot k's misfit with class c is (1 - a_ck)^2 and the Hungarian solver assigns the multiset. ``target`` (the layer's bias gradient) is not read; the classifier's gradient
+    is taken in gradient units (a one-step FedAvg update divided by -lr)."""
+    k = x.shape[0]
+    read = [slot for slot, rows in enumerate(slot_rows) if rows is not None and len(rows)]
+    classes, column = torch.unique(multiset, return_inverse=True)
+    misfit = torch.ones(k, len(classes), dtype=torch.float64)
+    key = f"{model.classifier_name}.weight"
+    if not read or key not in update.gradients:
+        return _assign(misfit[:, column], multiset)
+    module = copy.deepcopy(model.module).double()
+    module.load_state_dict({n: t.double() if t.is_floating_point() else t for n, t in update.global_weights.items()})
+    module.train()
+    classifier = dict(module.named_modules())[model.classifier_name]
+    seen: list[torch.Tensor] = []
+    hook = classifier.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
+    try:
+        with torch.no_grad():
+            p = torch.softmax(module(x[read].double()), dim=-1)
+    finally:
+        hook.remove()
+    h = seen[0].flatten(1)  # [read, F]
+    dv = update.gradients[key].detach().double().cpu()
+    threat = ThreatModel.from_record(update.meta.threat)
+    if threat.client_threat == "fedavg":  # one local step: W_1 - W_0 = -lr grad
+        dv = dv / (-threat.local_lr)
+    t = p.T @ h - k * dv  # [C, F]: row c = the sum of the features of class c's samples
+    # T_c = sum_k a_ck h_k with a_ck = 1 when slot k holds class c: solved for a by least squares
+    # over the slots' features (exact when they are independent), so a class held by several
+    # samples is explained by their sum; the misfit of slot k with class c is (1 - a_ck)^2
+    a = torch.linalg.lstsq(h.T, t[classes].T).solution  # [read, classes]
+    misfit[read] = (1.0 - a).pow(2)
+    return _assign(misfit[:, column], multiset)
+
+
+def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu") -> Reconstruction:
+    """Rebuild the client's images from the trap layer's gradient (see the module doc). ``model``:
+    the trapped spec (gradleak.models.trap.trap_model), as the update file rebuilds it. extra:
+    "separated" (inputs at least two rows agree on, at most K), "pure_clusters", "active_rows",
+    "trap_rows", "exact" (every slot separated and no defense recorded: the attacker's own claim)."""
+    layer = check_trap(update, model)
+    rec = analytic(update, model, device=device, layer=layer, labeller=classifier_labels)
+    k = int(update.meta.batch_size)
+    rec.extra["trap_rows"] = int(update.global_weights[W0].shape[0])
+    rec.extra["exact"] = rec.extra["separated"] == k and not update.meta.defenses
+    if rec.extra["separated"] < k:
+        rec.extra["why_not_exact"] = (f"{rec.extra['separated']} of {k} inputs were alone on at least two rows; "
+                                      "the other slots are mixtures")
+    return rec
+
+
+def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+    """The attack on the engine (a closed form: no constants, nothing to resume)."""
+    return trap_attack(update, model, device=engine.device)
+
+
+check = check_trap  # auto's test of whether it applies (a typed GradleakError when it does not)
+
+
+__all__ = ["LAYER", "SPEC", "check", "check_trap", "run", "trap_attack"]
