@@ -31,7 +31,7 @@ SOURCES: tuple[str, ...] = ("cifar10-samples", "cifar100-samples", "imagenet-sam
 # declarations without importing the modules).
 IMAGE_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs().items()}
 DEFENSES: tuple[str, ...] = ("dpsgd", "fp16", "gaussian", "int8", "laplace", "prune")
-SERVERS: tuple[str, ...] = ("honest", "imprint")
+SERVERS: tuple[str, ...] = ("honest", "imprint", "trap")
 PRESETS: tuple[str, ...] = tuple(sorted(attack_specs()["gradinversion"].presets))
 TEXT_MODELS: dict[str, str] = {
     "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
