@@ -421,14 +421,96 @@ def cmd_share(args: argparse.Namespace) -> int:
     # same file (nor one of the inputs).
     out = check_output_file(args.out, "--out", force=args.force)
     truth_path = check_output_file(args.truth, "--truth", force=args.force) if args.truth else None
-    check_distinct(("--out", out), ("--truth", truth_path), ("--checkpoint", cfg.checkpoint),
-                   ("--data", cfg.data if Path(cfg.data).is_file() else None))
+    model_out = check_output_file(args.model_out, "--model-out", force=args.force) if args.model_out else None
+    check_distinct(("--out", out), ("--truth", truth_path), ("--model-out", model_out),
+                   ("--checkpoint", cfg.checkpoint), ("--data", cfg.data if Path(cfg.data).is_file() else None))
     from .modalities import modality_named
 
     case = modality_named(cfg.modality).share_client(cfg)
-    case.save(out, truth_path, force=args.force)
-    print(case.share_line(out, truth_path))
+    if model_out is None:
+        case.save(out, truth_path, force=args.force)
+    else:
+        _save_with_model(case, out, truth_path, model_out, force=args.force)
+    print(case.share_line(out, truth_path) + (f"; the model received in {model_out}" if model_out else ""))
     return 0
+
+
+def _save_with_model(case: Any, out: Path, truth_path: Path | None, model_out: Path, *, force: bool) -> None:
+    """share's files and the model the client received (--model-out), written all or none."""
+    from .fl.inspect import received_model_bytes
+    from .paths import atomic_write_files
+
+    update_data, truth_data = case.file_bytes()
+    meta = case.update.meta
+    info = {"model": meta.model, "num_classes": meta.num_classes, "input_shape": list(meta.input_shape)}
+    if meta.model_kwargs.get("server"):  # for the reader only: inspect never relies on it
+        info["server"] = meta.model_kwargs["server"]
+    files = {out: update_data, model_out: received_model_bytes(case.update.global_weights, info)}
+    what = {out: "--out", model_out: "--model-out"}
+    if truth_path is not None and truth_data is not None:
+        files[truth_path], what[truth_path] = truth_data, "--truth"
+    atomic_write_files(files, force=force, what=what)
+
+
+EXIT_SUSPICIOUS = 1
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """`gradleak inspect FILE --model ARCH`: exit 1 when a structure of a known malicious server
+    is found, 0 when none is; bad input is one line and exit 2 (main)."""
+    import json
+
+    from .errors import ConfigError
+    from .paths import check_input_file, check_output_file
+
+    check_names(model=args.model, data=args.data)
+    for flag, value, low, high in (("--num-classes", args.num_classes, 2, 100_000), ("--channels", args.channels, 1, 4),
+                                   ("--image-size", args.image_size, 4, 1024), ("--width", args.width, 1, 4096)):
+        if value is not None and not low <= value <= high:
+            raise ConfigError(f"{flag} must be in {low}..{high}, got {value}")
+    check_input_file(args.file, "model file")   # answered before torch is imported
+    report = check_output_file(args.report, "--report") if args.report else None
+    channels, num_classes = args.channels, args.num_classes
+    if channels is None or num_classes is None:
+        from .data import open_source
+
+        source = open_source(args.data, root=args.data_root)
+        channels = source.native_channels if channels is None else channels
+        num_classes = source.num_classes if num_classes is None else num_classes
+    from .fl.inspect import inspect_file
+
+    result = inspect_file(args.file, args.model, num_classes=num_classes, channels=channels,
+                          image_size=args.image_size, width=args.width)
+    data = result.to_dict()
+    if report is not None:
+        from .paths import atomic_write_bytes
+
+        atomic_write_bytes(report, (json.dumps(data, indent=2) + "\n").encode())
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        _print_inspection(result, report)
+    return EXIT_SUSPICIOUS if result.suspicious else 0
+
+
+def _print_inspection(result: Any, report: Path | None) -> None:
+    c, h, w = result.input_shape
+    where = f" (its tensors under {result.prefix!r})" if result.prefix else ""
+    checked = sum(1 for layer in result.layers if layer.kind in ("linear", "conv", "batchnorm"))
+    print(f"{result.path}: model {result.arch}, input {c}x{h}x{w}{where}; {checked} layers checked")
+    for layer in result.layers:
+        for f in layer.findings:
+            shape = "x".join(str(v) for v in layer.shape)
+            print(f"  {layer.name} [{layer.kind} {shape}] {f.check}: {f.reason}")
+    if result.suspicious:
+        layers = sorted({name for name, _ in result.findings})
+        print(f"suspicious: {len(layers)} layer(s) hold structures of a malicious server; do not train this model "
+              "on private data")
+    else:
+        print("nothing found: no layer ARCH lacks, no imprint bins, no trap rows, no layer scaled out of line"
+              .replace("ARCH", result.arch))
+    if report is not None:
+        print(f"wrote {report}")
 
 
 EXPERIMENT_CHOOSES = "the experiment's own setting"
@@ -757,9 +839,28 @@ def _fill_share(s: argparse.ArgumentParser) -> None:
     _add_config_flags(s, SHARE_FIELDS)
     s.add_argument("--out", required=True, help="update file to write (.safetensors)")
     s.add_argument("--truth", help="also write the true batch here (for evaluation only)")
-    s.add_argument("--force", action="store_true", help="replace an existing --out / --truth file (both are "
-                   "written together, or neither)")
+    s.add_argument("--model-out", dest="model_out", help="also write the model the client received (its state "
+                   "dict as the server sent it, a malicious server's block included) here, for `gradleak inspect`")
+    s.add_argument("--force", action="store_true", help="replace an existing --out / --truth / --model-out file "
+                   "(all are written together, or none)")
     s.set_defaults(func=cmd_share)
+
+
+def _fill_inspect(i: argparse.ArgumentParser) -> None:
+    i.add_argument("file", help="the received model: a safetensors state dict (share --model-out, a checkpoint)")
+    i.add_argument("--model", required=True, help="the architecture the client expects (gradleak list)")
+    i.add_argument("--data", default="cifar10-samples", help="the client's data source: its channels and classes "
+                   "set the architecture's shapes unless --channels / --num-classes are given")
+    i.add_argument("--data-root", dest="data_root", default=None, help="folder overriding the source's location")
+    i.add_argument("--num-classes", dest="num_classes", type=int, default=None, help="classes (default: the data's)")
+    i.add_argument("--channels", type=int, default=None, help="image channels (default: the data's)")
+    i.add_argument("--image-size", dest="image_size", type=int, default=None, help="input size (default: the model's)")
+    i.add_argument("--width", type=int, default=None, help="model width (convnet, mlp; default: the model's)")
+    i.add_argument("--json", action="store_true", help="print the full report (every layer's statistics) as JSON")
+    i.add_argument("--report", default=None, help="also write the JSON report to this file")
+    i.epilog = ("Exit status: 0 nothing found, 1 a structure of a known malicious server found, 2 bad input. "
+                "The file's metadata is never used.")
+    i.set_defaults(func=cmd_inspect)
 
 
 def _fill_train(t: argparse.ArgumentParser) -> None:
@@ -842,6 +943,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True, action=_LazySubParsers)
     sub.add_lazy("attack", "simulate a client (or read an update file) and attack it", _fill_attack)
     sub.add_lazy("share", "compute a client's shared update and write it as safetensors", _fill_share)
+    sub.add_lazy("inspect", "check a received model for the structures of known malicious servers (exit 1 if found)",
+                 _fill_inspect)
     sub.add_lazy("train", "train a model (optionally under a defense) and save checkpoints", _fill_train)
     sub.add_lazy("report", "rebuild a run folder's report.html", _fill_report)
     sub.add_lazy("experiment", "run one of the papers' experiments (see `gradleak list`)", _fill_experiment)

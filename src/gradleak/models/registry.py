@@ -216,6 +216,17 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
     return spec
 
 
+def normalisation(name: str, channels: int = 3) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel of model ``name``'s input normalisation, without building it (a
+    ``module:callable`` model: 0.5 / 0.5, as :func:`build_model` normalises it)."""
+    if name in _REGISTRY:
+        entry = _REGISTRY[name]
+        return _per_channel(entry.mean, channels), _per_channel(entry.std, channels)
+    if ":" in name:
+        return (0.5,) * channels, (0.5,) * channels
+    raise unknown("model", name, model_names(), " or package.module:callable")
+
+
 def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: int | None = None,
                  width: int | None = None, server: str | None = None
                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
