@@ -124,6 +124,23 @@ def test_tiny_transformer_batch_of_two_with_different_lengths(tiny):
     ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                        tiny.tokenizer)
     assert ev.token_accuracy == 1.0 and ev.label_accuracy == 1.0, [r["recovered"] for r in ev.per_sentence]
+    assert ev.exact_sentences == 2 and all(r["exact"] for r in ev.per_sentence)
+    assert ev.rouge1 == ev.rouge2 == ev.rougeL == 1.0
+
+
+def test_exact_and_rouge_per_sentence_after_pairing(tiny):
+    """The slots come back in any order: each true sentence is scored against its paired slot,
+    and "exact" means every content token in order and nothing more."""
+    tok = tiny.tokenizer
+    batch = text_batch(["the cat sat on the mat", "rain falls in spain"], tiny, 2, 0)
+    truth = batch.token_ids()
+    swapped = [truth[1], truth[0][:-2] + [truth[0][-1]]]  # slot 1: the first sentence less a word
+    ev = evaluate_text(truth, [0, 1], swapped, [1, 0], tok)
+    assert ev.perm == [1, 0] and ev.exact_sentences == 1
+    assert [r["exact"] for r in ev.per_sentence] == [False, True]
+    first = ev.per_sentence[0]
+    assert first["rouge1"] < 1.0 and first["rougeL"] < 1.0 and ev.per_sentence[1]["rouge2"] == 1.0
+    assert ev.label_accuracy == 1.0
 
 
 def test_heavy_noise_gives_a_result_not_an_error(tiny):
@@ -200,7 +217,7 @@ def test_cli_run_folder(tmp_path, capsys):
     assert not list(tmp_path.glob(".*partial*"))
     m = json.loads((out / "metrics.json").read_text())
     for key in ("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rouge2", "rougeL",
-                "label_accuracy", "per_sentence", "bag_of_words", "iterations", "wall_seconds"):
+                "exact_sentences", "label_accuracy", "per_sentence", "bag_of_words", "iterations", "wall_seconds"):
         assert key in m, key
     assert m["modality"] == "text" and m["batch_size"] == 1
     assert m["token_set_precision"] == 1.0 and m["token_set_recall"] == 1.0 and m["token_accuracy"] == 1.0

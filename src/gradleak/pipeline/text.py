@@ -147,7 +147,8 @@ class TextCase(Case):
             "modality": "text", "attack": cfg.attack, "model": meta.model, "data": self.data or "text",
             "batch_size": meta.batch_size, "iterations": recon.iterations, "wall_seconds": round(recon.wall_seconds, 3),
             "token_accuracy": None, "token_set_precision": None, "token_set_recall": None, "bleu": None,
-            "rouge1": None, "rouge2": None, "rougeL": None, "label_accuracy": None, "per_sentence": [],
+            "rouge1": None, "rouge2": None, "rougeL": None, "exact_sentences": None, "label_accuracy": None,
+            "per_sentence": [],
             "recovered_sentences": [tok.decode(s) for s in recon.token_ids],
             "labels_restored": recon.labels.tolist(), "label_method": recon.label_method,
             "bag_of_words": {"size": len(bag.token_ids), "exact": bag.exact, "length": bag.length,
@@ -169,7 +170,7 @@ class TextCase(Case):
                                        recon.labels.tolist(), tok)
                 metrics["token_accuracy_dlg"] = before.token_accuracy
             if cfg.attack == "bow":  # no order: position-wise scores are not what it claims
-                for k in ("token_accuracy", "bleu", "rouge2", "rougeL"):
+                for k in ("token_accuracy", "bleu", "rouge2", "rougeL", "exact_sentences"):
                     metrics[k] = None
         metrics["versions"] = versions(device)
         return metrics

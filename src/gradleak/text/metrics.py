@@ -6,7 +6,10 @@
   the batch / distinct content tokens of the batch that were recovered (order ignored).
 * ``bleu``: corpus BLEU (sacrebleu, 0-100, effective order so that short sentences are scored),
   reconstructions against the true sentences as the tokenizer sees them (lower-cased).
-* ``rouge1``, ``rouge2``, ``rougeL``: mean F1 of rouge-score over sentences.
+* ``rouge1``, ``rouge2``, ``rougeL``: mean F1 of rouge-score over sentences (after the pairing
+  below; each sentence's own scores are in ``per_sentence``).
+* ``exact_sentences``: how many true sentences came back exactly (every content token, in order,
+  nothing more: ``per_sentence[i]["exact"]``), the measure of exact batch recovery (DAGER).
 
 Reconstructed sentences are paired with true ones by the assignment that maximises the number
 of position-wise matches (Hungarian), since an attack returns its K sentences in any order.
@@ -137,12 +140,13 @@ class TextEvaluation:
     label_accuracy: float
     per_sentence: list[dict[str, Any]] = field(default_factory=list)
     perm: list[int] = field(default_factory=list)
+    exact_sentences: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"token_accuracy": self.token_accuracy, "token_set_precision": self.token_set_precision,
                 "token_set_recall": self.token_set_recall, "bleu": self.bleu, "rouge1": self.rouge1,
                 "rouge2": self.rouge2, "rougeL": self.rougeL, "label_accuracy": self.label_accuracy,
-                "per_sentence": self.per_sentence}
+                "exact_sentences": self.exact_sentences, "per_sentence": self.per_sentence}
 
 
 def evaluate_text(truth_ids: Sequence[Sequence[int]], truth_labels: Sequence[int], recovered_ids: Sequence[Sequence[int]],
@@ -175,6 +179,7 @@ def evaluate_text(truth_ids: Sequence[Sequence[int]], truth_labels: Sequence[int
         rows.append({
             "index": i, "original": sentences[i] if i < len(sentences) else refs[i], "reference": refs[i],
             "recovered": hyps[i], "matched_slot": perm[i],
+            "exact": list(t) == list(r),
             "token_accuracy": position_matches(t, r) / len(t) if t else float("nan"),
             "bleu": sentence_bleu(hyps[i], refs[i]), **rg,
             "label_true": int(truth_labels[i]), "label_restored": labels_paired[i],
@@ -188,7 +193,7 @@ def evaluate_text(truth_ids: Sequence[Sequence[int]], truth_labels: Sequence[int
         rouge1=sum(r["rouge1"] for r in rouges) / k, rouge2=sum(r["rouge2"] for r in rouges) / k,
         rougeL=sum(r["rougeL"] for r in rouges) / k,
         label_accuracy=sum(int(a == b) for a, b in zip(truth_labels, labels_paired, strict=False)) / k,
-        per_sentence=rows, perm=perm)
+        per_sentence=rows, perm=perm, exact_sentences=sum(int(r["exact"]) for r in rows))
 
 
 __all__ = ["TextEvaluation", "bleu", "evaluate_text", "pair_sentences", "rouge", "sentence_bleu",

@@ -37,7 +37,8 @@ figure { margin: 0 0 1.2em; } figure img { max-width: 100%; border: 1px solid #e
 
 _SUMMARY = (("token_accuracy", "Token accuracy (position-wise)"), ("token_set_precision", "Token-set precision"),
             ("token_set_recall", "Token-set recall"), ("bleu", "BLEU (sacrebleu, 0-100)"), ("rouge1", "ROUGE-1 F1"),
-            ("rouge2", "ROUGE-2 F1"), ("rougeL", "ROUGE-L F1"), ("label_accuracy", "Label accuracy"),
+            ("rouge2", "ROUGE-2 F1"), ("rougeL", "ROUGE-L F1"), ("exact_sentences", "Sentences recovered exactly"),
+            ("label_accuracy", "Label accuracy"),
             ("gradient_distance", "Gradient distance"), ("iterations", "Iterations"), ("wall_seconds", "Wall time"))
 
 
@@ -82,7 +83,7 @@ def _sentences(metrics: Mapping[str, Any]) -> str:
         return ('<h2>Sentences</h2><p class="notice">No ground truth given: only the reconstruction is shown.</p>'
                 f"<ol>{items}</ol>")
     out = ["<h2>Sentences</h2><table><tr><th>#</th><th>original</th><th>recovered</th><th>token acc.</th>"
-           "<th>BLEU</th><th>ROUGE-L</th><th>label true / restored</th></tr>"]
+           "<th>BLEU</th><th>ROUGE-1 / 2 / L</th><th>exact</th><th>label true / restored</th></tr>"]
     for r in rows:
         if not isinstance(r, Mapping):
             continue
@@ -101,7 +102,9 @@ def _sentences(metrics: Mapping[str, Any]) -> str:
             f"<td>{escape(str(r.get('recovered', '')))}<br>{_tokens(r_tok, r_cls)}</td>"
             f"<td class=\"num\">{_fmt('token_accuracy', r.get('token_accuracy'))}</td>"
             f"<td class=\"num\">{_fmt('bleu', r.get('bleu'))}</td>"
-            f"<td class=\"num\">{_fmt('rougeL', r.get('rougeL'))}</td>"
+            f"<td class=\"num\">{_fmt('rouge1', r.get('rouge1'))} / {_fmt('rouge2', r.get('rouge2'))} / "
+            f"{_fmt('rougeL', r.get('rougeL'))}</td>"
+            f"<td>{'yes' if r.get('exact') else 'no'}</td>"
             f"<td>{_fmt('label', r.get('label_true'))} / {_fmt('label', r.get('label_restored'))}</td></tr>")
     out.append("</table><p class=\"muted\">Word pieces: <span class=\"tok hit\">same position</span> "
                "<span class=\"tok near\">in the sentence, other position</span> "
