@@ -29,14 +29,15 @@ def test_catalog_equals_the_registries():
     assert describe_models() == dict(sorted(catalog.MODELS.items()))
     assert tuple(SOURCE_NAMES) == catalog.SOURCES
     assert tuple(attack_names()) == tuple(catalog.IMAGE_ATTACKS)
-    assert tuple(catalog.IMAGE_ATTACKS) == ("analytic", "auto", "dlg", "gradinversion", "idlg", "ig", "imprint", "rgap")
+    assert tuple(catalog.IMAGE_ATTACKS) == ("analytic", "auto", "cpa", "dlg", "gradinversion", "idlg", "ig", "imprint", "rgap",
+                                            "trap")
     for name, summary in catalog.IMAGE_ATTACKS.items():  # what the catalog read is what each module declares
         module = importlib.import_module(CONFIGS[name].spec.module)
         assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)
     assert tuple(defense_names()) == catalog.DEFENSES
     assert tuple(SERVERS) == catalog.SERVERS
     assert tuple(sorted(PRESETS)) == catalog.PRESETS
-    assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("bow", "dlg", "dlg-free")
+    assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("bow", "dlg", "dlg-free", "tag")
     for name, summary in catalog.TEXT_ATTACKS.items():  # text attacks declare themselves the same way
         module = importlib.import_module(TEXT_ATTACK_CONFIGS[name].spec.module)
         assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)

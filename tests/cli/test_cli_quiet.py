@@ -139,15 +139,14 @@ def _resolved(family: str, variant: str | None) -> list[dict]:
     def text(attack: str, model: str) -> dict:
         return resolve_text_attack({"attack": attack}, SimpleNamespace(name=model), batch_size=2).model_dump()
 
-    table = {
-        ("dlg, idlg", None): lambda: [image("dlg"), image("idlg")],
-        ("ig", None): lambda: [image("ig")],
-        ("gradinversion", None): lambda: [image("gradinversion")],
-        ("gradinversion", "with --preset paper"): lambda: [image("gradinversion", preset="paper")],
-        ("text", None): lambda: [text("dlg", "tiny-transformer"), text("dlg-free", "tiny-transformer")],
-        ("text", "on minilm"): lambda: [text("dlg", "minilm"), text("dlg-free", "minilm")],
-    }
-    return table[(family, variant)]()
+    if family.startswith("text"):  # "text" (one group of text attacks) or "text a, b"
+        from gradleak.catalog import TEXT_ATTACKS
+
+        names = family[len("text "):].split(", ") if family != "text" else list(TEXT_ATTACKS)
+        model = variant.removeprefix("on ") if variant else "tiny-transformer"
+        return [text(name, model) for name in names]
+    given = {"with --preset paper": {"preset": "paper"}, None: {}}[variant]
+    return [image(name, **given) for name in family.split(", ")]
 
 
 def test_help_defaults_are_what_a_run_resolves():

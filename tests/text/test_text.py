@@ -143,6 +143,20 @@ def test_exact_and_rouge_per_sentence_after_pairing(tiny):
     assert ev.label_accuracy == 1.0
 
 
+def test_tag_is_dlg_free_plus_an_l1_term(tiny):
+    """TAG (Deng et al. 2021): with alpha = 0 it is DLG on free embeddings (the same run, token for
+    token); with its default alpha it rebuilds most of a sentence on the tiny transformer."""
+    batch = text_batch(["my secret pin is 4321"], tiny, 1, 0)
+    update = text_share(tiny, batch, ThreatModel())
+    zero = run_text_attack("tag", update, tiny, TextAttackSettings(iterations=40, l1_weight=0.0))
+    free = run_text_attack("dlg-free", update, tiny, TextAttackSettings(iterations=40, search_evaluations=0))
+    assert zero.token_ids == free.token_ids and zero.history[-1]["loss"] == free.history[-1]["loss"]
+    tag = run_text_attack("tag", update, tiny, TextAttackSettings())
+    assert tag.extra["search_evaluations"] == 0  # TAG has no discrete search by default
+    ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), tag.token_ids, tag.labels.tolist(), tiny.tokenizer)
+    assert ev.token_accuracy >= 0.6 and ev.label_accuracy == 1.0  # measured: 5 of 6 tokens (83 %)
+
+
 def test_heavy_noise_gives_a_result_not_an_error(tiny):
     batch = text_batch(["noise hides the length"], tiny, 1, 0)
     update = text_share(tiny, batch, ThreatModel(), defenses=["gaussian:1e-2"])

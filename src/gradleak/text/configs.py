@@ -76,6 +76,8 @@ def run_text_attack(name: str, update: SharedUpdate, model: TextModel,
     values = {"attack": name, "seed": settings.seed, "iterations": settings.iterations, "lr": settings.lr,
               "optimizer": settings.optimizer, "dtype": settings.dtype, "labels": settings.labels,
               "search_evaluations": settings.search_evaluations}
+    if settings.l1_weight is not None:  # TAG's alpha (the other text attacks have no such flag)
+        values["l1_weight"] = settings.l1_weight
     config = resolve_text_attack(values, model, int(update.meta.batch_size))
     if engine is None:
         engine = Engine(device=settings.device, observer=observer, log_every=settings.log_every,

@@ -84,6 +84,7 @@ class TextAttackSettings:
     progress: bool = False
     labels: str | None = None
     search_evaluations: int | None = None
+    l1_weight: float | None = None   # TAG: alpha of the l1 term beside DLG's squared l2 (None / 0: DLG's alone)
 
     def unresolved(self) -> list[str]:
         """The constants still None (the attack's typed config fills them all)."""
@@ -95,7 +96,8 @@ def settings_from_config(config: Any, engine: Engine) -> TextAttackSettings:
     return TextAttackSettings(iterations=config.iterations, lr=config.lr, optimizer=config.optimizer,
                               dtype=config.dtype, seed=config.seed, device=str(engine.device),
                               log_every=engine.log_every, progress=engine.progress, labels=config.labels,
-                              search_evaluations=config.search_evaluations)
+                              search_evaluations=config.search_evaluations,
+                              l1_weight=getattr(config, "l1_weight", None))
 
 
 @dataclass
@@ -673,9 +675,9 @@ class _TextDLG:
     the order search, with the history of all three (``done``: iterations so far)."""
 
     def __init__(self, relax: _Relaxation, length: int, y_soft: torch.Tensor | None,
-                 fixed_labels: torch.Tensor | None, observer: TextObserver | None):
+                 fixed_labels: torch.Tensor | None, observer: TextObserver | None, l1_weight: float = 0.0):
         self.relax, self.sim, self.length, self.observer = relax, relax.sim, length, observer
-        self.y_soft, self.fixed_labels = y_soft, fixed_labels
+        self.y_soft, self.fixed_labels, self.l1_weight = y_soft, fixed_labels, float(l1_weight)
         self.mask = torch.ones((relax.k, length), dtype=torch.long, device=relax.device)
         self.history: list[dict[str, float]] = []
         self.done = 0
@@ -686,7 +688,14 @@ class _TextDLG:
         return self.fixed_labels  # type: ignore[return-value]
 
     def objective(self) -> torch.Tensor:
-        return squared_l2(self.sim(self.relax.inputs(), self.mask, self.target_labels()), self.sim.target)
+        """DLG's squared l2 gradient distance; with ``l1_weight`` alpha > 0, TAG's distance (Deng et
+        al. 2021, Sec. 3: the Euclidean distance plus alpha times the Manhattan distance of the
+        gradients; here the Euclidean term squared, as DLG's, summed over every shared tensor)."""
+        got = self.sim(self.relax.inputs(), self.mask, self.target_labels())
+        loss = squared_l2(got, self.sim.target)
+        if self.l1_weight > 0:
+            loss = loss + self.l1_weight * sum((g - t).abs().sum() for g, t in zip(got, self.sim.target, strict=True))
+        return loss
 
     def to_tokens(self, idx: torch.Tensor, lengths: list[int] | None = None) -> list[list[int]]:
         tok = self.relax.tok
@@ -784,10 +793,10 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
         y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
     relaxation = _BagRelaxation if restrict else _FreeRelaxation
     run = _TextDLG(relaxation(model, update, content_ids, k, length - 2, dtype, device, gen),
-                   length, y_soft, fixed_labels, observer)
-
+                   length, y_soft, fixed_labels, observer, s.l1_weight or 0.0)
+    name = "tag" if s.l1_weight else ("dlg" if restrict else "dlg-free")
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
-                        progress=s.progress, description="dlg (text)" if restrict else "dlg-free (text)")
+                        progress=s.progress, description=f"{name} (text)")
     res = run.optimise(engine, loop, gen, s.log_every)
 
     # ---- discrete sentences: each position's most probable token, then the order search
