@@ -38,7 +38,6 @@ is never used: a malicious server would not label its model.
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -97,7 +96,6 @@ SCALE_RATIO = 20.0
 BN_EPS = 1e-5
 
 MAX_MODEL_FILE = 4 * 1024 ** 3   # bytes of a received model file read at most
-_MAX_HEADER = 64 * 1024 * 1024
 
 
 # ---------------------------------------------------------------- results
@@ -187,25 +185,13 @@ def save_received_model(state: Mapping[str, torch.Tensor], path: str | Path, *, 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file, checked: a readable regular file, a sane header, each
     tensor readable, floating tensors finite. UpdateFileError / NonFiniteError otherwise."""
-    from safetensors import safe_open
+    from .files import open_safetensors
 
     try:
         p = check_input_file(path, "model file", max_bytes=MAX_MODEL_FILE)
     except InputFileError as exc:
         raise UpdateFileError(str(exc)) from None
-    size = p.stat().st_size
-    with p.open("rb") as fh:
-        head = fh.read(8)
-    if len(head) < 8:
-        raise UpdateFileError(f"model file {p} is not a safetensors file (only {size} bytes)")
-    (n,) = struct.unpack("<Q", head)
-    if n > _MAX_HEADER or n + 8 > size:
-        raise UpdateFileError(f"model file {p} is not a valid safetensors file (declared header of {n} bytes, "
-                              f"file has {size})")
-    try:
-        handle = safe_open(str(p), framework="pt", device="cpu")
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
-        raise UpdateFileError(f"model file {p} is not a valid safetensors file: {one_line(str(exc), 200)}") from None
+    handle = open_safetensors(p, "model")  # a sane header first; one UpdateFileError otherwise
     state: dict[str, torch.Tensor] = {}
     with handle as f:
         for k in f.keys():
