@@ -112,11 +112,12 @@ def _grouped(entries: Iterable[Row]) -> list[tuple[list[str], dict[str, Any], Va
 
 
 def _image_defaults() -> Iterator[Row]:
-    """Each image optimisation attack's defaults, its presets after the first as variants."""
+    """Each image attack's defaults (the optimisation attacks', and a closed form's constants such
+    as cpa's), its presets after the first as variants."""
     from .specs import attack_specs
 
     for name, spec in attack_specs().items():
-        if not spec.optimisation:
+        if not spec.optimisation and not any(f.default is not None for f in spec.flags.values()):
             continue
         values = {k: f.default for k, f in spec.flags.items() if k not in ("init", "labels", "preset", "box")}
         presets = list(spec.presets.items())

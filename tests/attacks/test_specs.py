@@ -40,11 +40,12 @@ def test_text_attacks_derive_from_their_specs():
     from gradleak.text.configs import TEXT_ATTACK_CONFIGS, TEXT_FLAT_FIELDS
 
     declared = specs.attack_specs("text")
-    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dlg", "dlg-free"}
+    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dlg", "dlg-free", "tag"}
     assert declared["dlg"].module == "gradleak.text.attacks.dlg" and specs.attack_specs()["dlg"].module == \
         "gradleak.attacks.dlg"
     assert CONVERGED_BELOW["text"] == declared["dlg"].converged_below == 1e-4
-    assert TEXT_FLAT_FIELDS == ("iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations")
+    assert TEXT_FLAT_FIELDS == ("iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations",
+                                "l1_weight")
     for flag in TEXT_FLAT_FIELDS:
         assert flag in AttackConfig.model_fields and flag in FLAT_FIELDS
     assert declared["dlg"].defaults_for("minilm")["iterations"] == 50
@@ -62,7 +63,7 @@ def test_every_surface_derives_from_the_specs():
     declared = specs.attack_specs()
     assert set(catalog.IMAGE_ATTACKS) == set(declared) == set(CONFIGS)
     assert set(CONVERGED_BELOW) - {"text"} == {n for n, s in declared.items() if s.converged_below}
-    assert CLOSED_FORM == ("imprint", "analytic", "rgap")
+    assert CLOSED_FORM == ("imprint", "trap", "analytic", "cpa", "rgap")
     assert AUTO_PORTFOLIO == ("dlg", "gradinversion", "idlg", "ig")
     assert CHANGED_DEFAULTS[("ig", "iterations")] == "1000 since 2026-11-26 (4800 before)"  # hashed: word for word
     for name, spec in declared.items():

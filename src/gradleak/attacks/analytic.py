@@ -75,18 +75,20 @@ AGREE_BELOW = 1e-6
 MIN_ROWS = 2
 
 
-def first_linear(model: ModelSpec) -> str:
+def first_linear(model: ModelSpec, *, attack: str = "analytic", bias: bool = True) -> str:
     """The name of the fully connected layer that sees the flattened image, checked on a forward
-    pass (its input must be the image itself); ModelMismatchError naming the reason otherwise."""
+    pass (its input must be the image itself); ModelMismatchError naming the reason otherwise
+    (``attack`` names the caller in the message; ``bias``: the layer must have one)."""
     module = model.module
     first = next(((n, m) for n, m in module.named_modules() if not list(m.children())
                   and any(True for _ in m.parameters(recurse=False))), None)
     if first is None:
-        raise ModelMismatchError("analytic: the model has no layer with parameters")
+        raise ModelMismatchError(f"{attack}: the model has no layer with parameters")
     name, layer = first
-    if not isinstance(layer, nn.Linear) or layer.bias is None:
-        raise ModelMismatchError(f"analytic: the first layer {name} is {type(layer).__name__}, not a fully connected "
-                                 "layer with a bias (use --model mlp, or an optimisation attack)")
+    if not isinstance(layer, nn.Linear) or (bias and layer.bias is None):
+        what = "a fully connected layer with a bias" if bias else "a fully connected layer"
+        raise ModelMismatchError(f"{attack}: the first layer {name} is {type(layer).__name__}, not {what} "
+                                 "(use --model mlp, or an optimisation attack)")
     seen: list[torch.Tensor] = []
     hook = layer.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
     x = torch.randn(2, *model.input_shape, generator=torch.Generator().manual_seed(0))
@@ -99,7 +101,7 @@ def first_linear(model: ModelSpec) -> str:
         hook.remove()
         module.train(was_training)
     if not seen or seen[0].shape != x.flatten(1).shape or not torch.allclose(seen[0], x.flatten(1)):
-        raise ModelMismatchError(f"analytic: the first fully connected layer {name} does not see the image itself")
+        raise ModelMismatchError(f"{attack}: the first fully connected layer {name} does not see the image itself")
     return name
 
 

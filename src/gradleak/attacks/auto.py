@@ -4,8 +4,10 @@
 apply to the model and the threat, in their declared order (configs.CLOSED_FORM):
 
 1. imprint: the model carries a malicious server's imprint block (attacks/imprint.py);
+   trap: the model carries a malicious server's trap layer (attacks/trap.py);
 2. analytic: the first layer is fully connected and sees the image (attacks/analytic.py);
-3. rgap: a chain of layers with invertible activations, batch 1 (attacks/rgap.py);
+3. cpa: the same layer, a batch unmixed by independent component analysis (attacks/cpa.py);
+4. rgap: a chain of layers with invertible activations, batch 1 (attacks/rgap.py);
 
 and keeps the first whose answer explains the update (the convergence verdict, verdict.py, with
 the defenses' noise floor). When none applies or none converges, it runs its portfolio of
