@@ -125,6 +125,10 @@ BAD_FLAGS = [
     (["--attack-lr", "nan"], "--attack-lr"),
     (["--attack", "gradinversion", "--seeds", "0"], "seeds"), (["--attack", "ig", "--restarts", "0"], "restarts"),
     (["--attack", "nope"], "attack"), (["--model", "nope"], "model"), (["--defense", "gaussian:-1"], "gaussian"),
+    (["--server", "nope"], "--server: unknown server 'nope'"), (["--server", "honest:3"], "--server"),
+    (["--server", "trap:shrink=0.1,rate=0.1"], "--server"), (["--server", "imprint:bins=x"], "--server"),
+    (["--attack", "trap"], "add --server trap"), (["--attack", "imprint", "--server", "trap"], "add --server imprint"),
+    (["--server", "trap:rows=0"], "--server trap:rows=0: trap: rows must be between 1"),      # the model builder's range, before Ray
 ]
 
 
@@ -181,6 +185,70 @@ def test_flower_example_federation_audits_every_client_every_round(tmp_path, cap
     assert len({r["node_id"] for r in rows}) == 2
     assert sorted(os.listdir(out)) == ["audit.csv", "audit.json", "runs"]
     assert len(json.loads((out / "audit.json").read_text())["rows"]) == 4
+
+
+def test_the_attack_help_lists_every_image_attack(capsys):
+    from gradleak.catalog import IMAGE_ATTACKS
+    from gradleak.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["audit-flower", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert " | ".join(IMAGE_ATTACKS) in text and {"cpa", "trap"} <= set(IMAGE_ATTACKS) and "--server" in text
+
+
+def test_a_trap_server_dictates_the_model_of_the_server_the_clients_and_the_auditor(tmp_path):
+    """--server trap: the global model the server sends carries the trap layer; a client builds the
+    same architecture and loads the server's arrays into it (strictly, as the ClientApp does); the
+    auditor, built on it, reads one-step FedAvg updates with the trap attack (exactly) and records
+    the attack's refusal of two local steps as a failed row. No Flower here (the next test runs one)."""
+    s = FederationSettings(clients=2, examples=4, local_steps=1, lr=0.01, server="trap")
+    s.check()
+    sent = build_example_model(s)
+    state = {k: v.clone() for k, v in sent.module.state_dict().items()}
+    assert {"trap.linear0.weight", "trap.linear2.weight"} <= set(state) and sent.kwargs["server"].startswith("trap:rows=")
+    assert not any(k.startswith("trap.") for k in build_example_model(FederationSettings(clients=2)).module.state_dict())
+    client = build_example_model(s)
+    client.module.load_state_dict(state)     # strict: the client's model is the one the server sent
+    batch = client_batch(s, 0, 1)
+    local_training(client, batch, steps=1, batch_size=4, lr=0.01, private_seed=0)
+    auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "trap"}, out=tmp_path),
+                             truth_fn=lambda rnd, c: batch)
+    row = auditor.audit(1, "0", state, dict(client.module.state_dict()), num_examples=4,
+                        threat=ThreatModel(name="fedavg", local_steps=1, local_lr=0.01))
+    assert row["status"] == "ok" and row["verdict"] == "leaked" and row["psnr_mean"] >= 40, row
+    assert row["server"] == sent.kwargs["server"]
+    m = json.loads((tmp_path / row["run"] / "metrics.json").read_text())
+    assert m["separated"] == 4 and m["update"]["model_kwargs"]["server"] == sent.kwargs["server"]
+    refused = auditor.audit(1, "1", state, dict(client.module.state_dict()), num_examples=4,
+                            threat=ThreatModel(name="fedavg", local_steps=2, local_lr=0.01))
+    assert refused["status"] == "failed" and refused["run"] is None and "2 local steps" in refused["error"], refused
+    rows = list(csv.DictReader(open(tmp_path / "audit.csv")))
+    assert [(r["client"], r["server"], r["status"]) for r in rows] == [("0", row["server"], "ok"),
+                                                                       ("1", row["server"], "failed")]
+
+
+@pytest.mark.timeout(240)
+def test_flower_example_federation_on_a_trap_server_leaks_every_batch(tmp_path, capsys):
+    """`audit-flower --server trap --attack trap`: Flower's simulation, 2 clients x 1 round of 4 images;
+    every client trains the trapped model the server sent, and the auditor reads each batch off its
+    update exactly."""
+    from gradleak.cli import main
+
+    out = tmp_path / "audit"
+    code = main(["audit-flower", "--server", "trap", "--attack", "trap", "--examples", "4", "--rounds", "1",
+                 "--clients", "2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    rows = list(csv.DictReader(open(out / "audit.csv")))
+    assert sorted(r["client"] for r in rows) == ["0", "1"]
+    for r in rows:
+        assert r["status"] == "ok" and r["attack"] == "trap" and r["server"].startswith("trap:rows=2000,shrink="), r
+        assert r["verdict"] == "leaked" and float(r["psnr_mean"]) >= 40, r
+        m = json.loads((out / r["run"] / "metrics.json").read_text())
+        assert m["separated"] == 4 and m["label_accuracy"] == 1.0 and m["threat"]["local_steps"] == 1
+    summary = json.loads((out / "audit.json").read_text())
+    assert summary["federation"]["server"] == "trap" and summary["server"] == rows[0]["server"]
 
 
 def test_auditor_runs_the_closed_form_chooser(tmp_path):

@@ -591,3 +591,68 @@ def test_dashboard_links_each_cells_report(tmp_path):
     (tmp_path / "pages").mkdir()
     elsewhere = render_dashboard(sweep, tmp_path / "pages" / "d.html").read_text()
     assert f'href="../sweep/runs/{first}/report.html"' in elsewhere
+
+
+def test_new_attacks_and_servers_show_with_their_server_and_separated_inputs(tmp_path):
+    """A sweep of attack [trap, cpa] x server [honest, trap] (issue 41): the server is a column of
+    the cells (a client setting: the worst case over the attacks is given per server), the trap
+    attack on an honest server is a failed cell with its error, and a closed form's separated
+    inputs read "S of K" (nothing for an attack that records none)."""
+    def score(config, i):
+        if config["attack"] == "trap" and config["server"] == "honest":
+            return None   # the attack refuses a model without the trap layer
+        extra = {"attack": config["attack"], "batch_size": 4}
+        if config["attack"] == "trap":
+            extra["separated"] = 3
+        return {**metrics(60.0 if config["attack"] == "trap" else 25.0, True), **extra, "defenses": []}
+
+    spec = parse_spec({"base": {"model": "mlp", "batch_size": 4, "threads": 1},
+                       "grid": {"attack": ["trap", "cpa"], "server": ["honest", "trap"]}})
+    with ResultStore(tmp_path) as store:
+        for i, cell in enumerate(spec.cells):
+            m = score(cell.config, i)
+            store.add(cell.cell_id, cell.grid, cell.config,
+                      {"status": "ok", "metrics": m, "wall_seconds": 1.0} if m else
+                      {"status": "failed", "error": "ModelMismatchError: trap: no trap layer"})
+    page = render_dashboard(tmp_path).read_text()
+    cells = section(page, "All cells (worst first)")
+    head = re.search(r"<tr>(.*?)</tr>", cells).group(1)
+    assert re.findall(r"<th>([^<]*)</th>", head)[2:5] == ["attack", "server", "PSNR"] and "<th>separated</th>" in head
+    rows = re.findall(r'<tr class="r-\w+">(.*?)</tr>', cells)
+    shown = {tuple(re.findall(r"<td[^>]*>([^<]*)</td>", r)[1:3]): r for r in rows}
+    assert set(shown) == {("trap", "honest"), ("trap", "trap"), ("cpa", "honest"), ("cpa", "trap")}
+    assert ">3 of 4<" in shown[("trap", "trap")] and " of 4<" not in shown[("cpa", "trap")]
+    assert "failed" in shown[("trap", "honest")] and "trap: no trap layer" in section(page, "Failed cells")
+    worst = section(page, "Worst case over the attacks, per client setting")
+    per_server = {s: v for v, r in re.findall(r'<tr class="r-(\w+)">(.*?)</tr>', worst)
+                  for s in ("honest", "trap") if f"<td>{s}</td>" in r}
+    assert per_server == {"honest": LEAKED, "trap": LEAKED}
+
+
+def test_an_audit_of_a_trap_server_shows_the_server_and_the_separated_inputs(tmp_path):
+    """A Flower audit's table names what the server sent (audit.csv's server column) and, for a
+    closed form, the inputs it read off each update; a refused update keeps its server too."""
+    from gradleak.audit import AuditSettings, LeakageAuditor
+    from gradleak.audit.example import FederationSettings, build_example_model, client_batch, local_training
+    from gradleak.fl.threats import ThreatModel
+
+    s = FederationSettings(clients=2, examples=2, local_steps=1, lr=0.01, server="trap:rows=500")
+    sent = build_example_model(s)
+    state = {k: v.clone() for k, v in sent.module.state_dict().items()}
+    client = build_example_model(s)
+    client.module.load_state_dict(state)
+    batch = client_batch(s, 0, 1)
+    local_training(client, batch, steps=1, batch_size=2, lr=0.01, private_seed=0)
+    out = tmp_path / "audit"
+    auditor = LeakageAuditor(sent, AuditSettings(attack={"attack": "trap"}, out=out), truth_fn=lambda r, c: batch)
+    update = dict(client.module.state_dict())
+    auditor.audit(1, "0", state, update, num_examples=2, threat=ThreatModel(name="fedavg", local_steps=1, local_lr=0.01))
+    auditor.audit(1, "1", state, update, num_examples=2, threat=ThreatModel(name="fedavg", local_steps=3, local_lr=0.01))
+    page = render_dashboard(out).read_text()
+    table = section(page, "All audited updates (worst first)")
+    head = re.findall(r"<th>([^<]*)</th>", re.search(r"<tr>(.*?)</tr>", table).group(1))
+    assert head[3:5] == ["attack", "server"] and "separated" in head
+    rows = re.findall(r'<tr class="r-(\w+)">(.*?)</tr>', table)
+    assert [v for v, _ in rows] == [LEAKED, FAILED]
+    assert all(f">{sent.kwargs['server']}<" in r for _, r in rows) and sent.kwargs["server"].startswith("trap:rows=500,")
+    assert ">2 of 2<" in rows[0][1] and "3 local steps" in rows[1][1]

@@ -127,6 +127,37 @@ def test_inline_sweep_store_csv_rerun_and_failures(tmp_path):
     assert len(read_csv(out / "results.csv")) == 2
 
 
+def test_a_sweep_takes_the_new_attacks_and_servers(tmp_path):
+    """attack: [trap, cpa] x server: [honest, trap] is a grid of 4 cells (a misspelt server is named
+    before anything runs); the trap attack rebuilds a batch of 4 exactly on the trap server and, on an
+    honest server, whose model has no trap layer, its cell fails with one line saying so. Both cells
+    are stored with their config, metrics and results.csv row."""
+    four = parse_spec({"base": {"model": "mlp", "batch_size": 4}, "grid": {"attack": ["trap", "cpa"],
+                                                                         "server": ["honest", "trap"]}})
+    assert [(c.grid["attack"], c.grid["server"]) for c in four.cells] == [
+        ("trap", "honest"), ("trap", "trap"), ("cpa", "honest"), ("cpa", "trap")]
+    with pytest.raises(ConfigError, match=r"grid\.server\[1\].*unknown server 'trapp'.*did you mean 'trap'"):
+        parse_spec({"base": BASE, "grid": {"server": ["honest", "trapp"]}})
+    with pytest.raises(ConfigError, match=r"grid\.server\[0\].*give shrink or rate, not both"):
+        parse_spec({"base": BASE, "grid": {"server": ["trap:shrink=0.1,rate=0.1"]}})
+    spec = parse_spec({"base": {"attack": "trap", "model": "lenet-dlg", "batch_size": 4, "paper_metrics": False,
+                                "threads": 1}, "grid": {"server": ["trap", "honest"]}})
+    out = tmp_path / "sw"
+    summary = run_sweep(spec, out, executor="inline", progress=False)
+    assert (summary.total, len(summary.computed), len(summary.failed)) == (2, 2, 1)
+    rows = {r["server"]: r for r in read_csv(out / "results.csv")}
+    assert rows["trap"]["cell_status"] == "ok" and rows["trap"]["verdict"] == "leaked", rows["trap"]
+    assert float(rows["trap"]["psnr_mean"]) >= 40 and rows["trap"]["separated"] == "4"
+    assert rows["honest"]["cell_status"] == "failed" and rows["honest"]["psnr_mean"] == ""
+    assert rows["honest"]["cell_error"] == ("ModelMismatchError: trap: the update was not computed on a model with "
+                                            "the server's trap layer (share with --server trap)")
+    with ResultStore(out, create=False) as store:
+        recs = {r.config["server"]: r for r in store.records()}
+    assert recs["trap"].config["attack"] == "trap" and recs["trap"].metrics["attack"] == "trap"
+    assert recs["trap"].metrics["update"]["model_kwargs"]["server"].startswith("trap:rows=2000,shrink=")
+    assert recs["trap"].metrics["label_accuracy"] == 1.0 and recs["honest"].metrics is None
+
+
 def test_csv_lists_the_specs_cells_in_grid_order_store_keeps_all(tmp_path):
     # Cells that fail at once (unknown attack names) are finished cells too: no attack runs here.
     def spec(names):
@@ -301,20 +332,21 @@ def test_fields_added_since_the_stores_leave_identities_alone_at_their_default()
 
 
 def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
-    from gradleak.sweep.spec import changed_defaults
+    from gradleak.sweep.spec import HASHED_FIELDS, changed_defaults
 
     unset = {k: v for k, v in BASE.items() if k != "iterations"}
     ig = parse_spec({"base": {**unset, "attack": "ig", "model": "convnet"}, "grid": {"seed": [0]}}).cells[0].config
     assert ig["iterations"] is None and set(changed_defaults(ig)) == {"ig.iterations", "ig.alpha_tv"}
     # The store of before hashed the config alone: a cell left at IG's default iterations is not
     # that cell any more (it ran 4800 iterations then, 1000 now); one that names them keeps its id.
-    legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k not in ("out", "progress", "box", "distance")},
+    # (the fields it hashed: HASHED_FIELDS; those added since, a new attack's flags, at their default)
+    legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k in HASHED_FIELDS},
                                        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cell_identity(ig) != legacy
     named = {**ig, "iterations": 4800, "alpha_tv": 0.1}
     assert changed_defaults(named) == {}
     assert cell_identity(named) == hashlib.sha256(json.dumps(
-        {k: v for k, v in named.items() if k not in ("out", "progress", "box", "distance")},
+        {k: v for k, v in named.items() if k in HASHED_FIELDS},
         sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     # DLG's L-BFGS gained a line search: its cells that leave the optimizer to DLG get new ids
     # (BASE is a DLG cell); one that names the optimizer keeps its id

@@ -52,11 +52,13 @@ from ..paths import one_line
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
-# audit.csv, the index: who (round, client, Flower node), the attack (auto: the one it used), how
-# it ended and its verdict (gradleak.report.risk.judge on the run's metrics), the headline numbers
-# (psnr_mean empty without ground truth), the run folder (relative to DIR; empty when the update
-# was not attacked) and the error of an update that was not attacked or failed.
-INDEX_COLUMNS = ("round", "client", "node_id", "attack", "status", "verdict", "psnr_mean",
+# audit.csv, the index: who (round, client, Flower node), the attack (auto: the one it used), what
+# the server sent (its --server text as the model records it, every value resolved; "honest" for a
+# model without a server's block), how it ended and its verdict (gradleak.report.risk.judge on the
+# run's metrics), the headline numbers (psnr_mean empty without ground truth), the run folder
+# (relative to DIR; empty when the update was not attacked) and the error of an update that was not
+# attacked or failed.
+INDEX_COLUMNS = ("round", "client", "node_id", "attack", "server", "status", "verdict", "psnr_mean",
                  "relative_gradient_distance", "run", "error")
 # The run folders' folder in DIR.
 RUNS = "runs"
@@ -124,6 +126,8 @@ class LeakageAuditor:
         self._stopped: int | None = None      # stop(): the signal number it was given
         self._sessions: dict[int, Any] = {}   # the attacks running now: id -> their Session
         self.param_names = [n for n, p in model.module.named_parameters() if p.requires_grad]
+        # what the server sent: models.server.server_model records a malicious server's block here
+        self.server = str(model.kwargs.get("server") or "honest")
         self.write_index()
 
     # ------------------------------------------------------------------ the update
@@ -194,7 +198,8 @@ class LeakageAuditor:
         from ..pipeline.run import attack_case
 
         self._check_running()
-        row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack}
+        row: dict[str, Any] = {"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
+                               "server": self.server}
         if num_examples > self.settings.max_batch_size:
             row.update(status="skipped", error=f"{num_examples} examples > max_batch_size {self.settings.max_batch_size}")
             return self._add(row)
@@ -294,7 +299,7 @@ class LeakageAuditor:
     def log_failure(self, server_round: int, client: str, error: str, node_id: int | str = "") -> dict[str, Any]:
         """A row for an update that could not be attacked (malformed reply, bad config)."""
         return self._add({"round": server_round, "client": client, "node_id": node_id, "attack": self.cfg.attack,
-                          "status": "failed", "error": error})
+                          "server": self.server, "status": "failed", "error": error})
 
     def _add(self, row: dict[str, Any], metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Judge the row (with ``metrics``: its run's), append it and rewrite the index."""
@@ -331,7 +336,7 @@ class LeakageAuditor:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.settings.__dict__.items()}
         if out is not None:
             settings["out"] = str(out)
-        doc = {"attack_config": self.cfg.model_dump(mode="json"), "model": self.model.name,
+        doc = {"attack_config": self.cfg.model_dump(mode="json"), "model": self.model.name, "server": self.server,
                "settings": settings, "rows": self.rows, **dict(extra or {})}
         path = self.out / "audit.json"
         atomic_write_bytes(path, (json.dumps(doc, indent=2, default=str) + "\n").encode("utf-8"))

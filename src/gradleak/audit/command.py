@@ -18,9 +18,13 @@ def add_audit_flower_parser(sub: Any) -> None:
                                             "every client's update each round")
     f.add_argument("--rounds", type=int, default=3, help="federated rounds (default 3)")
     f.add_argument("--clients", type=int, default=3, help="clients, each with a Fashion-MNIST partition (default 3)")
-    f.add_argument("--attack", default="dlg", help="gradleak attack run on each update: dlg | idlg | ig | gradinversion | analytic | "
-                                                    "rgap | auto (closed form first; the default of gradleak attack, "
-                                                    "not of the audit) (default: dlg)")
+    f.add_argument("--attack", default="dlg", help="gradleak attack run on each update: " + _attack_names()
+                   + " (auto: closed form first; the default of gradleak attack, not of the audit; imprint and trap "
+                   "read the block of --server imprint or trap) (default: dlg)")
+    f.add_argument("--server", default="honest",
+                   help="what the server sends the clients: honest | imprint[:bins=N,mean=M,std=S,gain=G] | "
+                        "trap[:rows=N,shrink=A|rate=R,seed=S,gain=G] (a malicious server's block in front of "
+                        "--model; the clients train the model it sends) (default: honest)")
     f.add_argument("--out", required=True, help="output folder: audit.csv (the index), audit.json, runs/ (a run "
                                                 "folder per attacked update: round-RRR-client-C/)")
     f.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the attack's)")
@@ -54,11 +58,18 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.set_defaults(func=cmd_audit_flower)
 
 
+def _attack_names() -> str:
+    """Every image attack of the catalog, as the help lists them (torch-free: the attacks' SPECs)."""
+    from ..catalog import IMAGE_ATTACKS
+
+    return " | ".join(IMAGE_ATTACKS)
+
+
 def cmd_audit_flower(args: argparse.Namespace) -> int:
     from ..catalog import DEFENSES, check, unknown
     from ..paths import StagedDir, check_output_dir
     from ..errors import sigterm_as_interrupt
-    from .settings import FederationSettings
+    from .settings import FederationSettings, check_attack_server
 
     # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
     # hidden staging folder beside it (.<out>.partial-..., where audit.csv and runs/ grow as
@@ -75,7 +86,7 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
                                   local_steps=args.local_steps, batch_size=args.batch_size, lr=args.lr,
                                   model=args.model, width=args.width, image_size=args.image_size,
                                   data_root=args.data_root, seed=args.seed, defense=list(args.defense),
-                                  verbose=args.verbose)
+                                  server=args.server, verbose=args.verbose)
     # Validate everything (attack name and options included) before anything starts: each bad
     # value is one line and exit status 2, with no Ray started and no output written. Names and
     # numbers first, from torch-free tables (a mistake is answered in a fraction of a second).
@@ -87,6 +98,7 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
         if name not in DEFENSES:
             raise unknown("defense", name, DEFENSES)
     settings.check(with_defenses=False)
+    check_attack_server(args.attack, settings.server)
     if not 0 <= args.attack_seed <= FederationSettings.MAX_SEED:
         raise ConfigError(f"audit-flower: --attack-seed must be in 0..{FederationSettings.MAX_SEED} "
                           f"(got {args.attack_seed})")

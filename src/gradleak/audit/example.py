@@ -8,7 +8,9 @@ p mod N), runs ``local_steps`` SGD steps of learning rate ``lr`` in mini-batches
 difference (update-level gradleak defenses: gaussian, pruning, quantisation), and replies with
 its weights, ``num-examples`` and its partition id. The server sends those hyper-parameters in
 the train config; the audit reads them there (the attacker knows them: FedAvg's public
-hyper-parameters) and attacks each client's W_S - W_0.
+hyper-parameters) and attacks each client's W_S - W_0. With ``server`` (``--server imprint`` or
+``trap``) the server is malicious: the model it sends, which the clients train and the auditor
+attacks, carries its block (:func:`build_example_model`).
 
 Ground truth for scoring: the batch of client p in round r is a pure function of (seed, p, r),
 so the auditor's ``truth_fn`` recomputes it with the same function the clients use; it is
@@ -55,9 +57,19 @@ def _source(data: str, root: str | None):  # noqa: ANN202 - one decoded copy per
 
 
 def build_example_model(s: FederationSettings) -> ModelSpec:
+    """The federation's global model as the server sends it: ``--model`` (initialised with the
+    federation's seed), behind the block of ``--server`` when the server is malicious
+    (models.server.server_model; its kwargs record the canonical server text). The server, each
+    client (which loads the server's arrays into it) and the auditor build the same one."""
+    from ..models.server import server_model
+
     source = _source(s.data, s.data_root)
-    return build_model(s.model, num_classes=source.num_classes, channels=source.native_channels,
-                       image_size=s.image_size, seed=s.seed, width=s.width)
+    victim = build_model(s.model, num_classes=source.num_classes, channels=source.native_channels,
+                         image_size=s.image_size, seed=s.seed, width=s.width)
+    try:
+        return server_model(victim, s.server)
+    except ConfigError as exc:   # a value out of the builder's range (trap:rows=0): name the flag
+        raise ConfigError(f"audit-flower: --server {one_line(s.server, 80)}: {exc}") from None
 
 
 def client_batch(s: FederationSettings, partition: int, server_round: int) -> Batch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, GradleakError
 
 
 @dataclass
@@ -21,6 +21,10 @@ class FederationSettings:
     lr: float = 0.01
     model: str = "lenet-dlg"
     width: int | None = None
+    # What the server sends the clients (gradleak.server_spec): the example's global model as it
+    # is, or a malicious server's block in front of it (models.server.server_model); the server,
+    # the clients and the auditor build the same architecture from it.
+    server: str = "honest"
     image_size: int = 28
     data: str = "fashion-mnist"
     data_root: str | None = None
@@ -56,6 +60,7 @@ class FederationSettings:
         if self.width is not None:
             self._int("width", 1, 4096)
         self._int("seed", 0, self.MAX_SEED)
+        self._server()
         self._positive("client_cpus", flag="client_cpus")
         if self.ray_cpus is not None:
             self._int("ray_cpus", 1, 4096, flag="ray_cpus")
@@ -65,6 +70,18 @@ class FederationSettings:
             if any(d.client_side for d in parse_defenses(self.defense)):
                 raise ConfigError("audit-flower: client-side defenses (dpsgd) act on FedSGD gradients; the example "
                                   "clients run FedAvg, so use update-level defenses (gaussian, prune, quantize)")
+
+    def _server(self) -> None:
+        """The --server spec, parsed without torch (its values' ranges are the model builder's,
+        checked when the federation builds its model, before Ray starts)."""
+        from ..server_spec import parse_server
+
+        if not isinstance(self.server, str):
+            raise ConfigError(f"audit-flower: --server must be a server spec (got {self.server!r})")
+        try:
+            parse_server(self.server)
+        except GradleakError as exc:   # ConfigError, or an unknown name (with the names known)
+            raise ConfigError(f"audit-flower: --server: {exc}") from None
 
     def _int(self, name: str, lo: int, hi: int, hi_is: str | None = None, *, flag: str | None = None) -> None:
         value = getattr(self, name)
@@ -82,7 +99,19 @@ class FederationSettings:
             raise ConfigError(f"audit-flower: {flag} must be a positive finite number (got {value!r})")
 
 
-# ---------------------------------------------------------------- shared by clients and the truth oracle
+def check_attack_server(attack: str, server: str) -> None:
+    """Refuse an attack that reads a malicious server's block (an attack named after a server:
+    ``imprint``, ``trap``) on a federation whose server sends none, or another: it would fail on
+    every update. Torch-free; ``server`` already parsed by :meth:`FederationSettings.check`."""
+    from ..catalog import SERVERS
+    from ..server_spec import parse_server
+
+    name = str(attack).strip().lower()
+    if name in SERVERS and name != "honest":
+        sent = parse_server(server).name
+        if sent != name:
+            raise ConfigError(f"audit-flower: --attack {name} reads the {name} block a malicious server puts in front "
+                              f"of the model, and --server {sent} sends none: add --server {name}")
 
 
-__all__ = ["FederationSettings"]
+__all__ = ["FederationSettings", "check_attack_server"]

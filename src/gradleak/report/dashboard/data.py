@@ -186,6 +186,32 @@ def field_text(name: str, value: Any, limit: int = 80) -> str:
     return one_line(text, limit)
 
 
+def separated_text(metrics: Mapping[str, Any]) -> str | None:
+    """How many inputs a closed-form attack read off the update (its ``separated``: analytic,
+    imprint, trap), as "S of K" with K the images the update holds (``batch_size``: every
+    client's in an aggregate); None for an attack that records no such count (the optimisation
+    attacks rebuild every slot) or a value that is not one."""
+    s = metrics.get("separated")
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        return None
+    k = metrics.get("batch_size")
+    if isinstance(k, int) and not isinstance(k, bool) and k >= s:
+        return f"{s} of {k}"
+    return str(s)
+
+
+def server_text(metrics: Mapping[str, Any]) -> str | None:
+    """What the server sent, as a run's metrics record it (the update's model kwargs: a
+    malicious server's canonical --server text; "honest" for a model without one); None when
+    the metrics hold no update record (runs of older versions)."""
+    update = metrics.get("update")
+    if not isinstance(update, Mapping):
+        return None
+    kwargs = update.get("model_kwargs")
+    server = kwargs.get("server") if isinstance(kwargs, Mapping) else None
+    return one_line(server, 120) if isinstance(server, str) and server else "honest"
+
+
 def is_numeric(values: Iterable[Any]) -> bool:
     vals = list(values)
     return bool(vals) and all(num(v) is not None for v in vals)
@@ -378,7 +404,8 @@ def _text(v: Any) -> str:
 
 def run_details(metrics: Mapping[str, Any]) -> dict[str, str]:
     """What an audited update's run folder says of it beyond the index, in the columns of audits
-    before run folders: its batch, FedAvg hyper-parameters, defenses, scores, convergence and time."""
+    before run folders: its batch, FedAvg hyper-parameters, defenses, scores, convergence and time;
+    and what the server sent and a closed form's separated inputs ("S of K")."""
     def part(key: str) -> Mapping[str, Any]:
         v = metrics.get(key)
         return v if isinstance(v, Mapping) else {}
@@ -391,7 +418,8 @@ def run_details(metrics: Mapping[str, Any]) -> dict[str, str]:
               "gradient_distance": metrics.get("gradient_distance"), "converged": metrics.get("converged"),
               "noise_floor": conv.get("noise_floor"), "unmodelled_defenses": conv.get("unmodelled_defenses"),
               "iterations": metrics.get("iterations"), "attack_seconds": audit.get("attack_seconds"),
-              "update_norm": audit.get("update_norm")}
+              "update_norm": audit.get("update_norm"), "server": server_text(metrics),
+              "separated": separated_text(metrics)}
     return {k: _text(v) for k, v in values.items() if v is not None}
 
 

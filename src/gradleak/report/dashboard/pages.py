@@ -11,7 +11,7 @@ from typing import Any
 
 from gradleak.outcome import worst as worst_verdict
 from gradleak.report.dashboard.data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text,
-                                            is_numeric, num, setting_label, varying_fields)
+                                            is_numeric, num, separated_text, setting_label, varying_fields)
 from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
 from gradleak.report.html import _fmt, display_name
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html,
@@ -355,7 +355,12 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     metrics = ["psnr_mean", "ssim_mean", "label_accuracy"]
     if any(it.metrics.get("iip") is not None for it in items):
         metrics.append("iip")
-    names = {"psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP"}
+    # a closed form's inputs read off the update ("S of K"), when a cell records them
+    separated = {it.key: separated_text(it.metrics) if it.status == "ok" else None for it in items}
+    if any(separated.values()):
+        metrics.append("separated")
+    names = {"psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP",
+             "separated": "separated"}
     cols = ["verdict", "cell", *axes, *reps, *[names[m] for m in metrics], "rel. distance", "why"]
     keys = ["verdict", "cell_id", *axes, *reps, *metrics, "rel", "why"]
     reports = _report_links(src, items[:MAX_TABLE_ROWS])
@@ -370,7 +375,7 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
         why = it.verdict.reason if it.status == "ok" else (
             "failed: error under Failed cells" if it.key in listed else (it.error or it.verdict.reason))
         rows.append([badge(it.verdict), it.key, *[field_text(a, it.fields.get(a)) for a in [*axes, *reps]],
-                     *[it.metrics.get(k) for k in metrics], it.rel, why])
+                     *[separated[it.key] if k == "separated" else it.metrics.get(k) for k in metrics], it.rel, why])
         if "report" in keys:
             link = reports.get(it.key)
             rows[-1].append(Html(f'<a href="{escape(link, quote=True)}">report.html</a>') if link else "")
@@ -565,8 +570,8 @@ def _audit_gallery(src: Source, rounds: Sequence[int], clients: Sequence[str]) -
     return "".join(parts)
 
 
-AUDIT_TABLE = ("round", "client", "attack", "status", "num_examples", "psnr_mean", "ssim_mean", "label_accuracy",
-               "relative_gradient_distance", "defenses", "iterations", "attack_seconds")
+AUDIT_TABLE = ("round", "client", "attack", "server", "status", "num_examples", "psnr_mean", "ssim_mean",
+               "label_accuracy", "separated", "relative_gradient_distance", "defenses", "iterations", "attack_seconds")
 AUDIT_HEADERS = {"num_examples": "examples", "psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.",
                  "relative_gradient_distance": "rel. distance", "attack_seconds": "attack time"}
 _AUDIT_NUMBERS = {"num_examples", "psnr_mean", "ssim_mean", "label_accuracy", "relative_gradient_distance",
