@@ -1,8 +1,10 @@
 """The Cocktail Party Attack (attacks/cpa.py) over batch sizes: mlp (Linear(784, 1024)-ReLU-Linear,
 seed 0) on Fashion-MNIST's test split at 28 px grey, batches drawn with seeds 7100.. (repeated
 labels allowed; no test draws them), FedSGD; an aggregate of 4 FedSGD clients x 16; CIFAR-10's
-20 sample photos at 32 px (batches 8 and 16). Every sample's PSNR (gradleak's metric and pairing,
-metrics/evaluate.py) is written to benchmarks/cpa_batch.json.
+20 sample photos at 32 px (batches 8 and 16). Each Fashion-MNIST case twice: the attack as it runs
+by default (the exact peel, then the unmixing) and the paper's unmixing alone (``--ica-only``).
+Every sample's PSNR (gradleak's metric and pairing, metrics/evaluate.py) is written to
+benchmarks/cpa_batch.json.
 
     python benchmarks/cpa_batch.py [--sizes 16 32 64 128 256] [--out benchmarks/cpa_batch.json]
 """
@@ -29,13 +31,13 @@ from gradleak.models import build_model
 SEED = 7100
 
 
-def one(name: str, model, batch, update) -> dict:
+def one(name: str, model, batch, update, *, peel: bool = True) -> dict:
     start = time.perf_counter()
-    rec = cpa(update, model)
+    rec = cpa(update, model, peel=peel)
     seconds = time.perf_counter() - start
     ev = evaluate(rec, batch)
     psnr = [round(float(p.psnr), 3) for p in ev.per_image]
-    row = {"case": name, "batch": len(psnr), "fraction_20db": sum(p >= 20 for p in psnr) / len(psnr),
+    row = {"case": name, "peel": peel, "batch": len(psnr), "fraction_20db": sum(p >= 20 for p in psnr) / len(psnr),
            "psnr_mean": round(statistics.fmean(psnr), 3), "psnr_median": round(statistics.median(psnr), 3),
            "label_accuracy": ev.label_accuracy, "seconds": round(seconds, 2),
            "relative_gradient_distance": rec.extra["relative_gradient_distance"],
@@ -58,10 +60,13 @@ def main() -> None:
     rows = []
     for k in args.sizes:
         batch = sample_batch(fm, k, SEED + k, 28, 1, allow_repeats=True)
-        rows.append(one(f"fashion-mnist fedsgd {k}", model, batch, fedsgd(model, batch)))
+        update = fedsgd(model, batch)
+        rows.append(one(f"fashion-mnist fedsgd {k}", model, batch, update))
+        rows.append(one(f"fashion-mnist fedsgd {k} ica-only", model, batch, update, peel=False))
     batch = sample_batch(fm, 64, SEED + 1, 28, 1, allow_repeats=True)
     agg = share(model, batch, ThreatModel(name="aggregate", clients=4), private_seed=0)
     rows.append(one("fashion-mnist aggregate 4x16", model, batch, agg))
+    rows.append(one("fashion-mnist aggregate 4x16 ica-only", model, batch, agg, peel=False))
     cifar = open_source("cifar10-samples")
     cmodel = build_model("mlp", num_classes=10, channels=3, image_size=32, seed=0)
     for k in (8, 16):

@@ -64,6 +64,12 @@ def test_cpa_rebuilds_a_batch_of_thirty_two_exactly(fmnist, mlp):
     assert _at_least(ev, 60) == 32 and ev.label_accuracy == 1.0, (ev.psnr_mean, rec.extra)
     assert rec.extra["exact_inputs"] == 31 and rec.extra["components"] == 32
     assert verdict("cpa", rec.extra).converged
+    # the paper's unmixing alone (--ica-only) on the same update: no input read off exactly, and
+    # far fewer images (measured 1 of 16 and 1 of 64 at >= 20 dB): the peel is what makes it exact
+    alone = cpa(fedsgd(mlp, batch), mlp, peel=False)
+    ev_alone = evaluate(alone, batch)
+    assert alone.extra["exact_inputs"] == 0 and _at_least(ev_alone, 20) < 16
+    assert not verdict("cpa", alone.extra).converged
 
 
 def test_cpa_on_an_aggregate_and_a_one_step_fedavg(fmnist, mlp):

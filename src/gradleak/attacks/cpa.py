@@ -91,6 +91,8 @@ SPEC = {
              "wide as the batch",
     "flags": {
         "ica_iterations": ["int[1,100000]", 400, "cpa: most FastICA iterations"],
+        "ica_only": ["bool", False, "cpa: the paper's unmixing alone, without the exact peel before it "
+                                    "(this project's addition)"],
     },
     "auto": {"order": 2.5},
 }
@@ -340,9 +342,10 @@ def _scale(dw: torch.Tensor, db: torch.Tensor | None, sources: torch.Tensor,
 
 
 def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations: int = 400,
-        device: str | torch.device = "cpu") -> Reconstruction:
+        peel: bool = True, device: str | torch.device = "cpu") -> Reconstruction:
     """The batch unmixed from the first fully connected layer's gradient (see the module doc).
-    Returns K = update.meta.batch_size slots, pixels in [0, 1], the labels assigned to them."""
+    Returns K = update.meta.batch_size slots, pixels in [0, 1], the labels assigned to them.
+    ``peel`` False: the paper's unmixing alone (steps 1-3), without step 0."""
     start = time.perf_counter()
     name = check_cpa(update, model)
     k = int(update.meta.batch_size)
@@ -360,7 +363,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
     by_rows = 0
     residual_w, residual_b = dw, db
     layer_w, layer_b = update.global_weights.get(f"{name}.weight"), update.global_weights.get(f"{name}.bias")
-    if db is not None and k > 1 and layer_w is not None and layer_b is not None:
+    if peel and db is not None and k > 1 and layer_w is not None and layer_b is not None:
         peel = _Peel((u, s, vt), db, k, layer_w.detach().double().cpu(), layer_b.detach().double().cpu(), model)
         peel.run()
         found, columns, by_rows = peel.found, peel.columns, peel.by_rows
@@ -405,7 +408,8 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
 
 def run(config: Any, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
     """The attack on the engine (a closed form: nothing to resume)."""
-    return cpa(update, model, seed=int(config.seed), ica_iterations=int(config.ica_iterations), device=engine.device)
+    return cpa(update, model, seed=int(config.seed), ica_iterations=int(config.ica_iterations),
+               peel=not bool(config.ica_only), device=engine.device)
 
 
 check = check_cpa  # auto's test of whether it applies (a typed GradleakError when it does not)
