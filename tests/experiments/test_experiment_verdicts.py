@@ -257,6 +257,51 @@ def test_defenses_runs_each_attack_named(tmp_path, monkeypatch):
     assert set(seen) == {"imprint", "dlg"}
 
 
+def test_defenses_plans_trap_like_imprint_and_cpa_on_the_mlp_batch(tmp_path, monkeypatch):
+    """Issue 41: trap rows attack the same image and the same defended update as the imprint rows
+    (only the attack and the server differ); cpa rows the mlp on a batch of 16 held-out images
+    (labels may repeat); the mlp is trained under every setting for their accuracy column; the
+    refusal names every attack the experiment compares."""
+    from gradleak.errors import ConfigError
+    from gradleak.experiments import defense_tradeoff as dt
+
+    planned: dict = {}
+    trained: list = []
+
+    def fake_run(self, cells, *, run_folders=()):
+        planned.update(cells)
+        return {key: CellResult(key=key, cell_id=f"c{i}", config=dict(cfg), status="ok", metrics=_metrics(5.0, False))
+                for i, (key, cfg) in enumerate(cells.items())}
+
+    def fake_trained(self, cfg, name="model"):
+        trained.append((cfg.model, name))
+        return _fake_trained(self, cfg, name)
+
+    monkeypatch.setattr(Workspace, "run", fake_run)
+    monkeypatch.setattr(Workspace, "trained", fake_trained)
+    result, _ = run_experiment("defenses", make_options(out=str(tmp_path / "d"), smoke=True, progress=False,
+                                                        executor="inline"))
+    assert {r["model"] for r in result.rows if r["attack"] == "cpa"} == {"mlp"}
+    assert {r["model"] for r in result.rows if r["attack"] != "cpa"} == {"lenet-dlg"}
+    assert dt.ATTACKS[:3] == ("dlg", "idlg", "imprint")   # the existing columns keep their order
+    assert {a for a, _, _ in planned} == set(dt.ATTACKS) == {"dlg", "idlg", "imprint", "trap", "cpa"}
+    for (a, i, s), cfg in planned.items():
+        if a == "trap":
+            imprint = planned[("imprint", i, s)]
+            assert {**cfg, "attack": "imprint", "server": "imprint"} == imprint
+            assert cfg["model"] == "lenet-dlg" and cfg["batch_size"] == 1 and cfg["split"] == "test"
+        elif a == "cpa":
+            assert (cfg["model"], cfg["batch_size"], cfg["allow_repeats"], cfg["split"]) == ("mlp", 16, True, "test")
+            assert cfg["defense"] == planned[("idlg", i, s)]["defense"] and cfg["seed"] == planned[("idlg", i, s)]["seed"]
+            assert "server" not in cfg
+    settings = len(dt.SMOKE_SETTINGS)
+    assert Counter(m for m, _ in trained) == {"lenet-dlg": settings, "mlp": settings}
+    assert ("lenet-dlg", "none") in trained and ("mlp", "mlp-none") in trained   # the LeNet's names unchanged
+    with pytest.raises(ConfigError, match="dlg, idlg, imprint, trap and cpa; got --attacks ig"):
+        run_experiment("defenses", make_options(out=str(tmp_path / "r"), smoke=True, progress=False, attacks=["ig"],
+                                                executor="inline"))
+
+
 def test_optimizers_verdict_uses_the_common_leak_line_not_its_time_target(tmp_path, monkeypatch):
     """A converged DLG answer at 22 dB has rebuilt the photo: 'leaked' (the experiments' 20 dB
     line), although it did not reach the optimizers experiment's 30 dB time-to-quality target (it

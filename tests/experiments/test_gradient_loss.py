@@ -116,15 +116,16 @@ def test_distance_leaves_the_identity_of_earlier_cells_alone():
     """Added after cell stores were written: unset (None), a cell's identity is the one it had
     before the field existed; cosine is another cell."""
     from gradleak.config import make_config
-    from gradleak.sweep.spec import cell_identity, changed_defaults
+    from gradleak.sweep.spec import HASHED_FIELDS, cell_identity, changed_defaults
 
     for attack in ("gradinversion", "dlg", "ig"):
         config = make_config(attack=attack, iterations=5).model_dump(mode="json")
         assert config["distance"] is None
         before = {k: v for k, v in config.items() if k != "distance"}
         assert cell_identity(config) == cell_identity(before)
-    # the hash of before, written out: the config without the later fields, with its changed defaults
-    legacy = {k: v for k, v in config.items() if k not in ("out", "progress", "box", "distance")}
+    # the hash of before, written out: the config without the later fields (every field not in
+    # HASHED_FIELDS: --box, --distance, later attacks' flags), with its changed defaults
+    legacy = {k: v for k, v in config.items() if k in HASHED_FIELDS}
     legacy["defaults"] = changed_defaults(config)
     text = json.dumps(legacy, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     assert cell_identity(config) == hashlib.sha256(text.encode()).hexdigest()[:16]

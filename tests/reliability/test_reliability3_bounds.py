@@ -138,7 +138,9 @@ def _mlp_update(batch: list[int], num_classes: int = 10, width: int = 64, seed: 
 @pytest.mark.timeout(120)
 def test_auto_records_a_member_that_errors_and_moves_on(tmp_path, capsys):
     """A crafted update: the mlp's first-layer bias gradient zeroed. The analytic attack raises
-    (no input revealed); auto records it as not applicable with the reason and falls back."""
+    (no input revealed by its ratio); auto records it as not applicable with the reason and moves
+    on: to cpa, which reads the one input off the weight gradient alone (rank one; the scale from
+    its box prior, the bias gradient being zero)."""
     from gradleak.fl import save_update
 
     update, _ = _mlp_update([0])
@@ -153,7 +155,7 @@ def test_auto_records_a_member_that_errors_and_moves_on(tmp_path, capsys):
     assert tried["analytic"] == {"attack": "analytic", "applies": False, "error": "ConfigError",
                                  "why": "analytic: the first layer's bias gradient is zero: the update reveals no "
                                         "input"}, tried
-    assert m["auto"]["used"] == "idlg" and tried["idlg"]["applies"] is True
+    assert m["auto"]["used"] == "cpa" and tried["cpa"]["applies"] is True, tried
 
 
 @pytest.mark.timeout(120)

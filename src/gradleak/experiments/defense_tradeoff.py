@@ -10,12 +10,25 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
   held-out Fashion-MNIST test image (per sample), and the closed-form imprint attack of a malicious
   server (Fowl et al. 2022:
   ``--server imprint``, the same image, the same defended update of the imprinted model): a defense
-  that stops the optimisation attack but not the imprint module shows it. Each sample's verdict is
-  gradleak.outcome's: "leaked" (PSNR >= THRESHOLD_DB or a recognisable image), "defended" (the
-  answer explains the defended update as well as the true image does, nothing is identified, and
-  the same attack without the defense, run as the cell's positive control, leaked) or
-  "inconclusive" (anything else: a failed attack is not a defense). ``defended`` per sample, and
-  for a setting only when every sample is.
+  that stops the optimisation attack but not the imprint module shows it; the same for a malicious
+  server's trap weights (Boenisch et al., EuroS&P 2023: ``--server trap``, a trap layer in front
+  of the same LeNet, the same image, the same defended update; closed-form ``--attack trap``);
+  and the Cocktail Party Attack (Kariyappa et al., ICML 2023: ``--attack cpa``, ICA on the gradient
+  of a fully connected first layer). CPA needs a batch and a fully connected first layer, so its
+  rows attack ANOTHER model than the other rows: the ``mlp`` victim (its random initial weights,
+  as the others) on a batch of CPA_BATCH held-out test images per sample, labels repeated (the
+  paper's point is batches). Their ``accuracy`` is that of the mlp trained under the same defense
+  with the same budget (cheap: seconds a setting, DP-SGD and pruning about a minute; at --smoke
+  on SMOKE_CPA_TRAIN_SUBSET images), not the LeNet's;
+  the ``model`` column names the model each row's accuracy and attack are of, and ``images`` /
+  ``images_leaked`` count the batch's images and those rebuilt (PSNR >= THRESHOLD_DB or SSIM >=
+  outcome.RECOGNISABLE_SSIM). Each sample's verdict is gradleak.outcome's: "leaked" (mean PSNR >=
+  THRESHOLD_DB or a recognisable image), "defended" (the answer explains the defended update as
+  well as the true data do, nothing is identified, and the same attack without the defense, run
+  as the cell's positive control, leaked) or "inconclusive" (anything else: a failed attack is not
+  a defense). The closed forms (imprint, trap, cpa) are judged by the same rule from their own
+  evidence (their relative gradient distance; no iterations). ``defended`` per sample, and for a
+  setting only when every sample is.
 
 Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused with the
 :mod:`gradleak.defenses` package; the experiment's name is ``defenses``.
@@ -30,10 +43,11 @@ from typing import Any
 from ..report import save_line_plot
 from ..errors import ConfigError
 from ..models.server import DEFAULT_BINS
+from ..outcome import RECOGNISABLE_SSIM
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import (DEFENDED, INCONCLUSIVE, LBFGS_INIT, LEAKED, VERDICT_COLUMNS, convergence_notes, converged_of,
-                     lbfgs_cell, save_paired_rows, setting, summarize, summary_columns, verdict_fields)
+                     lbfgs_cell, save_grids, save_paired_rows, setting, summarize, summary_columns, verdict_fields)
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
 # these images, and a reconstruction at 20 dB already shows the garment; failed runs sit at 3-10 dB.
@@ -55,112 +69,203 @@ SMOKE_SETTINGS = [s for s in SETTINGS if s[2] in (None, "gaussian:0.0001", "gaus
 # training_stage.py for why this lr).
 TRAIN = dict(epochs=1.0, batch_size=32, lr=0.01, momentum=0.9)
 SMOKE_TRAIN_SUBSET = 3000
+# the cpa rows' mlp at --smoke: fewer images (its pruned and DP-SGD steps cost ~0.2 s each on 1024 x 1024)
+SMOKE_CPA_TRAIN_SUBSET = 1000
 SMOKE_TEST_SUBSET = 1000
 INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 # the attacks compared (--attacks): DLG (the rebuttal's), iDLG (its label restored exactly from the
-# update, so that a failure is the image's) and a malicious server's imprint module
-ATTACKS = ("dlg", "idlg", "imprint")
+# update, so that a failure is the image's), a malicious server's imprint module and trap weights
+# (the same LeNet, the same image), and the Cocktail Party Attack (on CPA_MODEL, a batch of CPA_BATCH)
+ATTACKS = ("dlg", "idlg", "imprint", "trap", "cpa")
+# CPA unmixes a batch from a fully connected first layer: the mlp (1024 pixels -> 1024 -> 10 at 32 px),
+# random initial weights like the other rows' LeNet, 16 held-out test images per sample (labels repeat:
+# 10 classes)
+CPA_MODEL = "mlp"
+CPA_BATCH = 16
+# the malicious servers' blocks in front of the victim (closed-form attacks on the same image)
+SERVERS = {"imprint": "imprint", "trap": "trap"}
 
 
 @experiment("defenses")
 def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
-    from ..training import TrainConfig
-
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
-    model, data, samples, n_iter = st.model, st.data, st.samples, st.iterations
+    model, data, samples = st.model, st.data, st.samples
     attacks = list(dict.fromkeys(opt.attacks or ATTACKS))
-    if not set(attacks) <= {"dlg", "idlg", "imprint"}:
-        raise ConfigError(f"defenses compares dlg, idlg and imprint; got --attacks {','.join(attacks)}")
+    if not set(attacks) <= set(ATTACKS):
+        raise ConfigError(f"defenses compares {', '.join(ATTACKS[:-1])} and {ATTACKS[-1]}; got --attacks "
+                          f"{','.join(attacks)}")
     settings = SMOKE_SETTINGS if opt.smoke else SETTINGS
-    train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else 10_000
-    test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
-    trained = {}
     plan: dict[tuple[str, int, int], dict[str, Any]] = {}
-    for i, (name, strength, spec) in enumerate(settings):
-        cfg = TrainConfig(model=model, width=opt.width, data=data, defense=(spec,) if spec else (),
-                          checkpoints=(1.0,), train_subset=train_subset, test_subset=test_subset, seed=opt.seed,
-                          model_seed=0, **TRAIN)
-        trained[i] = ws.trained(cfg, name_of(name, strength))
+    for i, (_, _, spec) in enumerate(settings):
         for a in attacks:
             for s in range(samples):
                 plan[(a, i, s)] = _cell(st, a, opt.seed + s, defense=[spec] if spec else [])
-    # The first sample's run folders: its held-out image is the same under every defense (drawn by the seed).
+    # The first sample's run folders: its held-out image (cpa: batch) is the same under every defense
+    # (drawn by the seed).
     cells = ws.run(plan, run_folders=[(a, i, 0) for a in attacks for i in range(len(settings))])
-    rows: list[dict[str, Any]] = []
-    for a, i, s in plan:
-        name, strength, spec = settings[i]
-        epsilon = trained[i].epsilon
-        cell = cells[(a, i, s)]
-        if not cell.ok:
-            continue
-        m = cell.metrics
-        rebuilt = m["psnr_mean"] >= THRESHOLD_DB
-        v = verdict_fields(cell, rebuilt)
-        rows.append({"attack": a, "defense": name, "strength": strength, "accuracy": trained[i].final_accuracy,
-                     "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == DEFENDED,
-                     **v, "sample": s, "seed": opt.seed + s, "mse": m["mse_mean"],
-                     "label_accuracy": m["label_accuracy"],
-                     "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
-                     "spec": spec or ""})
+    trained = _train(opt, ws, st, attacks, settings)   # the accuracy column (the cells attack untrained models)
+    rows = [_row(cells[key], key, settings, trained[(victim_of(key[0], model), key[1])], opt.seed)
+            for key in plan if cells[key].ok]
     summary = setting_summary(rows)
-    fig = "accuracy_vs_psnr.png"
-    first = [r for r in summary if r["attack"] == attacks[0]]
-    labels_x = [_short(r["defense"], r["strength"]) for r in first]
-    lines = {f"{a} PSNR (dB), mean": [r["psnr_mean"] for r in summary if r["attack"] == a] for a in attacks}
-    lines.update({"test accuracy (%)": [100 * r["accuracy"] for r in first],
-                  f"threshold {THRESHOLD_DB:g} dB": [THRESHOLD_DB] * len(first)})
-    save_line_plot(ws.out / fig, labels_x, lines, xlabel="defense", ylabel="dB / %",
-                   title=f"Defense trade-off, {model} on {data}")
-    figs = [fig]
-    if save_paired_rows(ws.out / "reconstructions.png",
-                        [(a, [(_short(n, strength).replace("\n", " "), cells[(a, i, 0)])
-                              for i, (n, strength, _) in enumerate(settings)]) for a in attacks]):
-        figs.append("reconstructions.png")
-    _rotate_note = ("figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
-                    "DP = dpsgd noise multiplier (clip 1)")
+    figs = _figures(ws, attacks, settings, summary, cells, model, data)
     return ExperimentResult(
-        name="defenses", title="Accuracy vs defendability (rebuttal Table 3)",
-        columns=["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
-                 "mse", "label_accuracy", "epsilon", "spec"],
+        name="defenses", title="Accuracy vs defendability (rebuttal Table 3)", columns=COLUMNS,
         rows=rows, figures=figs, summary=summary, summary_columns=SUMMARY_COLUMNS,
-        setup={"data": f"{data}: trained on train-split images, attacked on test-split images (held out)",
-               "model": model,
-               "training": {**TRAIN, "train_images": train_subset, "test_images": test_subset or "all",
-                            "same budget for every defense": True, "seed": opt.seed,
-                            "defense applied to": "every training step's gradient (defended FedSGD client)"},
-               "attack": f"{', '.join(a for a in attacks if a != 'imprint')} (float64 L-BFGS, {n_iter} iterations, "
-                         f"start {INIT}), batch 1, defended FedSGD update of the untrained global model",
-               "attacks": attacks,
-               "imprint": "a malicious server sends the model with Fowl et al.'s imprint block in front (--server "
-                          f"imprint: {DEFAULT_BINS} bins, the public brightness prior); the client computes the same "
-                          "defended update on it; the attack is closed-form (no iterations)",
-               "samples": samples, "seeds": f"{st.seed_text} (test image drawn, attack start, defense noise)",
-               "success threshold": f"leaked = PSNR >= {THRESHOLD_DB} dB or a recognisable image; defended = PSNR < "
-                                    f"{THRESHOLD_DB} dB, the answer fits the defended update as well as the truth, "
-                                    "nothing identified and the positive control (the attack without the defense) "
-                                    "leaked (gradleak/outcome.py); else inconclusive (not defended, not leaked)",
-               "setting verdict": "leaked if any sample leaked; defended if every sample is defended; else "
-                                  "inconclusive",
-               "strength": "sigma (gaussian), b (laplace), fraction zeroed per layer (prune), bits (fp16, int8), "
-                           "noise multiplier Z at clip 1 (dpsgd)",
-               "settings": [spec or "none" for _, _, spec in settings],
-               "epsilon": "DP-SGD training run's epsilon at delta 1e-5 (Opacus RDP accountant)",
-               "smoke": opt.smoke},
-        notes=[_rotate_note, "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
+        setup=_setup(opt, st, attacks, settings),
+        notes=["figure x axis, in table order: G = gaussian sigma, L = laplace b, P = prune fraction, "
+               "DP = dpsgd noise multiplier (clip 1)",
+               "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
+        + (_cpa_notes() if "cpa" in attacks else [])
         + convergence_notes(cells.values()) + inconclusive_notes(summary, cells, settings, samples)
         + contrast_notes(summary, attacks)
         + ["accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
                "was not measured, so read differences of a few points with care."]
         + (["Smoke setting: the weakest and strongest Gaussian noise and the strongest setting of every other "
-            "defense; the training budget is too short for the accuracies to mean more than 'trains / does not'."]
+            "defense; the training budget is too short for the accuracies to mean more than 'trains / does not' "
+            f"(the cpa rows' {CPA_MODEL} on {SMOKE_CPA_TRAIN_SUBSET} train images)."]
            if opt.smoke else []))
+
+
+COLUMNS = ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
+           "mse", "label_accuracy", "epsilon", "spec", "model", "images", "images_leaked"]
+
+
+def victim_of(attack: str, model: str) -> str:
+    """The model an attack's rows attack and whose trained accuracy they report: CPA_MODEL for cpa,
+    else the experiment's model (imprint and trap: with the server's block in front of it)."""
+    return CPA_MODEL if attack == "cpa" else model
+
+
+def _train(opt: ExperimentOptions, ws: Workspace, st: Any, attacks: list[str],
+           settings: list[tuple[str, float | None, str | None]]) -> dict[tuple[str, int], Any]:
+    """Each victim the attacks need (the LeNet; the mlp for cpa), trained under every setting with
+    the same budget: {(model, setting index): Trained}."""
+    from ..training import TrainConfig
+
+    test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
+    trained = {}
+    for victim in dict.fromkeys(victim_of(a, st.model) for a in attacks):
+        width = st.width if victim == st.model else None
+        train_subset = (SMOKE_TRAIN_SUBSET if victim == st.model else SMOKE_CPA_TRAIN_SUBSET) if opt.smoke else 10_000
+        for i, (name, strength, spec) in enumerate(settings):
+            cfg = TrainConfig(model=victim, width=width, data=st.data, defense=(spec,) if spec else (),
+                              checkpoints=(1.0,), train_subset=train_subset, test_subset=test_subset, seed=opt.seed,
+                              model_seed=0, **TRAIN)
+            # the LeNet's folders keep their names (and so the trainings of earlier runs of DIR)
+            prefix = "" if victim == st.model else f"{victim}-"
+            trained[(victim, i)] = ws.trained(cfg, prefix + name_of(name, strength))
+    return trained
+
+
+def _row(cell: Any, key: tuple[str, int, int], settings: list[tuple[str, float | None, str | None]], trained: Any,
+         seed: int) -> dict[str, Any]:
+    """One sample's row of results.csv: its setting, the victim's trained accuracy, the attack's
+    scores and gradleak.outcome's verdict (a batch's: mean PSNR >= THRESHOLD_DB, or any image
+    recognisable, is leaked)."""
+    a, i, s = key
+    name, strength, spec = settings[i]
+    epsilon = trained.epsilon
+    m = cell.metrics
+    v = verdict_fields(cell, m["psnr_mean"] >= THRESHOLD_DB)
+    per = m.get("per_image") or []
+    return {"attack": a, "defense": name, "strength": strength, "accuracy": trained.final_accuracy,
+            "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == DEFENDED,
+            **v, "sample": s, "seed": seed + s, "mse": m["mse_mean"], "label_accuracy": m["label_accuracy"],
+            "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None, "spec": spec or "",
+            "model": cell.config.get("model"), "images": len(per),
+            "images_leaked": sum(1 for p in per if p["psnr"] >= THRESHOLD_DB or p["ssim"] >= RECOGNISABLE_SSIM)}
+
+
+def _figures(ws: Workspace, attacks: list[str], settings: list[tuple[str, float | None, str | None]],
+             summary: list[dict[str, Any]], cells: dict[Any, Any], model: str, data: str) -> list[str]:
+    """accuracy_vs_psnr.png (each attack's mean PSNR and each victim's accuracy per setting);
+    reconstructions.png (the first held-out image under every setting, one row per single-image
+    attack); cpa_reconstructions.png (cpa's first batch under every setting)."""
+    fig = "accuracy_vs_psnr.png"
+    first = [r for r in summary if r["attack"] == attacks[0]]
+    labels_x = [_short(r["defense"], r["strength"]) for r in first]
+    lines = {f"{a} PSNR (dB), mean": [r["psnr_mean"] for r in summary if r["attack"] == a] for a in attacks}
+    for victim in dict.fromkeys(victim_of(a, model) for a in attacks):
+        rows = [r for r in summary if r["attack"] == next(a for a in attacks if victim_of(a, model) == victim)]
+        label = f"{victim} test accuracy (%)" if victim == model else f"{victim} (cpa) test accuracy (%)"
+        lines[label] = [100 * r["accuracy"] for r in rows]
+    lines[f"threshold {THRESHOLD_DB:g} dB"] = [THRESHOLD_DB] * len(first)
+    on = ", ".join(dict.fromkeys(victim_of(a, model) + (" (cpa)" if a == "cpa" else "") for a in attacks))
+    save_line_plot(ws.out / fig, labels_x, lines, xlabel="defense", ylabel="dB / %",
+                   title=f"Defense trade-off, {on} on {data}")
+    figs = [fig]
+    single = [a for a in attacks if a != "cpa"]
+    if save_paired_rows(ws.out / "reconstructions.png",
+                        [(a, [(_short(n, strength).replace("\n", " "), cells[(a, i, 0)])
+                              for i, (n, strength, _) in enumerate(settings)]) for a in single]):
+        figs.append("reconstructions.png")
+    if "cpa" in attacks and save_grids(ws.out / "cpa_reconstructions.png",
+                                       [("cpa", [(_short(n, strength).replace("\n", " "), cells[("cpa", i, 0)])
+                                                 for i, (n, strength, _) in enumerate(settings)])]):
+        figs.append("cpa_reconstructions.png")
+    return figs
+
+
+def _setup(opt: ExperimentOptions, st: Any, attacks: list[str],
+           settings: list[tuple[str, float | None, str | None]]) -> dict[str, Any]:
+    """results.md's setup lines."""
+    optimised = [a for a in attacks if a in ("dlg", "idlg")]
+    cpa = "cpa" in attacks
+    setup: dict[str, Any] = {
+        "data": f"{st.data}: trained on train-split images, attacked on test-split images (held out)",
+        "model": st.model + (f"; the cpa rows attack (and report the accuracy of) {CPA_MODEL}, a fully connected "
+                             "network, not this model" if cpa else ""),
+        "training": {**TRAIN, "train_images": SMOKE_TRAIN_SUBSET if opt.smoke else 10_000,
+                     "test_images": SMOKE_TEST_SUBSET if opt.smoke else "all",
+                     "same budget for every defense": True, "seed": opt.seed,
+                     "defense applied to": "every training step's gradient (defended FedSGD client)",
+                     **({"models trained": f"{st.model} (every attack but cpa), {CPA_MODEL} (cpa"
+                                           + (f"; {SMOKE_CPA_TRAIN_SUBSET} train images at --smoke)" if opt.smoke
+                                              else ")")} if cpa else {})},
+        "attack": (f"{', '.join(optimised)} (float64 L-BFGS, {st.iterations} iterations, start {INIT}), " if optimised
+                   else "") + "batch 1 (cpa: a batch), defended FedSGD update of the untrained global model",
+        "attacks": attacks,
+        "imprint": "a malicious server sends the model with Fowl et al.'s imprint block in front (--server "
+                   f"imprint: {DEFAULT_BINS} bins, the public brightness prior); the client computes the same "
+                   "defended update on it; the attack is closed-form (no iterations)",
+    }
+    if "trap" in attacks:
+        setup["trap"] = ("a malicious server sends the model with Boenisch et al.'s trap layer in front (--server trap: "
+                         "its default rows and firing rate, calibrated on public photos); the client computes the same "
+                         "defended update of the same image on it; the attack is closed-form (--attack trap)")
+    if cpa:
+        setup["cpa"] = (f"the Cocktail Party Attack (--attack cpa, closed-form ICA) on {CPA_MODEL} (random init, "
+                        f"seed 0) and a batch of {CPA_BATCH} held-out test images per sample (labels may repeat), "
+                        "the same defended FedSGD update; accuracy column: that mlp trained under the same defense")
+    setup.update({
+        "samples": st.samples, "seeds": f"{st.seed_text} (test image(s) drawn, attack start, defense noise)",
+        "success threshold": f"leaked = PSNR >= {THRESHOLD_DB} dB (a batch: its mean) or a recognisable image "
+                             f"(SSIM >= {RECOGNISABLE_SSIM:g}); defended = PSNR < {THRESHOLD_DB} dB, the answer fits "
+                             "the defended update as well as the truth, nothing identified and the positive control "
+                             "(the attack without the defense) leaked (gradleak/outcome.py); else inconclusive (not "
+                             "defended, not leaked)",
+        "setting verdict": "leaked if any sample leaked; defended if every sample is defended; else inconclusive",
+        "strength": "sigma (gaussian), b (laplace), fraction zeroed per layer (prune), bits (fp16, int8), "
+                    "noise multiplier Z at clip 1 (dpsgd)",
+        "settings": [spec or "none" for _, _, spec in settings],
+        "epsilon": "DP-SGD training run's epsilon at delta 1e-5 (Opacus RDP accountant)",
+        "smoke": opt.smoke})
+    return setup
+
+
+def _cpa_notes() -> list[str]:
+    return [f"The cpa rows attack another model than the other rows: {CPA_MODEL} (a fully connected first layer, "
+            f"which CPA needs) on a batch of {CPA_BATCH} held-out images per sample; their accuracy is that "
+            f"{CPA_MODEL}'s, trained under the same defense with the same budget, not the LeNet's (column `model`). "
+            "A cpa row's psnr/ssim are the batch's means; `images_leaked` counts its images at PSNR >= "
+            f"{THRESHOLD_DB:g} dB or SSIM >= {RECOGNISABLE_SSIM:g} (one such image makes the sample leaked)."]
 
 
 # "defended" here is the setting's (every sample defended), in place of the count of defended samples
 # that summary_columns has (samples - leaked - inconclusive): one column of that name, not two.
 SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"]
                    + [c for c in summary_columns((), ("psnr",)) if c != "defended"]
-                   + ["defended", "verdict", "epsilon", "spec"])
+                   + ["defended", "verdict", "epsilon", "spec", "model", "images", "images_leaked"])
 
 
 def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -171,8 +276,11 @@ def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in summarize(rows, ["attack", "defense", "strength", "spec"]):
         first = next(r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"])
         defended = s["samples"] > 0 and s["defended"] == s["samples"]
+        sel = [r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"]]
         out.append({**s, "accuracy": first["accuracy"], "epsilon": first["epsilon"], "defended": defended,
-                    "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE)})
+                    "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE),
+                    "model": first.get("model"), "images": sum(r.get("images") or 0 for r in sel),
+                    "images_leaked": sum(r.get("images_leaked") or 0 for r in sel)})
     return out
 
 
@@ -215,11 +323,15 @@ def contrast_notes(summary: list[dict[str, Any]], attacks: list[str]) -> list[st
 
 
 def _cell(st: Any, attack: str, seed: int, **fields: Any) -> dict[str, Any]:
-    """One sample's cell: the optimisation attack as the DLG-side experiments run it, or the
-    imprint attack on the malicious server's model (closed-form: no optimisation constants)."""
-    if attack == "imprint":
-        return dict(attack="imprint", server="imprint", model=st.model, width=st.width, data=st.data, seed=seed,
+    """One sample's cell: the optimisation attack as the DLG-side experiments run it; the imprint
+    or trap attack on the malicious server's model (closed-form: no optimisation constants); CPA
+    on CPA_MODEL and a batch of CPA_BATCH (closed-form)."""
+    if attack in SERVERS:
+        return dict(attack=attack, server=SERVERS[attack], model=st.model, width=st.width, data=st.data, seed=seed,
                     split="test", batch_size=1, **fields)
+    if attack == "cpa":
+        return dict(attack="cpa", model=CPA_MODEL, data=st.data, seed=seed, split="test", batch_size=CPA_BATCH,
+                    allow_repeats=True, **fields)
     return lbfgs_cell(replace(st, attack=attack), seed, log_points=10, split="test", batch_size=1, **fields)
 
 
