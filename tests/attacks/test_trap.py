@@ -62,6 +62,10 @@ def test_server_text_and_calibration(trapped):
                      ("trap:bins=3", "unknown")):
         with pytest.raises(ConfigError, match=why):
             parse_server(bad)
+    for bad, why in (("trap:seed=1e30", "seed must be"), ("trap:rows=0", "rows must be"), ("trap:shrink=1", "shrink"),
+                     ("trap:rate=0.6", "rate must be"), ("trap:gain=1e9", "gain must be")):
+        with pytest.raises(ConfigError, match=why):
+            server_model(build_model("lenet-dlg", num_classes=10), bad)
     text = trapped.kwargs["server"]
     assert text.startswith(f"trap:rows={default_rows((3, 32, 32))},shrink=") and ",seed=0,gain=" in text
     # the calibrated shrink fires at the asked rate on the public crops, fresh rows included

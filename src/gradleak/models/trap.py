@@ -66,6 +66,7 @@ MAX_TRAP_ENTRIES = 2 ** 27
 TRAP_SHIFT = 1e-3
 TRAP_GAIN = 1e2
 DEFAULT_SEED = 0
+MAX_SEED = 2 ** 32 - 2   # the rows are drawn with seed, linear2 with seed + 1 (torch takes up to 2^64 - 1)
 
 # Calibration crops: CALIBRATION_CROPS random square crops of each of scikit-learn's two sample
 # photos, sides uniform in [CROP_MIN, 1] of the photo's shorter side, drawn with this seed.
@@ -187,8 +188,8 @@ class TrapBlock(nn.Module):
         g = _finite("gain", gain)
         if not 1e-6 <= g <= 1e6:
             raise ConfigError(f"trap: gain must be between 1e-6 and 1e6, got {gain!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"trap: seed must be an integer >= 0, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ConfigError(f"trap: seed must be an integer in 0..{MAX_SEED}, got {seed!r}")
         d = shape[0] * shape[1] * shape[2]
         if d * n > MAX_TRAP_ENTRIES:
             raise ConfigError(f"trap: {n} rows on {d} input entries need {d * n} weights per layer "
