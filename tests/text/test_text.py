@@ -183,6 +183,24 @@ def test_tiny_transformer_fedavg_sentence(tiny):
     assert tiny.tokenizer.decode(recon.token_ids[0]) == "alice sends bob money"
 
 
+def test_tag_under_fedavg_and_an_aggregate(tiny):
+    """TAG through the text threat models (the simulator unrolls FedAvg and averages clients):
+    measured, FedAvg 2 local steps: exact, where dlg-free (no l1 term, same budget, no search)
+    recovers no token; an aggregate of 2 clients: 3 of 8 tokens in place vs none."""
+    batch = text_batch(["alice sends bob money"], tiny, 1, 3)
+    update = text_share(tiny, batch, ThreatModel("fedavg", local_steps=2, local_lr=0.1))
+    recon = run_text_attack("tag", update, tiny, TextAttackSettings())
+    assert tiny.tokenizer.decode(recon.token_ids[0]) == "alice sends bob money"
+    pair = text_batch(["alice sends bob money", "rain falls in spain"], tiny, 2, 3)
+    update = text_share(tiny, pair, ThreatModel(name="aggregate", clients=2))
+    scores = {}
+    for name in ("tag", "dlg-free"):
+        r = run_text_attack(name, update, tiny, TextAttackSettings(search_evaluations=0))
+        scores[name] = evaluate_text(pair.token_ids(), pair.labels.tolist(), r.token_ids, r.labels.tolist(),
+                                     tiny.tokenizer).token_accuracy
+    assert scores["tag"] >= 0.25 and scores["tag"] > scores["dlg-free"], scores
+
+
 def test_text_dpsgd_without_noise_is_the_clipped_mean(tiny):
     from gradleak.defenses import parse_defense
 
