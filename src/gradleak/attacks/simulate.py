@@ -23,7 +23,7 @@ assignment whose answer has the smallest gradient distance wins), as a hard-labe
 from __future__ import annotations
 
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
 from ..fl.threats import ThreatModel
 from ..fl.unroll import local_sgd, mean_over_steps
@@ -59,7 +59,7 @@ class UpdateSimulator:
 
         def loss(params: dict[str, torch.Tensor], x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             buffers = {n: b.clone() for n, b in g.buffers.items()}
-            return DummyGradient.loss(functional_call(g.module, (params, buffers), (x,)), labels)
+            return DummyGradient.loss(g.forward(params, buffers, x), labels)
         # The client's local steps (fl.unroll), the graph kept through every step (even when the
         # caller needs values only, create_graph=False), as in Geiping et al. 2020, Sec. 5.
         run = local_sgd(g.params, loss, (x, labels), self.steps, self.threat.local_lr, mode="graph")

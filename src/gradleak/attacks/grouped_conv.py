@@ -1,0 +1,138 @@
+"""Grouped (depthwise) 2-d convolutions with a double backward that does not loop over groups.
+
+Gradient matching differentiates the model's weight gradient w.r.t. the dummy input (DLG Eq. 2,
+GradInversion Eq. 3): a double backward. For a grouped convolution, torch's
+``_convolution_double_backward`` computes the term conv(ggI, gO) (the weight's second-order
+gradient) ONE CONVOLUTION PER GROUP, and it does so whenever the input's second-order gradient
+is defined, whether or not the weight's is asked for. A depthwise convolution has as many groups
+as channels: EfficientNet-Lite0's 16 depthwise layers (32 to 1152 channels) cost ~9 000
+convolution calls and 18 000 slices per step, 47 % of a GradInversion step on this CPU and
+~95 % of it on an H200 (1.1 s per step, launch-bound; benchmarks/grouped_conv.json).
+
+Here the first-order backward of such a convolution is itself an autograd Function
+(``_GroupedConvBackward``) whose backward writes out the three terms of the double backward with
+torch's native grouped kernels (``aten.convolution_backward`` and ``F.conv2d``: one call each):
+with gx = conv_transpose(gy; w) and gw = corr(x; gy), for the incoming (ggx, ggw)
+
+    d/d gy = conv(ggx; w) + conv(x; ggw)
+    d/d x  = conv_transpose(gy; ggw)          (the input gradient of a conv with weight ggw)
+    d/d w  = corr(ggx; gy)                    (the weight gradient of a conv with input ggx)
+
+The same numbers as torch's path (float64: to rounding; tests/attacks/test_grouped_conv.py),
+under plain autograd and under torch.func.vmap over torch.func.grad (GradInversion's G seeds).
+The attacker's copy of the victim (victim.DummyGradient) routes every ``F.conv2d`` with groups > 1
+through it (``grouped_convolutions``); ungrouped convolutions keep torch's path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd import Function
+from torch.overrides import TorchFunctionMode
+
+
+def _pair(v: Any) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(u) for u in v]
+
+
+class _GroupedConvBackward(Function):
+    """(gy, x, w) -> (gx, gw) of y = conv2d(x, w, stride, padding, dilation, groups), no bias."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+                dilation: list[int], groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, stride, padding, dilation, False, [0, 0],
+                                                        groups, [True, True, False])
+        return gx, gw
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        gy, x, w, stride, padding, dilation, groups = inputs
+        ctx.save_for_backward(gy, x, w)
+        ctx.conv = (stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx: Any, ggx: torch.Tensor | None, ggw: torch.Tensor | None) -> tuple:
+        gy, x, w = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        need_gy, need_x, need_w = ctx.needs_input_grad[:3]
+        d_gy = d_x = d_w = None
+        if need_gy:
+            if ggx is not None:
+                d_gy = F.conv2d(ggx, w, None, stride, padding, dilation, groups)
+            if ggw is not None:
+                term = F.conv2d(x, ggw, None, stride, padding, dilation, groups)
+                d_gy = term if d_gy is None else d_gy + term
+        if need_x and ggw is not None:
+            d_x = torch.ops.aten.convolution_backward(gy, x, ggw, None, stride, padding, dilation, False, [0, 0],
+                                                      groups, [True, False, False])[0]
+        if need_w and ggx is not None:
+            d_w = torch.ops.aten.convolution_backward(gy, ggx, w, None, stride, padding, dilation, False, [0, 0],
+                                                      groups, [False, True, False])[1]
+        return d_gy, d_x, d_w, None, None, None, None
+
+
+class _GroupedConv(Function):
+    """y = conv2d(x, w, stride, padding, dilation, groups) (no bias: added outside)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
+                groups: int) -> torch.Tensor:
+        return F.conv2d(x, w, None, stride, padding, dilation, groups)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        x, w, stride, padding, dilation, groups = inputs
+        ctx.save_for_backward(x, w)
+        ctx.conv = (stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        gx, gw = _GroupedConvBackward.apply(gy, x, w, *ctx.conv)
+        return gx, gw, None, None, None, None
+
+
+def grouped_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor:
+    """F.conv2d with numeric padding, through the Functions above. Under autocast the convolution
+    runs in the autocast dtype (as torch's would), both passes alike."""
+    args = (_pair(stride), _pair(padding), _pair(dilation), int(groups))
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):
+            y = _GroupedConv.apply(x.to(dtype), weight.to(dtype), *args)
+    else:
+        y = _GroupedConv.apply(x, weight, *args)
+    if bias is not None:
+        y = y + bias.view(1, -1, 1, 1)
+    return y
+
+
+_NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
+class grouped_convolutions(TorchFunctionMode):  # noqa: N801  (used as a context manager, like torch's modes)
+    """Within it, ``F.conv2d`` / ``torch.conv2d`` with groups > 1, a 4-d input and numeric padding
+    run through ``grouped_conv2d``; every other call is torch's."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.conv2d or func is torch.conv2d:
+            bound = dict(zip(_NAMES, args, strict=False))
+            bound.update(kwargs)
+            groups = int(bound.get("groups", 1))
+            x = bound.get("input")
+            if groups > 1 and isinstance(x, torch.Tensor) and x.ndim == 4 \
+                    and not isinstance(bound.get("padding", 0), str):
+                return grouped_conv2d(x, bound["weight"], bound.get("bias"), bound.get("stride", 1),
+                                      bound.get("padding", 0), bound.get("dilation", 1), groups)
+        return func(*args, **kwargs)
