@@ -264,6 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=100, help="timed steps of the paper preset per model")
     p.add_argument("--seed-iterations", type=int, default=20, help="steps of each run in the 224 px seed comparison")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: paper, seeds_224, seeds_32, precision")
+    p.add_argument("--precision-model", default="resnet50", help="the model of the precision comparison")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (client simulation)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/, --smoke: benchmarks/out/gpu-smoke)")
     return p.parse_args(argv)
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {gpu['seeds_32']['ratio']:.2f}x")
     if "precision" not in skip:
         log("precision variants of one step")
-        gpu["precision"] = fit_seeds(lambda g: measure_precision("resnet50", device=device, size=size, batch=batch,
+        gpu["precision"] = fit_seeds(lambda g: measure_precision(args.precision_model, device=device, size=size, batch=batch,
                                                                  seeds=g, reps=5, threads=args.threads), seeds, device)
     gpu["device"] = device_info(device)  # after the attacks: the allocator state they set
     gpu["wall_seconds"] = time.time() - started

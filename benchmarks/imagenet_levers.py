@@ -82,7 +82,7 @@ class Case:
     """The issue's case as `gradleak attack --model efficientnet-lite0 --data imagenet-samples
     --batch-size 8 --share-bn-statistics` builds it, and the attacker's pieces of GradInversion."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         from types import SimpleNamespace
 
         from gradleak.attacks.gradinversion import layer_counts, per_layer, preset_values
@@ -94,18 +94,19 @@ class Case:
 
         cfg = make_config(attack="gradinversion", model="efficientnet-lite0", data="imagenet-samples", batch_size=K,
                           share_bn_statistics=True, threads=1, progress=False, preset="paper")
-        case = simulate_client(cfg)
+        case = simulate_client(cfg)  # the client, on the CPU (the truth stays there for scoring)
+        self.device = torch.device(device)
         self.model, self.update, self.truth = case.model, case.update, case.truth
-        self.labels = restore_labels(self.update, self.model, K, "gradinversion")
-        self.victim = UpdateSimulator(self.model, self.update)
-        self.targets = bn_targets(self.update, self.victim.bn_names, "exact")
+        self.labels = restore_labels(self.update, self.model, K, "gradinversion").to(self.device)
+        self.victim = UpdateSimulator(self.model, self.update, device=self.device)
+        self.targets = bn_targets(self.update, self.victim.bn_names, "exact", device=self.device)
         # the paper preset per layer of this model (its constants as attributes: p.alpha_g, ...)
         self.paper = SimpleNamespace(**per_layer("paper", preset_values("paper"), layer_counts(self.model.module)))
-        self.lo = self.model.normalize(torch.zeros(1, 3, SIZE, SIZE))
-        self.hi = self.model.normalize(torch.ones(1, 3, SIZE, SIZE))
+        self.lo = self.model.normalize(torch.zeros(1, 3, SIZE, SIZE)).to(self.device)
+        self.hi = self.model.normalize(torch.ones(1, 3, SIZE, SIZE)).to(self.device)
         self._feats: list[torch.Tensor] = []
         self.victim.gradient.module._fc.register_forward_hook(lambda m, i, o: self._feats.append(i[0]))
-        self.feature_targets = readout(self.update, self.labels)  # [K, 1280], slot k: class labels[k]
+        self.feature_targets = readout(self.update, self.labels.cpu()).to(self.device)  # [K, 1280], slot k: labels[k]
 
     def forward(self, x: torch.Tensor, *, double: bool, params: dict | None = None
                 ) -> tuple[list[torch.Tensor] | None, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
@@ -139,7 +140,7 @@ def scores(case: Case, pixels: torch.Tensor) -> dict[str, Any]:
     """PSNR after gradleak's pairing (Hungarian, pixel MSE) and with slot k paired to the photo of
     its restored label."""
     from gradleak.metrics import match, psnr
-    truth = case.truth.images
+    truth, pixels = case.truth.images, pixels.detach().float().cpu()
     perm = match(pixels, truth)
     hung = psnr(pixels[perm], truth)
     by_label = torch.empty(K, dtype=torch.float64)
@@ -186,11 +187,12 @@ def measure_baselines(case: Case) -> dict[str, Any]:
 
 def measure_readout(case: Case) -> dict[str, Any]:
     with torch.no_grad():
-        _, _, f = case.forward(case.model.normalize(case.truth.images), double=False)
+        _, _, f = case.forward(case.model.normalize(case.truth.images).to(case.device), double=False)
+    f = f.cpu()
     rows = []
     for i, c in enumerate(case.truth.labels.tolist()):
         k = case.labels.tolist().index(c)
-        est = case.feature_targets[k]
+        est = case.feature_targets[k].cpu()
         b = float(case.update.gradients["_fc.bias"][c])
         rows.append({"photo": case.truth.names[i], "label": c, "p_true_class": round(1 + K * b, 4),
                      "relative_error": float((est - f[i]).norm() / f[i].norm()),
@@ -348,6 +350,11 @@ def variants(case: Case) -> list[Variant]:
                 coarse(160, **feat) + (Phase(steps=30, res=112, lr=0.02, warmup=0, alpha_g=p.alpha_g,
                                              alpha_bn=p.alpha_bn, alpha_tv=p.alpha_tv, alpha_l2=p.alpha_l2,
                                              alpha_feat=FEAT),), init="zeros"),
+        Variant("feature_lowres_then_grad_224", "b+e, then Eq. 3 at full size: 160 cheap feature steps (14 -> 112 "
+                "px), then 30 steps of Eq. 3 + features + priors on the 224 px image, lr 0.02",
+                coarse(160, **feat) + (Phase(steps=30, res=SIZE, lr=0.02, warmup=0, alpha_g=p.alpha_g,
+                                             alpha_bn=p.alpha_bn, alpha_tv=p.alpha_tv, alpha_l2=p.alpha_l2,
+                                             alpha_feat=FEAT),), init="zeros"),
         Variant("grad_weighted_lowres", "Eq. 3 weighted up: zero start; alpha_G = 1 (x925: alpha_G L_grad ~270 "
                 "against alpha_BN R_BN ~550 at the start, instead of ~0.3) on a 28 -> 56 px image, lr 0.05, no noise",
                 tuple(Phase(steps=FULL // 2, res=r, lr=0.05, alpha_g=1.0, alpha_bn=p.alpha_bn, alpha_tv=p.alpha_tv,
@@ -359,7 +366,7 @@ def variants(case: Case) -> list[Variant]:
 def weighted_bn(stats: list[tuple[torch.Tensor, torch.Tensor]], targets: list[tuple[torch.Tensor, torch.Tensor]],
                 first: float) -> torch.Tensor:
     """GradInversion Eq. 10 (priors.bn_prior) with the first BN layer's term x ``first``."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=stats[0][0].device)
     for i, ((mu, var), (t_mu, t_var)) in enumerate(zip(stats, targets, strict=True)):
         total = total + (first if i == 0 else 1.0) * ((mu - t_mu).norm() + (var - t_var).norm())
     return total
@@ -374,7 +381,7 @@ def run_variant(case: Case, v: Variant, log_every: int = 10) -> dict[str, Any]:
     tune_allocator()
     gen = torch.Generator().manual_seed(0)        # the attack's seed 0: initial pixels, then noise
     aug = torch.Generator().manual_seed(1)        # jitter and flips
-    x = initial_images(case.model, (K, 3, SIZE, SIZE), v.init, gen, torch.float32)
+    x = initial_images(case.model, (K, 3, SIZE, SIZE), v.init, gen, torch.float32).to(case.device)
     lo, hi = case.lo, case.hi
     target = case.victim.gradient.target
     fnorm = case.feature_targets.norm(dim=1)
@@ -428,7 +435,7 @@ def run_variant(case: Case, v: Variant, log_every: int = 10) -> dict[str, Any]:
             opt.step()
             with torch.no_grad():
                 if ph.alpha_n > 0:
-                    z.add_(torch.randn(z.shape, generator=gen), alpha=lr_t * ph.alpha_n)
+                    z.add_(torch.randn(z.shape, generator=gen).to(case.device), alpha=lr_t * ph.alpha_n)
                 z.copy_(torch.maximum(torch.minimum(z, zhi), zlo))
             last["objective"] = float(obj.detach())
             step_no += 1
@@ -454,39 +461,120 @@ def run_variant(case: Case, v: Variant, log_every: int = 10) -> dict[str, Any]:
     rel = case.relative_distance(x)
     out = {"variant": v.name, "what": v.what, "init": v.init, "steps": step_no, "seconds": round(seconds, 1),
            **scores(case, pixels), "relative_gradient_distance": rel, "r_bn": r_bn,
-           "feature_relative_distance_mean": round(sum(fdist) / K, 4), "phases": phases_out, "history": history}
+           "feature_relative_distance_mean": round(sum(fdist) / K, 4), "phases": phases_out, "history": history,
+           "_pixels": pixels}
     log(f"{v.name}: PSNR {out['psnr']:.2f} dB (by label {out['psnr_by_label']:.2f}), {out['above_zero_image']}/8 "
         f"above zero, rel. distance {rel:.3g}, R_BN {r_bn:.3g}, features {out['feature_relative_distance_mean']}, "
         f"{seconds:.0f} s")
     return out
 
 
-def measure_schedules(case: Case, names: list[str] | None, previous: dict[str, Any] | None,
-                      scale: float = 1.0) -> dict[str, Any]:
-    from gradleak.attacks.priors import bn_prior  # noqa: F401  (the objective's Eq. 10; weighted_bn with first=1)
-    rows = {r["variant"]: r for r in (previous or {}).get("rows", [])}
-    for v in variants(case):
-        if names and v.name not in names:
-            continue
-        if scale != 1.0:
-            v = replace(v, phases=tuple(replace(ph, steps=max(2, int(ph.steps * scale)),
-                                                warmup=min(ph.warmup, max(2, int(ph.steps * scale)) // 10))
-                                        for ph in v.phases))
-        rows[v.name] = run_variant(case, v)
-    # the truth's own scores on the same quantities (what a perfect answer would get)
-    x = case.model.normalize(case.truth.images)
+def _scaled(v: Variant, scale: float) -> Variant:
+    if scale == 1.0:
+        return v
+    return replace(v, phases=tuple(replace(ph, steps=max(2, int(ph.steps * scale)),
+                                           warmup=min(int(ph.warmup * scale), max(2, int(ph.steps * scale)) // 10))
+                                   for ph in v.phases))
+
+
+def step_seconds(case: Case, reps: int = 3) -> dict[str, float]:
+    """Seconds per step with Eq. 3 (double backward) and without it (forward + backward), 224 px."""
+    from gradleak.attacks.objectives import layer_l2_batched
+
+    def sync() -> None:
+        if case.device.type == "cuda":
+            torch.cuda.synchronize(case.device)
+
+    out = {}
+    for name, double in (("eq3", True), ("cheap", False)):
+        times = []
+        for r in range(reps + 1):  # the first: warm-up
+            x = torch.randn((K, 3, SIZE, SIZE), generator=torch.Generator().manual_seed(r)).to(case.device)
+            x.requires_grad_(True)
+            sync()
+            t = time.perf_counter()
+            grads, stats, feats = case.forward(x, double=double)
+            obj = weighted_bn(stats, case.targets, 1.0) + feats.norm()
+            if grads is not None:
+                obj = obj + layer_l2_batched([g[None] for g in grads], case.victim.gradient.target)[0]
+            torch.autograd.grad(obj, [x])
+            sync()
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times[1:])
+    log(f"seconds per step at 224 px: Eq. 3 {out['eq3']:.4f}, without {out['cheap']:.4f}")
+    return out
+
+
+def cost(v: Variant, per_step: dict[str, float]) -> float:
+    return sum(ph.steps * per_step["eq3" if (ph.alpha_g is None or ph.alpha_g > 0) else "cheap"] for ph in v.phases)
+
+
+def grid(case: Case, pixels: dict[str, torch.Tensor], path: Path, size: int = 112) -> None:
+    """One picture: the photos (first row, in slot order: the restored labels), then one row per
+    variant's answer, each slot paired with the photo of its restored label."""
+    from PIL import Image
     order = [int((case.truth.labels == c).nonzero()[0]) for c in case.labels.tolist()]
-    with torch.no_grad():
-        _, stats, feats = case.forward(x[order], double=False)
-    truth = {"relative_gradient_distance": case.relative_distance(x[order]),
-             "r_bn": float(weighted_bn(stats, case.targets, 1.0)),
-             "feature_relative_distance_mean": float(((feats - case.feature_targets).norm(dim=1)
-                                                      / case.feature_targets.norm(dim=1)).mean())}
-    order_names = [v.name for v in variants(case)]
-    return {"what": "short attacks at ~equal CPU cost (one thread), one seed, no group term, boxed; PSNR after "
-                    "pixel pairing (gradleak's metric) and by restored label", "truth": truth,
-            "rows": sorted(rows.values(), key=lambda r: order_names.index(r["variant"])
-                           if r["variant"] in order_names else 99)}
+    rows = [case.truth.images[order]] + list(pixels.values())
+    tiles = torch.cat([F.interpolate(r.float().cpu(), size=size, mode="area") for r in rows])
+    n, cols = len(rows), K
+    canvas = torch.ones(3, n * (size + 4), cols * (size + 4))
+    for i, t in enumerate(tiles):
+        r, c = divmod(i, cols)
+        canvas[:, r * (size + 4):r * (size + 4) + size, c * (size + 4):c * (size + 4) + size] = t
+    Image.fromarray((canvas.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()).save(path)
+    (path.with_suffix(".txt")).write_text("rows: photos, " + ", ".join(pixels) + "\n")
+
+
+def measure_schedules(case: Case, names: list[str] | None, previous: dict[str, Any] | None,
+                      scale: float = 1.0, *, log_every: int = 10, deadline: float | None = None,
+                      save: Callable[[dict[str, Any]], None] | None = None,
+                      pixels: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The variants (``names`` in that order, or all), each ``scale`` x its steps. With a
+    ``deadline`` (time.perf_counter() value), a variant whose estimated cost (step_seconds) would
+    end past it is skipped and recorded as skipped; ``save`` gets the section after each variant."""
+    rows = {r["variant"]: r for r in (previous or {}).get("rows", [])}
+    known = {v.name: v for v in variants(case)}
+    unknown = set(names or ()) - set(known)
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(known)}")
+    per_step = step_seconds(case) if deadline is not None else None
+    skipped: list[dict[str, Any]] = []
+    section: dict[str, Any] = {}
+
+    def assemble() -> dict[str, Any]:
+        # the truth's own scores on the same quantities (what a perfect answer would get)
+        x = case.model.normalize(case.truth.images).to(case.device)
+        order = [int((case.truth.labels == c).nonzero()[0]) for c in case.labels.tolist()]
+        with torch.no_grad():
+            _, stats, feats = case.forward(x[order], double=False)
+        truth = {"relative_gradient_distance": case.relative_distance(x[order]),
+                 "r_bn": float(weighted_bn(stats, case.targets, 1.0)),
+                 "feature_relative_distance_mean": float(((feats - case.feature_targets).norm(dim=1)
+                                                          / case.feature_targets.norm(dim=1)).mean())}
+        return {"what": "short attacks at ~equal cost, one seed, no group term, boxed; PSNR after pixel pairing "
+                        "(gradleak's metric) and by restored label", "device": str(case.device), "scale": scale,
+                "seconds_per_step": per_step, "skipped": skipped, "truth": truth,
+                "rows": sorted(rows.values(), key=lambda r: list(known).index(r["variant"])
+                               if r["variant"] in known else 99)}
+
+    for name in (names or list(known)):
+        v = _scaled(known[name], scale)
+        if deadline is not None and per_step is not None:
+            need = 1.15 * cost(v, per_step) + 5
+            if time.perf_counter() + need > deadline:
+                skipped.append({"variant": name, "estimated_seconds": round(need, 1),
+                                "seconds_left": round(deadline - time.perf_counter(), 1)})
+                log(f"{name}: skipped (needs ~{need:.0f} s, {deadline - time.perf_counter():.0f} s left)")
+                continue
+        row = run_variant(case, v, log_every=log_every)
+        px = row.pop("_pixels")
+        if pixels is not None:
+            pixels[name] = px
+        rows[name] = row
+        if save is not None:
+            section = assemble()
+            save(section)
+    return assemble()
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -496,31 +584,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="", help="schedules: only these variants (comma-separated)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     ap.add_argument("--scale", type=float, default=1.0, help="schedules: steps x SCALE (harness check; --out elsewhere)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (the attacker's side; the client runs on the CPU)")
+    ap.add_argument("--log-every", type=int, default=10, help="schedules: score the answer every N steps")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="schedules: a time budget: variants whose estimated cost would overrun it are skipped")
+    ap.add_argument("--grid", type=Path, default=None, help="schedules: write a picture of every variant's answer here")
     args = ap.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
-    torch.set_num_threads(1)
+    started = time.perf_counter()
+    torch.set_num_threads(1 if args.device == "cpu" else min(8, os.cpu_count() or 1))
     torch.manual_seed(0)
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     data = dict(previous)
     data.update({"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
                  "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                  "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-                 "load_at_start": list(os.getloadavg())})
+                 "load_at_start": list(os.getloadavg()), "device": args.device})
+    if args.device != "cpu":
+        data["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
     t = time.perf_counter()
-    case = Case()
+    case = Case(args.device)
     log(f"case built in {time.perf_counter() - t:.1f} s; labels {case.labels.tolist()}")
     if "baselines" in only:
         data["baselines"] = measure_baselines(case)
     if "readout" in only:
         data["readout"] = measure_readout(case)
     if "precision" in only:
+        if args.device != "cpu":
+            raise SystemExit("precision: this CPU's section (benchmarks/gpu.py measures precision on a GPU)")
         data["precision"] = measure_precision(case)
     if "schedules" in only:
         names = [n for n in args.variants.split(",") if n] or None
-        data["schedules"] = measure_schedules(case, names, previous.get("schedules"), args.scale)
+        pixels: dict[str, torch.Tensor] = {}
+
+        def save(section: dict[str, Any]) -> None:
+            args.out.write_text(json.dumps({**data, "schedules": section}, indent=1) + "\n")
+            if args.grid is not None:
+                grid(case, pixels, args.grid)
+
+        deadline = None if args.seconds is None else started + args.seconds
+        data["schedules"] = measure_schedules(case, names, previous.get("schedules"), args.scale,
+                                              log_every=args.log_every, deadline=deadline, save=save, pixels=pixels)
     data["load_at_end"] = list(os.getloadavg())
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     log(f"wrote {args.out} ({time.perf_counter() - t:.0f} s)")
