@@ -564,7 +564,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     check("experiment", args.name)
     values = {k: getattr(args, k) for k in ExperimentOptions.model_fields if hasattr(args, k)}
     options = make_options(**values)
-    check_names(model=options.model, data=options.data, attacks=options.attacks or ())
+    # an experiment's text rows name their text attack as text-NAME (defenses: text-dlg, text-tag)
+    attacks = options.attacks or ()
+    check_names(model=options.model, data=options.data, attacks=[a for a in attacks if not a.startswith("text-")])
+    check_names(attacks=[a.removeprefix("text-") for a in attacks if a.startswith("text-")], text=True)
     from .experiments import run_experiment
 
     result, out = run_experiment(args.name, options)

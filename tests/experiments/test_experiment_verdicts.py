@@ -204,8 +204,9 @@ def test_default_samples_per_setting_are_at_least_three_outside_smoke(name, tmp_
     """The cells an experiment plans at its defaults (no attack runs): every setting (a cell's
     config without its seed) is attacked with at least 3 seeds; --smoke keeps 1."""
     def per_setting(cells: dict[Any, dict[str, Any]]) -> Counter:
-        return Counter(json.dumps({k: v for k, v in c.items() if k != "seed"}, sort_keys=True, default=str)
-                       for c in cells.values())
+        # a text cell's --text sentence is its sample's held-out data, drawn by the seed like an image
+        return Counter(json.dumps({k: v for k, v in c.items() if k not in ("seed", "text")}, sort_keys=True,
+                                  default=str) for c in cells.values())
 
     full = per_setting(_plan(name, tmp_path / "full", monkeypatch))
     assert min(full.values()) >= 3, (name, sorted(full.values()))
@@ -282,9 +283,11 @@ def test_defenses_plans_trap_like_imprint_and_cpa_on_the_mlp_batch(tmp_path, mon
     result, _ = run_experiment("defenses", make_options(out=str(tmp_path / "d"), smoke=True, progress=False,
                                                         executor="inline"))
     assert {r["model"] for r in result.rows if r["attack"] == "cpa"} == {"mlp"}
-    assert {r["model"] for r in result.rows if r["attack"] != "cpa"} == {"lenet-dlg"}
+    assert {r["model"] for r in result.rows if r["attack"] == "text-dlg"} == {"tiny-transformer"}
+    assert {r["model"] for r in result.rows if r["attack"] not in ("cpa", "text-dlg")} == {"lenet-dlg"}
     assert dt.ATTACKS[:3] == ("dlg", "idlg", "imprint")   # the existing columns keep their order
-    assert {a for a, _, _ in planned} == set(dt.ATTACKS) == {"dlg", "idlg", "imprint", "trap", "cpa"}
+    assert {a for a, _, _ in planned} == set(dt.DEFAULT_ATTACKS) == {"dlg", "idlg", "imprint", "trap", "cpa",
+                                                                     "text-dlg"}
     for (a, i, s), cfg in planned.items():
         if a == "trap":
             imprint = planned[("imprint", i, s)]
@@ -294,10 +297,15 @@ def test_defenses_plans_trap_like_imprint_and_cpa_on_the_mlp_batch(tmp_path, mon
             assert (cfg["model"], cfg["batch_size"], cfg["allow_repeats"], cfg["split"]) == ("mlp", 16, True, "test")
             assert cfg["defense"] == planned[("idlg", i, s)]["defense"] and cfg["seed"] == planned[("idlg", i, s)]["seed"]
             assert "server" not in cfg
+        elif a == "text-dlg":   # issue 42: the text row, one held-out sentence (the sample's), the same defense
+            assert (cfg["attack"], cfg["modality"], cfg["model"]) == ("dlg", "text", "tiny-transformer")
+            assert cfg["text"] == [dt.text_sentence(cfg["seed"])] and cfg["text"][0] in dt.TEXT_POOL
+            assert cfg["defense"] == planned[("idlg", i, s)]["defense"] and cfg["seed"] == planned[("idlg", i, s)]["seed"]
+    assert len({dt.text_sentence(seed) for seed in range(8)}) > 4   # the samples' sentences differ
     settings = len(dt.SMOKE_SETTINGS)
     assert Counter(m for m, _ in trained) == {"lenet-dlg": settings, "mlp": settings}
     assert ("lenet-dlg", "none") in trained and ("mlp", "mlp-none") in trained   # the LeNet's names unchanged
-    with pytest.raises(ConfigError, match="dlg, idlg, imprint, trap and cpa; got --attacks ig"):
+    with pytest.raises(ConfigError, match="dlg, idlg, imprint, trap, cpa, text-dlg and text-tag; got --attacks ig"):
         run_experiment("defenses", make_options(out=str(tmp_path / "r"), smoke=True, progress=False, attacks=["ig"],
                                                 executor="inline"))
 
@@ -322,3 +330,18 @@ def test_optimizers_verdict_uses_the_common_leak_line_not_its_time_target(tmp_pa
     # adam below the line: converged or not, no defense was applied, so nothing is "defended"
     assert rows[("adam", "0")]["verdict"] == INCONCLUSIVE and rows[("adam", "1")]["verdict"] == INCONCLUSIVE
     assert rows[("sgd", "1")]["verdict"] == LEAKED
+
+
+@pytest.mark.parametrize("attacks, word", [("text-nope", "text attack"), ("nope", "attack")])
+def test_experiment_attacks_names_checked_before_anything_runs(attacks, word, tmp_path, capsys):
+    """--attacks text-NAME names a text attack (the defenses experiment's text rows): an unknown
+    one is one error line, exit 2, nothing written."""
+    from gradleak.cli import main
+    out = tmp_path / "d"
+    try:
+        code = main(["experiment", "defenses", "--smoke", "--attacks", attacks, "--out", str(out)])
+    except SystemExit as exc:
+        code = exc.code
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and f"unknown {word} 'nope'" in err[0], err
+    assert not out.exists()

@@ -51,6 +51,9 @@ def _check_written(result, folder: Path) -> list[dict[str, str]]:
     for fig in result.figures:
         assert (folder / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for r in result.rows:
+        if r.get("psnr") is None and r.get("token_accuracy") is not None:  # a text row (defenses: text-dlg)
+            assert 0 <= r["token_accuracy"] <= 1 and 0 <= r["rougeL"] <= 1 and r["exact_sentences"] in (0, 1)
+            continue
         assert math.isfinite(r["psnr"]) and 0 < r["psnr"] < 200
         assert -1 <= r["ssim"] <= 1
         if "mse" in r:
@@ -131,8 +134,20 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     assert "reconstructions.png" in result.figures   # the held-out image under every defense and attack
     assert result.columns[:7] == ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended"]
     # DLG: the rebuttal's attack; trap and cpa (issue 41): which defenses stop them
-    assert {r["attack"] for r in result.rows} == {"dlg", "idlg", "imprint", "trap", "cpa"}
+    assert {r["attack"] for r in result.rows} == {"dlg", "idlg", "imprint", "trap", "cpa", "text-dlg"}
     assert "cpa_reconstructions.png" in result.figures   # cpa's first batch under every defense
+    # issue 42: the text row (text DLG, tiny transformer, one held-out sentence of CPython's docs).
+    # Measured: exact undefended and under Gaussian 1e-4, fp16, int8; under Gaussian 0.1, Laplace 0.1
+    # and DP-SGD no token in place, the answer fits the defended update as well as the true sentence
+    # (relative distance 0.91-1.0) and the undefended control leaked: defended; prune 0.9 (not in
+    # the attacker's simulation): inconclusive
+    text = {r["spec"]: r for r in result.rows if r["attack"] == "text-dlg"}
+    for spec in ("", "gaussian:0.0001", "fp16", "int8"):
+        assert text[spec]["verdict"] == "leaked" and text[spec]["exact_sentences"] == 1, text[spec]
+    for spec in ("gaussian:0.1", "laplace:0.1", "dpsgd:clip=1,noise=1"):
+        assert text[spec]["verdict"] == "defended" and text[spec]["defended"] is True, text[spec]
+        assert text[spec]["token_accuracy"] < 0.5 and text[spec]["accuracy"] is None
+    assert text["prune:0.9"]["verdict"] == "inconclusive"
     # DLG on the same image (measured: none 52.4, gaussian 1e-4 54.0, fp16 52.2, int8 39.7 dB, leaked;
     # gaussian 0.1 5.2, laplace 0.1 4.7, prune 0.9 4.2, DP-SGD 3.8 dB, inconclusive, never defended)
     dlg = {r["spec"]: r for r in result.rows if r["attack"] == "dlg"}

@@ -29,6 +29,15 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
   a defense). The closed forms (imprint, trap, cpa) are judged by the same rule from their own
   evidence (their relative gradient distance; no iterations). ``defended`` per sample, and for a
   setting only when every sample is.
+- text (issue 42): gradleak's text DLG (``text-dlg``: the leaked bag of words plus the order
+  search) and, on request (``--attacks text-tag``), TAG, against the defended FedSGD update of the
+  ``tiny-transformer`` on one held-out sentence per sample (TEXT_POOL: CPython's own documentation,
+  sentences this project was never tuned on). The same defenses apply to the text update
+  (text/client.py: noise, pruning, fp16/int8, DP-SGD per sentence). Their verdict is outcome.py's
+  text rule (leaked: an exact sentence or >= TEXT_LEAK_TOKEN_ACCURACY of the tokens in place;
+  defended only with the same positive evidence as the images); no text model is trained here, so
+  their ``accuracy`` and ``epsilon`` are empty, and ``token_accuracy``, ``rougeL``,
+  ``exact_sentences`` replace PSNR/SSIM.
 
 Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused with the
 :mod:`gradleak.defenses` package; the experiment's name is ``defenses``.
@@ -37,13 +46,15 @@ Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused wi
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from typing import Any
 
 from ..report import save_line_plot
 from ..errors import ConfigError
 from ..models.server import DEFAULT_BINS
-from ..outcome import RECOGNISABLE_SSIM
+from ..outcome import RECOGNISABLE_SSIM, TEXT_LEAK_TOKEN_ACCURACY
+from ..text.data import python_docs_sentences
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import (DEFENDED, INCONCLUSIVE, LBFGS_INIT, LEAKED, VERDICT_COLUMNS, convergence_notes, converged_of,
@@ -76,7 +87,13 @@ INIT = LBFGS_INIT  # the attacker's start: mid-grey pixels (see common.py)
 # the attacks compared (--attacks): DLG (the rebuttal's), iDLG (its label restored exactly from the
 # update, so that a failure is the image's), a malicious server's imprint module and trap weights
 # (the same LeNet, the same image), and the Cocktail Party Attack (on CPA_MODEL, a batch of CPA_BATCH)
-ATTACKS = ("dlg", "idlg", "imprint", "trap", "cpa")
+ATTACKS = ("dlg", "idlg", "imprint", "trap", "cpa", "text-dlg", "text-tag")
+# what runs without --attacks: every attack but TAG (its undefended runs leak on some sentences
+# only, so its rows are mostly inconclusive: --attacks text-tag asks for them)
+DEFAULT_ATTACKS = ATTACKS[:-1]
+# the text rows: the experiment's name -> the text attack; one held-out sentence per sample
+TEXT_ATTACKS = {"text-dlg": "dlg", "text-tag": "tag"}
+TEXT_MODEL = "tiny-transformer"
 # CPA unmixes a batch from a fully connected first layer: the mlp (1024 pixels -> 1024 -> 10 at 32 px),
 # random initial weights like the other rows' LeNet, 16 held-out test images per sample (labels repeat:
 # 10 classes)
@@ -84,13 +101,15 @@ CPA_MODEL = "mlp"
 CPA_BATCH = 16
 # the malicious servers' blocks in front of the victim (closed-form attacks on the same image)
 SERVERS = {"imprint": "imprint", "trap": "trap"}
+# the text rows' held-out sentences (CPython's documentation, 16-45 characters)
+TEXT_POOL = python_docs_sentences(max_chars=45)
 
 
 @experiment("defenses")
 def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
     model, data, samples = st.model, st.data, st.samples
-    attacks = list(dict.fromkeys(opt.attacks or ATTACKS))
+    attacks = list(dict.fromkeys(opt.attacks or DEFAULT_ATTACKS))
     if not set(attacks) <= set(ATTACKS):
         raise ConfigError(f"defenses compares {', '.join(ATTACKS[:-1])} and {ATTACKS[-1]}; got --attacks "
                           f"{','.join(attacks)}")
@@ -104,7 +123,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     # (drawn by the seed).
     cells = ws.run(plan, run_folders=[(a, i, 0) for a in attacks for i in range(len(settings))])
     trained = _train(opt, ws, st, attacks, settings)   # the accuracy column (the cells attack untrained models)
-    rows = [_row(cells[key], key, settings, trained[(victim_of(key[0], model), key[1])], opt.seed)
+    rows = [_row(cells[key], key, settings, trained.get((victim_of(key[0], model), key[1])), opt.seed)
             for key in plan if cells[key].ok]
     summary = setting_summary(rows)
     figs = _figures(ws, attacks, settings, summary, cells, model, data)
@@ -116,6 +135,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "DP = dpsgd noise multiplier (clip 1)",
                "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
         + (_cpa_notes() if "cpa" in attacks else [])
+        + (_text_notes() if set(attacks) & set(TEXT_ATTACKS) else [])
         + convergence_notes(cells.values()) + inconclusive_notes(summary, cells, settings, samples)
         + contrast_notes(summary, attacks)
         + ["accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
@@ -127,13 +147,15 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
 
 
 COLUMNS = ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
-           "mse", "label_accuracy", "epsilon", "spec", "model", "images", "images_leaked"]
+           "mse", "label_accuracy", "epsilon", "spec", "model", "images", "images_leaked", "token_accuracy", "rougeL",
+           "exact_sentences"]
 
 
 def victim_of(attack: str, model: str) -> str:
     """The model an attack's rows attack and whose trained accuracy they report: CPA_MODEL for cpa,
-    else the experiment's model (imprint and trap: with the server's block in front of it)."""
-    return CPA_MODEL if attack == "cpa" else model
+    TEXT_MODEL for the text rows (not trained: no accuracy), else the experiment's model (imprint
+    and trap: with the server's block in front of it)."""
+    return CPA_MODEL if attack == "cpa" else TEXT_MODEL if attack in TEXT_ATTACKS else model
 
 
 def _train(opt: ExperimentOptions, ws: Workspace, st: Any, attacks: list[str],
@@ -144,7 +166,7 @@ def _train(opt: ExperimentOptions, ws: Workspace, st: Any, attacks: list[str],
 
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
     trained = {}
-    for victim in dict.fromkeys(victim_of(a, st.model) for a in attacks):
+    for victim in dict.fromkeys(victim_of(a, st.model) for a in attacks if a not in TEXT_ATTACKS):
         width = st.width if victim == st.model else None
         train_subset = (SMOKE_TRAIN_SUBSET if victim == st.model else SMOKE_CPA_TRAIN_SUBSET) if opt.smoke else 10_000
         for i, (name, strength, spec) in enumerate(settings):
@@ -161,9 +183,17 @@ def _row(cell: Any, key: tuple[str, int, int], settings: list[tuple[str, float |
          seed: int) -> dict[str, Any]:
     """One sample's row of results.csv: its setting, the victim's trained accuracy, the attack's
     scores and gradleak.outcome's verdict (a batch's: mean PSNR >= THRESHOLD_DB, or any image
-    recognisable, is leaked)."""
+    recognisable, is leaked; a sentence's: outcome.py's text rule)."""
     a, i, s = key
     name, strength, spec = settings[i]
+    if a in TEXT_ATTACKS:
+        m = cell.metrics
+        v = verdict_fields(cell, None)   # outcome.py's text rule: an exact sentence or enough tokens in place
+        return {"attack": a, "defense": name, "strength": strength, "accuracy": None, "psnr": None, "ssim": None,
+                "defended": v["verdict"] == DEFENDED, **v, "sample": s, "seed": seed + s, "mse": None,
+                "label_accuracy": m.get("label_accuracy"), "epsilon": None, "spec": spec or "", "model": TEXT_MODEL,
+                "images": None, "images_leaked": None, "token_accuracy": m.get("token_accuracy"),
+                "rougeL": m.get("rougeL"), "exact_sentences": m.get("exact_sentences")}
     epsilon = trained.epsilon
     m = cell.metrics
     v = verdict_fields(cell, m["psnr_mean"] >= THRESHOLD_DB)
@@ -173,7 +203,8 @@ def _row(cell: Any, key: tuple[str, int, int], settings: list[tuple[str, float |
             **v, "sample": s, "seed": seed + s, "mse": m["mse_mean"], "label_accuracy": m["label_accuracy"],
             "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None, "spec": spec or "",
             "model": cell.config.get("model"), "images": len(per),
-            "images_leaked": sum(1 for p in per if p["psnr"] >= THRESHOLD_DB or p["ssim"] >= RECOGNISABLE_SSIM)}
+            "images_leaked": sum(1 for p in per if p["psnr"] >= THRESHOLD_DB or p["ssim"] >= RECOGNISABLE_SSIM),
+            "token_accuracy": None, "rougeL": None, "exact_sentences": None}
 
 
 def _figures(ws: Workspace, attacks: list[str], settings: list[tuple[str, float | None, str | None]],
@@ -184,17 +215,28 @@ def _figures(ws: Workspace, attacks: list[str], settings: list[tuple[str, float 
     fig = "accuracy_vs_psnr.png"
     first = [r for r in summary if r["attack"] == attacks[0]]
     labels_x = [_short(r["defense"], r["strength"]) for r in first]
-    lines = {f"{a} PSNR (dB), mean": [r["psnr_mean"] for r in summary if r["attack"] == a] for a in attacks}
-    for victim in dict.fromkeys(victim_of(a, model) for a in attacks):
+    lines = {f"{a} PSNR (dB), mean": [r["psnr_mean"] for r in summary if r["attack"] == a]
+             for a in attacks if a not in TEXT_ATTACKS}
+    lines.update({f"{a} tokens in place (%), mean": [None if r["token_accuracy_mean"] is None
+                                                     else 100 * r["token_accuracy_mean"]
+                                                     for r in summary if r["attack"] == a]
+                  for a in attacks if a in TEXT_ATTACKS})
+    for victim in dict.fromkeys(victim_of(a, model) for a in attacks if a not in TEXT_ATTACKS):
         rows = [r for r in summary if r["attack"] == next(a for a in attacks if victim_of(a, model) == victim)]
         label = f"{victim} test accuracy (%)" if victim == model else f"{victim} (cpa) test accuracy (%)"
         lines[label] = [100 * r["accuracy"] for r in rows]
-    lines[f"threshold {THRESHOLD_DB:g} dB"] = [THRESHOLD_DB] * len(first)
-    on = ", ".join(dict.fromkeys(victim_of(a, model) + (" (cpa)" if a == "cpa" else "") for a in attacks))
+    image = [a for a in attacks if a not in TEXT_ATTACKS]
+    if image:
+        lines[f"threshold {THRESHOLD_DB:g} dB"] = [THRESHOLD_DB] * len(first)
+    if len(image) < len(attacks):
+        lines[f"text leak line {TEXT_LEAK_TOKEN_ACCURACY:.0%} of tokens"] = [100 * TEXT_LEAK_TOKEN_ACCURACY] * len(first)
+    on = [", ".join(dict.fromkeys(victim_of(a, model) + (" (cpa)" if a == "cpa" else "") for a in image)) + f" on {data}"
+          ] if image else []
+    on += [f"{TEXT_MODEL} on CPython's documentation"] if len(image) < len(attacks) else []
     save_line_plot(ws.out / fig, labels_x, lines, xlabel="defense", ylabel="dB / %",
-                   title=f"Defense trade-off, {on} on {data}")
+                   title=f"Defense trade-off, {'; '.join(on)}")
     figs = [fig]
-    single = [a for a in attacks if a != "cpa"]
+    single = [a for a in attacks if a != "cpa" and a not in TEXT_ATTACKS]
     if save_paired_rows(ws.out / "reconstructions.png",
                         [(a, [(_short(n, strength).replace("\n", " "), cells[(a, i, 0)])
                               for i, (n, strength, _) in enumerate(settings)]) for a in single]):
@@ -233,6 +275,13 @@ def _setup(opt: ExperimentOptions, st: Any, attacks: list[str],
         setup["trap"] = ("a malicious server sends the model with Boenisch et al.'s trap layer in front (--server trap: "
                          "its default rows and firing rate, calibrated on public photos); the client computes the same "
                          "defended update of the same image on it; the attack is closed-form (--attack trap)")
+    text = [a for a in attacks if a in TEXT_ATTACKS]
+    if text:
+        setup["text"] = (f"{', '.join(text)}: the text attacks {', '.join(TEXT_ATTACKS[a] for a in text)} "
+                         f"(--modality text, their defaults) on {TEXT_MODEL} (random init, seed 0) and one held-out "
+                         f"sentence per sample, drawn by the sample's seed from {len(TEXT_POOL)} sentences of CPython's "
+                         "documentation (pydoc_data); the same defended FedSGD update; no accuracy column (no text "
+                         "model is trained here)")
     if cpa:
         setup["cpa"] = (f"the Cocktail Party Attack (--attack cpa, closed-form ICA) on {CPA_MODEL} (random init, "
                         f"seed 0) and a batch of {CPA_BATCH} held-out test images per sample (labels may repeat), "
@@ -253,6 +302,14 @@ def _setup(opt: ExperimentOptions, st: Any, attacks: list[str],
     return setup
 
 
+def _text_notes() -> list[str]:
+    return [f"The text rows (text-dlg, text-tag) attack {TEXT_MODEL} on one held-out sentence per sample; leaked = "
+            f"the sentence comes back exactly or >= {TEXT_LEAK_TOKEN_ACCURACY:.0%} of its tokens in place "
+            "(outcome.py), defended only with the same positive evidence as the images (the answer explains the "
+            "defended update as well as the true sentence, and the undefended control leaked). Their accuracy "
+            "and epsilon columns are empty: no text model is trained here."]
+
+
 def _cpa_notes() -> list[str]:
     return [f"The cpa rows attack another model than the other rows: {CPA_MODEL} (a fully connected first layer, "
             f"which CPA needs) on a batch of {CPA_BATCH} held-out images per sample; their accuracy is that "
@@ -264,7 +321,7 @@ def _cpa_notes() -> list[str]:
 # "defended" here is the setting's (every sample defended), in place of the count of defended samples
 # that summary_columns has (samples - leaked - inconclusive): one column of that name, not two.
 SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"]
-                   + [c for c in summary_columns((), ("psnr",)) if c != "defended"]
+                   + [c for c in summary_columns((), ("psnr", "token_accuracy")) if c != "defended"]
                    + ["defended", "verdict", "epsilon", "spec", "model", "images", "images_leaked"])
 
 
@@ -273,14 +330,16 @@ def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``defended`` only when every sample is (the attack converged each time and never rebuilt the
     image), ``verdict`` leaked (any sample leaked) / defended / inconclusive."""
     out = []
-    for s in summarize(rows, ["attack", "defense", "strength", "spec"]):
+    for s in summarize(rows, ["attack", "defense", "strength", "spec"], values=("psnr", "token_accuracy")):
         first = next(r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"])
         defended = s["samples"] > 0 and s["defended"] == s["samples"]
         sel = [r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"]]
         out.append({**s, "accuracy": first["accuracy"], "epsilon": first["epsilon"], "defended": defended,
                     "verdict": LEAKED if s["leaked"] else ("defended" if defended else INCONCLUSIVE),
-                    "model": first.get("model"), "images": sum(r.get("images") or 0 for r in sel),
-                    "images_leaked": sum(r.get("images_leaked") or 0 for r in sel)})
+                    "model": first.get("model"),
+                    "images": None if s["attack"] in TEXT_ATTACKS else sum(r.get("images") or 0 for r in sel),
+                    "images_leaked": None if s["attack"] in TEXT_ATTACKS
+                    else sum(r.get("images_leaked") or 0 for r in sel)})
     return out
 
 
@@ -297,13 +356,23 @@ def inconclusive_notes(summary: list[dict[str, Any]], cells: dict[tuple[int, int
         base = ([converged_of(cells[(a, 0, k)].metrics) for k in range(samples) if cells[(a, 0, k)].ok]
                 if settings[0][2] is None else [])
         text = (f"{a}, {s['spec'] or s['defense']}: INCONCLUSIVE, not defended: {s['inconclusive']} of {s['samples']} "
-                f"samples' attacks did not converge (or recorded no verdict) and stayed below {THRESHOLD_DB:g} dB "
-                f"(mean PSNR {s['psnr_mean']:.2f} dB).")
+                f"samples' attacks did not converge (or recorded no verdict) and stayed below "
+                + (f"the text line (mean {score(s)})." if a in TEXT_ATTACKS
+                   else f"{THRESHOLD_DB:g} dB (mean PSNR {s['psnr_mean']:.2f} dB)."))
         if base:
-            text += (f" Without a defense the same attack on the same images converged in {sum(c is True for c in base)} "
+            data = "sentences" if a in TEXT_ATTACKS else "images"
+            text += (f" Without a defense the same attack on the same {data} converged in {sum(c is True for c in base)} "
                      f"of {len(base)} samples.")
         notes.append(text)
     return notes
+
+
+def score(s: dict[str, Any]) -> str:
+    """A summary row's mean score in its own unit: PSNR (images) or tokens in place (text)."""
+    if s["attack"] in TEXT_ATTACKS:
+        acc = s.get("token_accuracy_mean")
+        return "no tokens scored" if acc is None else f"{acc:.0%} of the tokens in place"
+    return "no PSNR" if s.get("psnr_mean") is None else f"{s['psnr_mean']:.1f} dB"
 
 
 def contrast_notes(summary: list[dict[str, Any]], attacks: list[str]) -> list[str]:
@@ -315,9 +384,9 @@ def contrast_notes(summary: list[dict[str, Any]], attacks: list[str]) -> list[st
         leaked = [a for a in attacks if a in rows and rows[a]["verdict"] == LEAKED]
         stopped = [a for a in attacks if a in rows and rows[a]["verdict"] != LEAKED]
         if stopped and leaked:
-            what = ", ".join(f"{a} ({rows[a]['verdict']}, {rows[a]['psnr_mean']:.1f} dB)" for a in stopped)
-            leaks = ", ".join(f"{a} ({rows[a]['psnr_mean']:.1f} dB)" for a in leaked)
-            notes.append(f"{spec or 'none'}: stops {what} but NOT {leaks}, which still rebuilds the image: this "
+            what = ", ".join(f"{a} ({rows[a]['verdict']}, {score(rows[a])})" for a in stopped)
+            leaks = ", ".join(f"{a} ({score(rows[a])})" for a in leaked)
+            notes.append(f"{spec or 'none'}: stops {what} but NOT {leaks}, which still rebuilds the data: this "
                          "defense does not protect the client from that attack.")
     return notes
 
@@ -326,6 +395,9 @@ def _cell(st: Any, attack: str, seed: int, **fields: Any) -> dict[str, Any]:
     """One sample's cell: the optimisation attack as the DLG-side experiments run it; the imprint
     or trap attack on the malicious server's model (closed-form: no optimisation constants); CPA
     on CPA_MODEL and a batch of CPA_BATCH (closed-form)."""
+    if attack in TEXT_ATTACKS:
+        return dict(attack=TEXT_ATTACKS[attack], modality="text", model=TEXT_MODEL, text=[text_sentence(seed)],
+                    seed=seed, **fields)
     if attack in SERVERS:
         return dict(attack=attack, server=SERVERS[attack], model=st.model, width=st.width, data=st.data, seed=seed,
                     split="test", batch_size=1, **fields)
@@ -333,6 +405,12 @@ def _cell(st: Any, attack: str, seed: int, **fields: Any) -> dict[str, Any]:
         return dict(attack="cpa", model=CPA_MODEL, data=st.data, seed=seed, split="test", batch_size=CPA_BATCH,
                     allow_repeats=True, **fields)
     return lbfgs_cell(replace(st, attack=attack), seed, log_points=10, split="test", batch_size=1, **fields)
+
+
+def text_sentence(seed: int) -> str:
+    """The held-out sentence of the sample with this seed (TEXT_POOL drawn by the seed; the --text
+    sentence of the text cells: a batch of one)."""
+    return TEXT_POOL[random.Random(seed).randrange(len(TEXT_POOL))]
 
 
 def _short(name: str, strength: float | None) -> str:

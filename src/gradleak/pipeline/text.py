@@ -17,6 +17,7 @@ from ..modalities import TEXT
 from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
+from ..text.inversion import truth_relative_distance
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
 from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
@@ -172,6 +173,12 @@ class TextCase(Case):
             if cfg.attack == "bow":  # no order: position-wise scores are not what it claims
                 for k in ("token_accuracy", "bleu", "rouge2", "rougeL", "exact_sentences"):
                     metrics[k] = None
+            elif "restricted_to_bag" in recon.extra:
+                # How well the true sentences explain the (defended) update, on the attack's own
+                # measure: an answer that fits worse is an optimisation failure (outcome.py)
+                bag_ids = [t for t in bag.token_ids if t not in special] if recon.extra["restricted_to_bag"] else None
+                metrics["truth_relative_distance"] = truth_relative_distance(
+                    self.model, self.update, truth.input_ids, truth.attention_mask, truth.labels, bag_ids)
         metrics["versions"] = versions(device)
         return metrics
 

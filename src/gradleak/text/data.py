@@ -115,4 +115,20 @@ def text_batch(sentences: Sequence[str], model: TextModel, batch_size: int, seed
                      source=source)
 
 
-__all__ = ["TextBatch", "read_sentences", "text_batch"]
+def python_docs_sentences(min_chars: int = 16, max_chars: int = 90) -> tuple[str, ...]:
+    """Declarative English sentences from CPython's own documentation (``pydoc_data.topics``, in
+    every Python installation: offline, and never used to tune gradleak's text attacks): letters,
+    spaces, commas, apostrophes and hyphens, a capital first and a full stop last, ``min_chars`` to
+    ``max_chars`` characters, each once, in the order they first occur. The set follows the Python
+    version's documentation (the same on every machine with the same Python)."""
+    import re
+
+    import pydoc_data.topics as topics
+    text = " ".join(topics.topics[k] for k in sorted(topics.topics))
+    out = dict.fromkeys(s.strip() for s in re.split(r"(?<=[.!?])\s+", text)
+                        if min_chars <= len(s.strip()) <= max_chars
+                        and re.fullmatch(r"[A-Z][A-Za-z ,'\-]+\.", s.strip()))
+    return tuple(out)
+
+
+__all__ = ["TextBatch", "python_docs_sentences", "read_sentences", "text_batch"]

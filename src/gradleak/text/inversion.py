@@ -275,6 +275,37 @@ class TextSimulator:
         return float(squared_l2([g.detach() for g in got], self.target))
 
 
+def truth_relative_distance(model: TextModel, update: SharedUpdate, truth_ids: torch.Tensor, mask: torch.Tensor,
+                            labels: torch.Tensor, bag_ids: list[int] | None) -> float | None:
+    """How well the client's true sentences explain the (defended) update, on the text DLG
+    attacks' own measure (``_TextDLG.score`` over their final sentences: the squared l2 gradient
+    distance over the tensors they match, relative to the update's squared norm), in float64.
+
+    ``bag_ids``: the content tokens the attack restricted itself to (its simulator then also
+    matches those rows of the word-embedding gradient, with [CLS]'s and [SEP]'s; a true token
+    outside them still moves the other tensors, and its own row is not matched); None: free
+    embeddings (the word-embedding gradient not matched). None when the update has no norm."""
+    tok = model.tokenizer
+    real = sorted(set(truth_ids[mask.bool()].tolist()))
+    rows = None if bag_ids is None else [tok.cls_id, tok.sep_id, *bag_ids]
+    matched = None if rows is None else len(rows)
+    if rows is not None:
+        rows = rows + [t for t in real if t not in rows]   # the truth's other tokens: simulated, not matched
+    sim = TextSimulator(model, update, rows=rows, dtype=torch.float64, device=torch.device("cpu"))
+    ids = torch.where(mask.bool(), truth_ids, torch.full_like(truth_ids, tok.sep_id))  # padding: masked
+    if rows is None:
+        inputs = update.global_weights[model.word_embedding].to(torch.float64)[ids]
+    else:
+        index = {t: i for i, t in enumerate(rows)}
+        inputs = F.one_hot(ids.clone().apply_(lambda t: index[t]), len(rows)).to(torch.float64)
+    got = [g.detach() for g in sim(inputs, mask, labels, create_graph=False)]
+    target = list(sim.target)
+    if matched is not None:
+        got[-1], target[-1] = got[-1][:matched], target[-1][:matched]
+    scale = float(sum(float(t.pow(2).sum()) for t in target))
+    return float(squared_l2(got, target)) / scale if scale > 0 else None
+
+
 def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)  # labels: [K] classes or [K, C] probabilities
 

