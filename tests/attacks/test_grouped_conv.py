@@ -103,3 +103,19 @@ def test_autocast_runs_in_the_autocast_dtype() -> None:
             grads.append(torch.autograd.grad(_objective(net, params, x, target, routed), [x])[0].float())
     assert torch.isfinite(grads[1]).all()
     assert float((grads[1] - grads[0]).norm() / grads[0].norm()) < 0.05
+
+
+def test_mode_reads_keywords_and_torch_conv2d_and_keeps_dtypes() -> None:
+    """The mode parses F.conv2d's keywords and torch.conv2d alike; the output dtype is torch's
+    (float64 untouched by bfloat16 autocast, the bias in the conv's dtype)."""
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    w = torch.randn(4, 2, 3, 3, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64)
+    ref = F.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2)
+    with grouped_convolutions():
+        got = [F.conv2d(input=x, weight=w, bias=b, stride=(2, 1), padding=1, groups=2),
+               torch.conv2d(x, w, b, (2, 1), 1, 1, 2)]
+    assert all(torch.allclose(g, ref, rtol=1e-12, atol=1e-12) for g in got)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert grouped_conv2d(x, w, b, 1, 1, 1, 2).dtype == torch.float64
+        assert grouped_conv2d(x.float(), w.float(), b.float(), 1, 1, 1, 2).dtype == torch.bfloat16

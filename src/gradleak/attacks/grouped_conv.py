@@ -106,14 +106,14 @@ def grouped_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     runs in the autocast dtype (as torch's would), both passes alike."""
     args = (_pair(stride), _pair(padding), _pair(dilation), int(groups))
     device = x.device.type
-    if torch.is_autocast_enabled(device):
+    if torch.is_autocast_enabled(device) and x.dtype != torch.float64:  # autocast leaves float64 alone
         dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):
             y = _GroupedConv.apply(x.to(dtype), weight.to(dtype), *args)
     else:
         y = _GroupedConv.apply(x, weight, *args)
     if bias is not None:
-        y = y + bias.view(1, -1, 1, 1)
+        y = y + bias.to(y.dtype).view(1, -1, 1, 1)
     return y
 
 

@@ -355,10 +355,12 @@ def inconclusive_notes(summary: list[dict[str, Any]], cells: dict[tuple[int, int
         a = s["attack"]
         base = ([converged_of(cells[(a, 0, k)].metrics) for k in range(samples) if cells[(a, 0, k)].ok]
                 if settings[0][2] is None else [])
+        line = "the text line" if a in TEXT_ATTACKS else f"{THRESHOLD_DB:g} dB"
+        # why each sample is inconclusive is its own verdict_reason (results.csv): not converged,
+        # the truth fits better, no yardstick (pruning, clipping), or a control that did not leak
         text = (f"{a}, {s['spec'] or s['defense']}: INCONCLUSIVE, not defended: {s['inconclusive']} of {s['samples']} "
-                f"samples' attacks did not converge (or recorded no verdict) and stayed below "
-                + (f"the text line (mean {score(s)})." if a in TEXT_ATTACKS
-                   else f"{THRESHOLD_DB:g} dB (mean PSNR {s['psnr_mean']:.2f} dB)."))
+                f"samples inconclusive ({s['non_converged']} did not converge), none above {line} (mean {score(s)}); "
+                "each sample's reason is its verdict_reason in the run folders.")
         if base:
             data = "sentences" if a in TEXT_ATTACKS else "images"
             text += (f" Without a defense the same attack on the same {data} converged in {sum(c is True for c in base)} "

@@ -286,6 +286,7 @@ def truth_relative_distance(model: TextModel, update: SharedUpdate, truth_ids: t
     outside them still moves the other tensors, and its own row is not matched); None: free
     embeddings (the word-embedding gradient not matched). None when the update has no norm."""
     tok = model.tokenizer
+    truth_ids, mask, labels = truth_ids.cpu(), mask.cpu(), labels.cpu()   # the simulation runs on the CPU
     real = sorted(set(truth_ids[mask.bool()].tolist()))
     rows = None if bag_ids is None else [tok.cls_id, tok.sep_id, *bag_ids]
     matched = None if rows is None else len(rows)
@@ -294,7 +295,7 @@ def truth_relative_distance(model: TextModel, update: SharedUpdate, truth_ids: t
     sim = TextSimulator(model, update, rows=rows, dtype=torch.float64, device=torch.device("cpu"))
     ids = torch.where(mask.bool(), truth_ids, torch.full_like(truth_ids, tok.sep_id))  # padding: masked
     if rows is None:
-        inputs = update.global_weights[model.word_embedding].to(torch.float64)[ids]
+        inputs = update.global_weights[model.word_embedding].to("cpu", torch.float64)[ids]
     else:
         index = {t: i for i, t in enumerate(rows)}
         inputs = F.one_hot(ids.clone().apply_(lambda t: index[t]), len(rows)).to(torch.float64)
