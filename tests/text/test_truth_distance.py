@@ -81,3 +81,21 @@ def test_equals_the_attacks_own_score_of_the_true_sentences(case, restricted):
     got = truth_relative_distance(model, update, batch.input_ids, batch.attention_mask, batch.labels,
                                   bag if restricted else None)
     assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_text_noise_floor_is_measured_on_the_attacks_tensors(case):
+    """The verdict's floor for a text attack (TextCase.matched): the noise on the tensors the
+    attack matches, in the units of its relative distance; the whole update's floor is dominated
+    by the noise on the word-embedding matrix's other rows (here 0.98 against a truth of 0.49)."""
+    from gradleak.defenses.floor import noise_floor
+
+    model, batch = case
+    update = text_share(model, batch, ThreatModel("fedsgd"), defenses=["gaussian:0.01"], seed=0)
+    tok, w = model.tokenizer, model.word_embedding
+    bag = [t for t in bag_of_words(update, model).token_ids if t not in tok.special_ids]
+    matched = {n: None for n in update.gradients if n != w}
+    matched[w] = [tok.cls_id, tok.sep_id, *bag]
+    truth = _distance(model, update, batch, restricted=True)
+    floor = noise_floor(update, matched)
+    assert abs(floor.mean - truth) <= floor.tolerance + 0.1 * truth, (floor, truth)
+    assert noise_floor(update).mean > 1.5 * truth

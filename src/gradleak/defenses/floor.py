@@ -18,6 +18,7 @@ zero floor errs on "inconclusive", never on "defended".
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -45,12 +46,22 @@ class NoiseFloor:
         return not self.modelled and not self.unmodelled
 
 
-def noise_floor(update: SharedUpdate) -> NoiseFloor:
-    """The floor of ``update`` from its recorded defenses (empty when it records none)."""
+def noise_floor(update: SharedUpdate, matched: Mapping[str, Sequence[int] | None] | None = None) -> NoiseFloor:
+    """The floor of ``update`` from its recorded defenses (empty when it records none).
+
+    ``matched``: the shared tensors an attack's relative distance is measured on, when not all of
+    them (name -> None: the whole tensor, or the row indices it matches; the text attacks leave the
+    word-embedding matrix out, or match only the leaked words' rows): the floor is then theirs, in
+    the same units as the answer's distance. int8's grid is read off the rows given (at most as
+    coarse as the client's: a lower floor, which errs on "inconclusive")."""
     specs = list(update.meta.defenses or [])
     if not specs:
         return NoiseFloor()
-    shared = [t.detach() for t in update.gradients.values()]
+    if matched is None:
+        shared = [t.detach() for t in update.gradients.values()]
+    else:
+        shared = [(g if rows is None else g[list(rows)]).detach()
+                  for name, rows in matched.items() if (g := update.gradients.get(name)) is not None]
     norm2 = sum(float(t.double().pow(2).sum()) for t in shared)
     entries = sum(t.numel() for t in shared)
     threat = update.meta.threat if isinstance(update.meta.threat, dict) else {}

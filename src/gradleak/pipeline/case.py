@@ -49,6 +49,12 @@ class Case(ABC):
         """What watches the attack (against the truth it holds), or None without a truth. It
         has ``points`` {iteration: value}, ``get_state()`` and ``set_state(dict)``."""
 
+    def matched(self, recon: Any) -> dict[str, list[int] | None] | None:
+        """The shared tensors the attack's relative distance was measured on, when not all of
+        them (name -> None: the whole tensor, or the rows): the noise floor is then computed on
+        those (defenses/floor.py). None: every shared tensor."""
+        return None
+
     def undefended(self) -> "Case":
         """The positive control's case for an update file: the same model and true data shared
         without the defenses (ConfigError where the files do not determine it)."""

@@ -182,7 +182,7 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     # what ran: the typed attack config, every constant included
     metrics["settings"] = {**recon.extra.get("settings", {}), **attack.model_dump()}
     # the verdict, from the attacker's side only (attacks/verdict.py)
-    conv = verdict(case.spec.verdict_family or family, recon.extra, noise_floor(case.update)).to_dict()
+    conv = verdict(case.spec.verdict_family or family, recon.extra, noise_floor(case.update, case.matched(recon))).to_dict()
     clients = case.update.meta.threat.get("clients", 1) if isinstance(case.update.meta.threat, dict) else 1
     if not conv["converged"] and family in ("dlg", "idlg") and int(clients or 1) > 1:
         conv["reason"] += (f"; {family} attacks the average of {clients} clients as one batch of all their images "

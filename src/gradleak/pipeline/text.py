@@ -182,6 +182,19 @@ class TextCase(Case):
         metrics["versions"] = versions(device)
         return metrics
 
+    def matched(self, recon: Any) -> dict[str, list[int] | None] | None:
+        """Text DLG and TAG match every shared tensor but the word-embedding matrix, and of it
+        only the rows of [CLS], [SEP] and the leaked words when restricted to the bag
+        (TextSimulator); bow matches nothing (None: its verdict reads no distance)."""
+        if "restricted_to_bag" not in recon.extra:
+            return None
+        w = self.model.word_embedding
+        out: dict[str, list[int] | None] = {n: None for n in self.update.gradients if n != w}
+        if recon.extra["restricted_to_bag"]:
+            tok = self.model.tokenizer
+            out[w] = [tok.cls_id, tok.sep_id, *(t for t in recon.bag.token_ids if t not in tok.special_ids)]
+        return out
+
     def write_files(self, folder: Path, recon: Any) -> None:
         tok = self.model.tokenizer
         (folder / "reconstruction.json").write_text(json.dumps(jsonable({
