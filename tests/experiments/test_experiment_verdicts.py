@@ -345,3 +345,16 @@ def test_experiment_attacks_names_checked_before_anything_runs(attacks, word, tm
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(err) == 1 and f"unknown {word} 'nope'" in err[0], err
     assert not out.exists()
+
+
+def test_defenses_default_leaves_the_text_row_out_without_the_text_extra(tmp_path, monkeypatch):
+    """Without gradleak[text] the default plans no text cell (they could only fail) and says why."""
+    from gradleak.experiments import defense_tradeoff as dt
+
+    monkeypatch.setattr(dt, "text_extra", lambda: False)
+    planned = _plan("defenses", tmp_path, monkeypatch, smoke=True)
+    assert {c["attack"] for c in planned.values()} == {"dlg", "idlg", "imprint", "trap", "cpa"}
+    assert not any(c.get("modality") == "text" for c in planned.values())
+    monkeypatch.setattr(dt, "text_extra", lambda: True)
+    planned = _plan("defenses", tmp_path / "with", monkeypatch, smoke=True)
+    assert any(c.get("modality") == "text" for c in planned.values())

