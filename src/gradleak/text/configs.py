@@ -54,7 +54,9 @@ def resolve_text_attack(values: Mapping[str, Any], model: TextModel, batch_size:
             raise ConfigError(f"option --{name.replace('_', '-')} does not apply to text attack {attack!r}")
     spec = TEXT_ATTACK_CONFIGS[attack].spec
     defaults = spec.defaults_for(model.name)
-    resolved: dict[str, Any] = {k: values[k] if values.get(k) is not None else defaults.get(k) for k in known}
+    # the flag given, else the model's default, else the flag's own declared default
+    resolved: dict[str, Any] = {k: values[k] if values.get(k) is not None else
+                                defaults.get(k, spec.flags[k].default) for k in known}
     if spec.resolve:
         # spec.module names a file of gradleak's own text attack package (specs.attack_specs), never a
         # name read from a run's input: ``attack`` was checked against TEXT_ATTACK_CONFIGS above
@@ -78,6 +80,8 @@ def run_text_attack(name: str, update: SharedUpdate, model: TextModel,
               "search_evaluations": settings.search_evaluations}
     if settings.l1_weight is not None:  # TAG's alpha (the other text attacks have no such flag)
         values["l1_weight"] = settings.l1_weight
+    if settings.beam_width is not None:  # DAGER's beam
+        values["beam_width"] = settings.beam_width
     config = resolve_text_attack(values, model, int(update.meta.batch_size))
     if engine is None:
         engine = Engine(device=settings.device, observer=observer, log_every=settings.log_every,

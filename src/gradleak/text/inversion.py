@@ -85,6 +85,7 @@ class TextAttackSettings:
     labels: str | None = None
     search_evaluations: int | None = None
     l1_weight: float | None = None   # TAG: alpha of the l1 term beside DLG's squared l2 (None / 0: DLG's alone)
+    beam_width: int | None = None    # DAGER: prefixes its sentence search keeps (None: its default)
 
     def unresolved(self) -> list[str]:
         """The constants still None (the attack's typed config fills them all)."""

@@ -191,6 +191,38 @@ class TextModel:
             return out.logits
         return functional_call(self.module, (params, buffers), (inputs_embeds, attention_mask))
 
+    def attention_weights(self, layer: int) -> list[str]:
+        """The names of encoder block ``layer``'s query/key/value weight matrices: their gradients
+        are sum_t delta_t z_t^T, z_t the block's inputs (the span DAGER tests)."""
+        if self.name == "minilm":
+            pre = f"bert.encoder.layer.{layer}.attention.self."
+            return [f"{pre}{n}.weight" for n in ("query", "key", "value")]
+        return [f"blocks.{layer}.qkv.weight"]
+
+    def block_inputs(self, params: dict[str, torch.Tensor], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     layer: int) -> torch.Tensor:
+        """The inputs z [K, L, dim] of encoder block ``layer`` (0: the embedding LayerNorm's output)
+        for token ids [K, L] under ``params`` (name -> tensor; the global weights), computed as the
+        full model computes them (held equal to its hidden states, tests/text)."""
+        def sub(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        if self.name == "minilm":
+            bert = self.module.bert
+            h = functional_call(bert.embeddings, sub("bert.embeddings."), (), {"input_ids": input_ids})
+            blocks = [(f"bert.encoder.layer.{i}.", bert.encoder.layer[i]) for i in range(layer)]
+        else:
+            w = params[self.word_embedding][input_ids] + params[self.position_embedding][:input_ids.shape[1]]
+            h = functional_call(self.module.embed_norm, sub("embed_norm."), (w,))
+            blocks = [(f"blocks.{i}.", self.module.blocks[i]) for i in range(layer)]
+        key_bias = (1.0 - attention_mask.to(h.dtype)) * torch.finfo(h.dtype).min
+        for prefix, block in blocks:
+            if self.name == "minilm":
+                out = functional_call(block, sub(prefix), (h,), {"attention_mask": key_bias[:, None, None, :]})
+                h = out[0] if isinstance(out, tuple) else out
+            else:
+                h = functional_call(block, sub(prefix), (h, key_bias))
+        return h
+
 
 def _tiny(num_classes: int, seed: int) -> TextModel:
     tok = wordpiece_tokenizer()

