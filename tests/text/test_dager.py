@@ -73,8 +73,10 @@ def test_noise_makes_it_inexact_not_wrong_and_fedavg_is_refused(minilm, pair):
     gen = torch.Generator().manual_seed(0)
     noisy = type(update)(gradients={n: g + 1e-3 * torch.randn(g.shape, generator=gen) for n, g in
                                     update.gradients.items()}, global_weights=update.global_weights, meta=update.meta)
-    recon = run_text_attack("dager", noisy, minilm, TextAttackSettings(beam_width=4))
+    recon = run_text_attack("dager", noisy, minilm, TextAttackSettings())
     assert not recon.extra["exact"] and "not exact" in recon.extra["why_not_exact"]
+    assert recon.extra["beam_passes"] == 0 and recon.extra["verified"] == 0   # no search on a noisy update
+    assert len(recon.token_ids) == 2 and all(len(s) > 2 for s in recon.token_ids)
     two_steps = text_share(minilm, batch, ThreatModel(name="fedavg", local_steps=2, local_lr=0.01))
     with pytest.raises(GradleakError, match="one gradient"):
         run_text_attack("dager", two_steps, minilm, TextAttackSettings())

@@ -30,7 +30,8 @@ it is one of the batch's.
 
 Where it stops (reported in ``extra``): the span test needs the batch's token count below the
 width (MiniLM 384, the tiny transformer 32) and an exact update (noise, pruning or quantisation
-break the rank: the reconstruction is then inexact and the verdict inconclusive). On MiniLM the
+break the rank: no search runs on a noisy update, the reconstruction is the bag dealt
+round-robin, inexact, and the verdict inconclusive). On MiniLM the
 layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
 LayerNorm of word + position sums spans |bag| + L dimensions), so from 8 sentences the beam
 searches the whole bag at every position and recovers what its width allows. FedAvg with more
@@ -181,11 +182,15 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     content = [t for t in bag.token_ids if t not in tok.special_ids] or [tok.unk_id]
     spans = _Spans(model, update)
 
-    # 1. the position-aware token filter of block 0 (content tokens and [SEP] at positions 1..L-1)
+    # 1. the position-aware token filter of block 0 (content tokens and [SEP] at positions 1..L-1).
+    # A noisy or pruned update has no exact low rank: nothing to filter or verify (and its bag may be
+    # thousands of rows), so no search runs; the guesses are then the bag dealt round-robin.
     vocab = [*content, tok.sep_id]
-    res0 = spans.token_filter(vocab, length)
-    passes = res0 < TAU
-    candidates = [[v for i, v in enumerate(vocab) if passes[i, p]] for p in range(length)]
+    if bag.exact:
+        passes = spans.token_filter(vocab, length) < TAU
+        candidates = [[v for i, v in enumerate(vocab) if passes[i, p]] for p in range(length)]
+    else:
+        candidates = [[] for _ in range(length)]
     filtered = [len(c) for c in candidates[1:]]
 
     # 2-3. the beam over positions, each prefix closed by [SEP]; closed sentences verified. A further
@@ -197,7 +202,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     passes_run = 0
     with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
         task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
-        while passes_run < PASSES and len(verified) < k:
+        while bag.exact and passes_run < PASSES and len(verified) < k:
             before = len(verified)
             known = {s[:i] for s in verified for i in range(2, len(s))}
             beams = _beam_pass(spans, candidates, length, beam_width, tok, verified, closed, known,
@@ -209,10 +214,10 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
 
     found = sorted(verified, key=lambda s: verified[s])[:k]
     guesses = sorted((s for s in closed if s not in verified), key=lambda s: closed[s])
-    guesses += [tuple(b + [tok.sep_id]) for b in beams if tuple(b + [tok.sep_id]) not in closed]
+    guesses += [tuple(b + [tok.sep_id]) for b in beams if len(b) > 1 and tuple(b + [tok.sep_id]) not in closed]
     sentences = [list(s) for s in found] + [list(s) for s in guesses[:k - len(found)]]
-    while len(sentences) < k:   # nothing closed at all (no [SEP] passed): the leaked length, unordered
-        sentences.append([tok.cls_id, *content[:max(1, length - 2)], tok.sep_id])
+    for i in range(len(sentences), k):   # nothing closed (no [SEP] passed, or no search): the bag, unordered
+        sentences.append([tok.cls_id, *(content[i::k] or content[:1]), tok.sep_id])
     labels = bias_labels(update, model) if k == 1 else torch.zeros(k, dtype=torch.long)
     why = None
     if not bag.exact:
