@@ -132,9 +132,8 @@ class _Spans:
 
 
 def _refuse_unless_one_gradient(update: SharedUpdate) -> None:
-    threat = ThreatModel.from_record(update.meta.threat)
-    inner = threat.inner if getattr(threat, "inner", None) is not None else threat
-    if max(threat.local_steps, getattr(inner, "local_steps", 1)) > 1:
+    threat = ThreatModel.from_record(update.meta.threat)   # an aggregate's clients: client_threat
+    if threat.client_threat == "fedavg" and threat.local_steps > 1:
         raise GradleakError("dager needs one gradient (FedSGD, or FedAvg with one local step): after several "
                             "local steps the update's span is not the span of the inputs at one set of weights; "
                             "use the text dlg attack")
