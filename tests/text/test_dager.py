@@ -66,6 +66,10 @@ def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
                       minilm.tokenizer)
     assert m.exact_sentences == 2 and m.rouge1 == m.rouge2 == m.rougeL == 1.0
     assert all(r["exact"] for r in m.per_sentence)
+    # a beam of one: whatever it misses is an unverified guess, never an empty sentence
+    narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
+    assert len(narrow.token_ids) == 2 and all(len(s) > 2 for s in narrow.token_ids)
+    assert narrow.extra["exact"] == (narrow.extra["verified"] == 2) == (narrow.extra["why_not_exact"] is None)
 
 
 def test_noise_makes_it_inexact_not_wrong_and_fedavg_is_refused(minilm, pair):

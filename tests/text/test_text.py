@@ -227,6 +227,10 @@ def test_metrics_definitions():
     assert token_accuracy([[1, 2, 3, 4]], [[1, 3, 2, 4]]) == 0.5
     assert token_set_scores([[1, 2, 3]], [[1, 2, 9, 9]]) == (2 / 3, 2 / 3)
     assert pair_sentences([[1, 2, 3], [7, 8]], [[7, 8], [1, 2, 0]]) == [1, 0]
+    # a tie on position-wise matches (5 either way): the exact reconstruction keeps its sentence
+    for order in ([[1, 2, 9], [1, 2, 3]], [[1, 2, 3], [1, 2, 9]]):
+        perm = pair_sentences([[1, 2, 3], [1, 2, 3, 7, 7]], order)
+        assert order[perm[0]] == [1, 2, 3]
 
 
 # ----------------------------------------------------------------------------- CLI

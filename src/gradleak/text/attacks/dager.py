@@ -29,17 +29,21 @@ it is one of the batch's.
    unverified guesses and counted apart (``verified`` vs the batch size).
 
 Where it stops (reported in ``extra``): the span test needs the batch's token count below the
-width (MiniLM 384, the tiny transformer 32) and an exact update (noise, pruning or quantisation
-break the rank: no search runs on a noisy update, the reconstruction is the bag dealt
-round-robin, inexact, and the verdict inconclusive). On MiniLM the
+width (MiniLM 384, the tiny transformer 32) and an exact update. Noise breaks the rank and the
+bag: no search runs, the reconstruction is the bag dealt round-robin, inexact, and the verdict
+inconclusive. Pruning and quantisation keep the bag exact but break the low rank: the search
+runs and verifies nothing (measured: prune 0.5, int8, fp16 on two sentences), so the answer is
+inexact and says so. On MiniLM the
 layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
 LayerNorm of word + position sums spans |bag| + L dimensions), so from 8 sentences the beam
 searches the whole bag at every position and recovers what its width allows. FedAvg with more
 than one local step is refused (the update is no longer one gradient: its span is not the
 inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
 token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
-9 tokens, so nothing can be verified there (``why_not_exact`` says so). Labels: the classifier bias rule for one sentence; for a
-batch DAGER recovers none (``label_method`` "none").
+9 tokens, so its span misses inputs and most sentences cannot be verified there (the beam's
+guess may still be right; ``why_not_exact`` names the ranks). Labels: the classifier bias rule
+for one sentence; for a batch DAGER recovers none (``label_method`` "none"). ``exact`` is true
+only when exactly the batch size of distinct sentences was verified and nothing else is amiss.
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ def _beam_pass(spans: _Spans, candidates: list[list[int]], length: int, width: i
     cost = torch.zeros(1, dtype=torch.float64)
     for p in range(1, length):
         if tok.sep_id in candidates[p]:   # the beams closed here: verified as whole sentences
-            shut = [b + [tok.sep_id] for b in beams if tuple(b + [tok.sep_id]) not in closed]
+            shut = [b + [tok.sep_id] for b in beams if len(b) > 1 and tuple(b + [tok.sep_id]) not in closed]
             if shut:
                 for s, w in zip(shut, spans.sentences(shut).amax(-1).tolist(), strict=True):
                     closed[tuple(s)] = w
@@ -178,7 +182,8 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     k = int(update.meta.batch_size)
     bag: BagOfWords = bag_of_words(update, model)
     length = bag.length if bag.length is not None and bag.length >= 3 else min(model.max_length, 32)
-    content = [t for t in bag.token_ids if t not in tok.special_ids] or [tok.unk_id]
+    # [UNK] and [MASK] may be a sentence's tokens; [PAD] never is, [CLS] and [SEP] have fixed places
+    content = [t for t in bag.token_ids if t not in (tok.pad_id, tok.cls_id, tok.sep_id)] or [tok.unk_id]
     spans = _Spans(model, update)
 
     # 1. the position-aware token filter of block 0 (content tokens and [SEP] at positions 1..L-1).
@@ -212,7 +217,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                 break
 
     found = sorted(verified, key=lambda s: verified[s])[:k]
-    guesses = sorted((s for s in closed if s not in verified), key=lambda s: closed[s])
+    guesses = sorted((s for s in closed if s not in verified and len(s) > 2), key=lambda s: closed[s])
     guesses += [tuple(b + [tok.sep_id]) for b in beams if len(b) > 1 and tuple(b + [tok.sep_id]) not in closed]
     sentences = [list(s) for s in found] + [list(s) for s in guesses[:k - len(found)]]
     for i in range(len(sentences), k):   # nothing closed (no [SEP] passed, or no search): the bag, unordered
@@ -220,19 +225,22 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     labels = bias_labels(update, model) if k == 1 else torch.zeros(k, dtype=torch.long)
     why = None
     if not bag.exact:
-        why = "the update is not exact (noise or pruning): the span tests need the gradient's exact low rank"
-    elif spans.rank1 < spans.rank0:
-        why = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses some of "
-               "the batch's inputs (too few output directions reach the loss), so no sentence can be verified")
+        why = "the update is not exact (noise): the span tests need the gradient's exact low rank"
+    elif len(verified) > k:   # only k distinct sentences exist: a verification was wrong
+        why = f"{len(verified)} sentences verified for a batch of {k}: the span test is not conclusive here"
     elif len(found) < k:
-        why = (f"{len(found)} of {k} sentences verified (beam width {beam_width}; block-0 candidates per "
-               f"position {min(filtered) if filtered else 0}-{max(filtered) if filtered else 0} of {len(vocab)})")
+        cause = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses "
+                 "some of the batch's inputs" if spans.rank1 < spans.rank0 else
+                 f"beam width {beam_width}; block-0 candidates per position "
+                 f"{min(filtered) if filtered else 0}-{max(filtered) if filtered else 0} of {len(vocab)}")
+        why = (f"{len(found)} of {k} sentences verified ({cause}; a pruned or quantised update breaks the low rank "
+               f"too: ranks {spans.rank0}/{spans.rank1})")
     wall = time.perf_counter() - t0
     return TextReconstruction(
         token_ids=sentences, labels=labels, bag=bag,
         history=[{"iteration": 1, "loss": float("nan"), "phase": "dager"}], iterations=1, wall_seconds=wall,
         label_method="bias" if k == 1 else "none",
-        extra={"analytic": True, "exact": bool(bag.exact and len(found) == k), "why_not_exact": why,
+        extra={"analytic": True, "exact": why is None, "why_not_exact": why,
                "verified": len(found), "verified_max_residual": max(verified[s] for s in found) if found else None,
                "rank_layer0": spans.rank0, "rank_layer1": spans.rank1, "width": model.dim,
                "tokens_in_batch_bound": k * length, "bag": len(content), "sentence_length": length,
