@@ -16,7 +16,10 @@ at 16; mean ROUGE-1 1.0, 1.0, 0.85, 0.48, 0.32; no sentence the attack verified 
 exact). Block 1's rank equals the token count in every batch (the premise holds up to 199 tokens
 of the width 384); block 0's filter leaves 1-2 candidates a position at batch 2, up to 16 at 4,
 and the whole bag (53-110) from 8. The losses are the beam's: true prefixes drop out in their
-first 2-4 positions.
+first 2-4 positions. Measured before that day's review fixes (a guess is never the empty [CLS] [SEP];
+[UNK]/[MASK] stay sentence tokens; exact reconstructions keep their sentence in the pairing): none
+of them changes what is verified (no sentence of this pool holds [UNK] or [MASK]), and every batch
+here had exact == verified.
 """
 
 from __future__ import annotations
