@@ -40,12 +40,12 @@ def test_text_attacks_derive_from_their_specs():
     from gradleak.text.configs import TEXT_ATTACK_CONFIGS, TEXT_FLAT_FIELDS
 
     declared = specs.attack_specs("text")
-    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dager", "dlg", "dlg-free", "tag"}
+    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dager", "dlg", "dlg-free", "lamp", "tag"}
     assert declared["dlg"].module == "gradleak.text.attacks.dlg" and specs.attack_specs()["dlg"].module == \
         "gradleak.attacks.dlg"
     assert CONVERGED_BELOW["text"] == declared["dlg"].converged_below == 1e-4
     assert TEXT_FLAT_FIELDS == ("beam_width", "iterations", "lr", "optimizer", "dtype", "labels",
-                                "search_evaluations", "l1_weight")
+                                "search_evaluations", "lm_weight", "discrete_every", "discrete_candidates", "l1_weight")
     for flag in TEXT_FLAT_FIELDS:
         assert flag in AttackConfig.model_fields and flag in FLAT_FIELDS
     assert declared["dlg"].defaults_for("minilm")["iterations"] == 50

@@ -86,6 +86,9 @@ class TextAttackSettings:
     search_evaluations: int | None = None
     l1_weight: float | None = None   # TAG: alpha of the l1 term beside DLG's squared l2 (None / 0: DLG's alone)
     beam_width: int | None = None    # DAGER: prefixes its sentence search keeps (None: its default)
+    lm_weight: float | None = None   # LAMP: alpha_lm of its language-model prior (None: its default)
+    discrete_every: int | None = None       # LAMP: continuous steps between two discrete steps
+    discrete_candidates: int | None = None  # LAMP: reorderings scored per sentence in a discrete step
 
     def unresolved(self) -> list[str]:
         """The constants still None (the attack's typed config fills them all)."""
@@ -549,8 +552,13 @@ class _Relaxation(ABC):
         self.tok, self.k, self.n_content, self.dtype, self.device = model.tokenizer, k, n_content, dtype, device
 
     @abstractmethod
-    def inputs(self) -> torch.Tensor:
-        """The simulator's input for the current dummy sentences, [CLS] and [SEP] included."""
+    def fresh(self, gen: torch.Generator) -> torch.Tensor:
+        """A new random draw of the variable (its initial distribution), shaped like it."""
+
+    @abstractmethod
+    def inputs(self, variable: torch.Tensor | None = None) -> torch.Tensor:
+        """The simulator's input for the dummy sentences ``variable`` (None: the current ones),
+        [CLS] and [SEP] included."""
 
     @abstractmethod
     def current_ids(self) -> torch.Tensor:
@@ -597,15 +605,18 @@ class _BagRelaxation(_Relaxation):
         rows = [self.tok.cls_id, self.tok.sep_id] + content_ids      # W rows that are variables
         self.sim = TextSimulator(model, update, rows=rows, dtype=dtype, device=device)
         self.n_rows = len(rows)
-        self.variable = torch.randn((k, n_content, len(content_ids)), generator=gen,
-                                    dtype=dtype).to(device).requires_grad_(True)
+        self.variable = self.fresh(gen).requires_grad_(True)
         edge = torch.zeros((k, 1, self.n_rows), dtype=dtype, device=device)
         self.cls_row, self.sep_row = edge.clone(), edge.clone()
         self.cls_row[..., 0], self.sep_row[..., 1] = 1.0, 1.0
         self.pad = torch.zeros((k, n_content, 2), dtype=dtype, device=device)
 
-    def inputs(self) -> torch.Tensor:
-        probs = torch.softmax(self.variable, dim=-1)
+    def fresh(self, gen: torch.Generator) -> torch.Tensor:
+        return torch.randn((self.k, self.n_content, len(self.content_ids)), generator=gen,
+                           dtype=self.dtype).to(self.device)
+
+    def inputs(self, variable: torch.Tensor | None = None) -> torch.Tensor:
+        probs = torch.softmax(self.variable if variable is None else variable, dim=-1)
         return torch.cat([self.cls_row, torch.cat([self.pad, probs], dim=-1), self.sep_row], dim=1)
 
     def current_ids(self) -> torch.Tensor:  # indices into content_ids [K, n_content]
@@ -638,9 +649,8 @@ class _FreeRelaxation(_Relaxation):
         super().__init__(model, k, n_content, dtype, device)
         self.sim = TextSimulator(model, update, rows=None, dtype=dtype, device=device)
         w = self.w = self.sim.params[model.word_embedding].detach()
-        scale = float(w.std())
-        self.variable = (torch.randn((k, n_content, w.shape[1]), generator=gen, dtype=dtype)
-                         * scale).to(device).requires_grad_(True)
+        self.scale = float(w.std())
+        self.variable = self.fresh(gen).requires_grad_(True)
         self.cls_e = w[self.tok.cls_id].expand(k, 1, -1)
         self.sep_e = w[self.tok.sep_id].expand(k, 1, -1)
         self.allowed = torch.ones(w.shape[0], dtype=torch.bool, device=device)
@@ -652,8 +662,12 @@ class _FreeRelaxation(_Relaxation):
         d[:, ~self.allowed] = float("inf")
         return d
 
-    def inputs(self) -> torch.Tensor:
-        return torch.cat([self.cls_e, self.variable, self.sep_e], dim=1)
+    def fresh(self, gen: torch.Generator) -> torch.Tensor:
+        return (torch.randn((self.k, self.n_content, self.w.shape[1]), generator=gen, dtype=self.dtype)
+                * self.scale).to(self.device)
+
+    def inputs(self, variable: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.cat([self.cls_e, self.variable if variable is None else variable, self.sep_e], dim=1)
 
     def current_ids(self) -> torch.Tensor:  # token ids [K, n_content]: nearest rows of W
         return self._distances().argmin(dim=1).reshape(self.k, self.n_content)
@@ -715,6 +729,13 @@ class _TextDLG:
         self.history: list[dict[str, float]] = []
         self.done = 0
 
+    def after_step(self, t: int) -> None:
+        """Runs after continuous step t, under no_grad (a variant's discrete moves; DLG's: none)."""
+
+    def extra(self) -> dict[str, Any]:
+        """A variant's own entries of the reconstruction's ``extra``."""
+        return {}
+
     def target_labels(self) -> torch.Tensor:
         if self.y_soft is not None:
             return torch.softmax(self.y_soft, dim=-1)
@@ -754,7 +775,8 @@ class _TextDLG:
 
             def log(t: int) -> None:
                 observer(t, self.to_tokens(self.relax.current_ids()))
-        res = engine.optimise(variables, self.objective, loop, LoopHooks(on_log=log, log_every=log_every), generator=gen)
+        hooks = LoopHooks(on_log=log, log_every=log_every, after_step=self.after_step)
+        res = engine.optimise(variables, self.objective, loop, hooks, generator=gen)
         self.history = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"} for h in res.history]
         self.done = res.iterations
         return res
@@ -796,15 +818,23 @@ class _TextDLG:
         return final, scale
 
 
+# make_run(relaxation, length, y_soft, fixed_labels, observer) -> the run (a variant of _TextDLG)
+RunFactory = Callable[[_Relaxation, int, "torch.Tensor | None", "torch.Tensor | None", "TextObserver | None"], _TextDLG]
+
+
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-             observer: TextObserver | None, *, restrict: bool, engine: Engine) -> TextReconstruction:
+             observer: TextObserver | None, *, restrict: bool, engine: Engine,
+             make_run: RunFactory | None = None, name: str | None = None) -> TextReconstruction:
     """DLG for text (see the module docstring) with resolved ``settings``. Returns [CLS] ... [SEP]
     ids per sentence.
 
     ``engine`` (the run's services): its session makes the optimisation phase resumable
     (checkpoints, SIGINT/SIGTERM, divergence recovery); the order search after it is
     deterministic (seeded), so a resumed run repeats it exactly. A signal that arrives during
-    the search takes effect when the run ends (a second one stops it at once)."""
+    the search takes effect when the run ends (a second one stops it at once).
+
+    ``make_run``: a variant of the run (LAMP: its objective and discrete steps between the
+    continuous ones, text/attacks/lamp.py); ``name`` the attack's name in progress and errors."""
     if settings.unresolved():
         raise ConfigError(f"text dlg: {', '.join(settings.unresolved())} not resolved (run it through "
                           "gradleak.text.run_text_attack or the pipeline)")
@@ -825,9 +855,12 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     if fixed_labels is None:
         y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=dtype).to(device).requires_grad_(True)
     relaxation = _BagRelaxation if restrict else _FreeRelaxation
-    run = _TextDLG(relaxation(model, update, content_ids, k, length - 2, dtype, device, gen),
-                   length, y_soft, fixed_labels, observer, s.l1_weight or 0.0)
-    name = "tag" if s.l1_weight else ("dlg" if restrict else "dlg-free")
+    relax = relaxation(model, update, content_ids, k, length - 2, dtype, device, gen)
+    if make_run is None:
+        run = _TextDLG(relax, length, y_soft, fixed_labels, observer, s.l1_weight or 0.0)
+    else:
+        run = make_run(relax, length, y_soft, fixed_labels, observer)
+    name = name or ("tag" if s.l1_weight else ("dlg" if restrict else "dlg-free"))
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         progress=s.progress, description=f"{name} (text)")
     res = run.optimise(engine, loop, gen, s.log_every)
@@ -852,7 +885,8 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
                "dlg_token_ids": dlg_tokens, "search_evaluations": search.evaluations,
                "search_moves": len([h for h in run.history if h.get("phase") == "search"]),
                "dlg_iterations": res.iterations, "search_seconds": round(search_seconds, 3),
-               "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed})
+               "restricted_to_bag": restrict, "sentence_length": length, "sentence_length_guessed": length_guessed,
+               **run.extra()})
 
 
 def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,

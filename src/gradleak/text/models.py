@@ -95,6 +95,9 @@ class WordPieceTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text).ids)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self._tok.encode_batch(list(texts))]
+
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=True))
 
