@@ -59,7 +59,11 @@ EXPERIMENTS: dict[str, str] = {
                           "DLG's reconstructions: AUC (rebuttal Table 2)",
     "training-stage": "DLG against checkpoints at 0/30/70/100 % of training, held-out test images "
                       "(rebuttal Table 4)",
+    "text-batch-size": "text leakage vs batch size: ROUGE-1/2/L and exact sentences for DLG, TAG, LAMP and DAGER on "
+                       "MiniLM, held-out sentences",
 }
+# The experiments whose cells are all text (their --model and --attacks name text models and attacks).
+TEXT_EXPERIMENTS: frozenset[str] = frozenset({"text-batch-size"})
 
 # What each kind of name is called in messages.
 KINDS = {"model": MODELS, "data source": SOURCES, "attack": IMAGE_ATTACKS, "defense": DEFENSES,

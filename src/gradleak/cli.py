@@ -558,16 +558,22 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from .catalog import check
+    from .catalog import TEXT_EXPERIMENTS, check
+    from .errors import ConfigError
     from .experiments import ExperimentOptions, make_options
 
     check("experiment", args.name)
     values = {k: getattr(args, k) for k in ExperimentOptions.model_fields if hasattr(args, k)}
     options = make_options(**values)
-    # an experiment's text rows name their text attack as text-NAME (defenses: text-dlg, text-tag)
     attacks = options.attacks or ()
-    check_names(model=options.model, data=options.data, attacks=[a for a in attacks if not a.startswith("text-")])
-    check_names(attacks=[a.removeprefix("text-") for a in attacks if a.startswith("text-")], text=True)
+    if args.name in TEXT_EXPERIMENTS:  # text only: its --model and --attacks are text names
+        if options.data is not None:
+            raise ConfigError(f"--data does not apply to experiment {args.name!r} (its sentences are held-out "
+                              "CPython documentation)")
+        check_names(model=options.model, attacks=attacks, text=True)
+    else:  # an experiment's text rows name their text attack as text-NAME (defenses: text-dlg, text-tag)
+        check_names(model=options.model, data=options.data, attacks=[a for a in attacks if not a.startswith("text-")])
+        check_names(attacks=[a.removeprefix("text-") for a in attacks if a.startswith("text-")], text=True)
     from .experiments import run_experiment
 
     result, out = run_experiment(args.name, options)
