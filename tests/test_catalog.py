@@ -37,7 +37,7 @@ def test_catalog_equals_the_registries():
     assert tuple(defense_names()) == catalog.DEFENSES
     assert tuple(SERVERS) == catalog.SERVERS
     assert tuple(sorted(PRESETS)) == catalog.PRESETS
-    assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("bow", "dager", "dlg", "dlg-free", "lamp", "tag")
+    assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("auto", "bow", "dager", "dlg", "dlg-free", "lamp", "tag")
     for name, summary in catalog.TEXT_ATTACKS.items():  # text attacks declare themselves the same way
         module = importlib.import_module(TEXT_ATTACK_CONFIGS[name].spec.module)
         assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)

@@ -40,7 +40,7 @@ def test_text_attacks_derive_from_their_specs():
     from gradleak.text.configs import TEXT_ATTACK_CONFIGS, TEXT_FLAT_FIELDS
 
     declared = specs.attack_specs("text")
-    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"bow", "dager", "dlg", "dlg-free", "lamp", "tag"}
+    assert set(declared) == set(catalog.TEXT_ATTACKS) == set(TEXT_ATTACK_CONFIGS) == {"auto", "bow", "dager", "dlg", "dlg-free", "lamp", "tag"}
     assert declared["dlg"].module == "gradleak.text.attacks.dlg" and specs.attack_specs()["dlg"].module == \
         "gradleak.attacks.dlg"
     assert CONVERGED_BELOW["text"] == declared["dlg"].converged_below == 1e-4

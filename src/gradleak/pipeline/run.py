@@ -216,15 +216,20 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
     entries = {t.get("attack"): t for t in metrics["auto"]["tried"]}
     for name, alt in recon.alternatives:
         m = case.metrics(cfg, alt, device)
-        conv = verdict(name, alt.extra, floor).to_dict()
+        conv = verdict(case.spec.verdict_family or name, alt.extra, floor).to_dict()
         m.update(attack=name, relative_gradient_distance=alt.extra.get("relative_gradient_distance"),
                  converged=conv["converged"], convergence=conv)
         judged = judge(evidence_from_metrics(m))
-        entries[name].update(psnr_mean=m.get("psnr_mean"), ssim_mean=m.get("ssim_mean"), verdict=judged.verdict,
-                             verdict_reason=judged.reason)
+        entries[name].update(**_scores(m), verdict=judged.verdict, verdict_reason=judged.reason)
     own = judge(evidence_from_metrics({k: v for k, v in metrics.items() if k != "auto"}))   # the kept answer alone
-    entries[metrics["attack"]].update(psnr_mean=metrics.get("psnr_mean"), ssim_mean=metrics.get("ssim_mean"),
-                                      verdict=own.verdict, verdict_reason=own.reason)
+    entries[metrics["attack"]].update(**_scores(metrics), verdict=own.verdict, verdict_reason=own.reason)
+
+
+def _scores(m: dict[str, Any]) -> dict[str, Any]:
+    """A portfolio member's quality numbers: PSNR and SSIM for images, ROUGE and exact sentences for text."""
+    if m.get("modality") == "text":
+        return {k: m.get(k) for k in ("rouge1", "rougeL", "token_accuracy", "exact_sentences")}
+    return {"psnr_mean": m.get("psnr_mean"), "ssim_mean": m.get("ssim_mean")}
 
 
 def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:

@@ -133,6 +133,8 @@ class TextReconstruction:
     wall_seconds: float = 0.0
     label_method: str = ""
     extra: dict = field(default_factory=dict)
+    # (attack, answer) of the other attacks the text chooser ran on the same update (text/attacks/auto.py)
+    alternatives: list[tuple[str, "TextReconstruction"]] = field(default_factory=list, repr=False)
 
 
 # --------------------------------------------------------------------------- bag of words
