@@ -559,7 +559,6 @@ def _add_experiment_flags(parser: argparse.ArgumentParser) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from .catalog import TEXT_EXPERIMENTS, check
-    from .errors import ConfigError
     from .experiments import ExperimentOptions, make_options
 
     check("experiment", args.name)
@@ -567,9 +566,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     options = make_options(**values)
     attacks = options.attacks or ()
     if args.name in TEXT_EXPERIMENTS:  # text only: its --model and --attacks are text names
-        if options.data is not None:
-            raise ConfigError(f"--data does not apply to experiment {args.name!r} (its sentences are held-out "
-                              "CPython documentation)")
         check_names(model=options.model, attacks=attacks, text=True)
     else:  # an experiment's text rows name their text attack as text-NAME (defenses: text-dlg, text-tag)
         check_names(model=options.model, data=options.data, attacks=[a for a in attacks if not a.startswith("text-")])

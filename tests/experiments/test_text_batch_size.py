@@ -32,6 +32,11 @@ def test_smoke_rows_figures_and_dagers_exact_sentence(tmp_path):
     with open(out / "summary.csv") as f:
         summary = list(csv.DictReader(f))
     assert len(summary) == 8 and "rouge2_mean" in summary[0] and "exact_fraction_mean" in summary[0]
+    with open(out / "cells" / "results.csv") as f:   # the cells: every attack got the same batch at each K
+        texts = {}
+        for c in csv.DictReader(f):
+            texts.setdefault(len(c["text"].split(";")), set()).add(c["text"])
+    assert sorted(texts) == [1, 2] and all(len(v) == 1 for v in texts.values())
 
 
 def test_batches_are_held_out_and_shared_by_the_attacks():
@@ -45,6 +50,8 @@ def test_batches_are_held_out_and_shared_by_the_attacks():
     (["--attacks", "dlg,tagg"], "did you mean 'tag'"),
     (["--model", "lenet-dlg"], "unknown text model 'lenet-dlg'"),
     (["--data", "cifar10-samples"], "--data does not apply"),
+    (["--width", "8"], "--width does not apply"),
+    (["--batch-sizes", "100"], "the held-out pool has"),
 ])
 def test_text_names_only(tmp_path, capsys, args, message):
     assert main(["experiment", "text-batch-size", *args, "--out", str(tmp_path / "x")]) == 2

@@ -39,12 +39,13 @@ def test_prior_is_a_distribution_and_never_saw_the_held_out_sentences(tiny, prio
     corpus = stdlib_docstring_sentences()
     assert len(corpus) > 10_000 and prior.tokens > 300_000
     assert not set(corpus) & held_out_sentences()
-    assert not set(corpus) & set(python_docs_sentences())
+    text = " ".join(corpus)
+    assert not [s for s in python_docs_sentences() if s in text]   # not even inside a longer sentence
 
 
 def test_prior_prefers_the_true_order_of_held_out_sentences(tiny, prior):
     """The measure LAMP's discrete step relies on: on held-out sentences (40, 3 shuffles each), the
-    true order has the lower log-perplexity in >= 90 % of the pairs (measured: 99.5 % of 1,500)."""
+    true order has the lower log-perplexity in >= 90 % of the pairs (measured: 99.5 % of 440 pairs, 5 shuffles of each of the 88)."""
     rng = np.random.default_rng(0)
     wins = pairs = 0
     for s in python_docs_sentences()[:40]:
@@ -107,13 +108,15 @@ def test_lamp_runs_under_fedavg_and_aggregates(tiny, threat):
 
 def test_lamp_rebuilds_a_held_out_sentence_on_the_tiny_transformer(tiny):
     """Quality on a real held-out sentence at the defaults: the leaked bag puts every token back
-    (ROUGE-1 1.0); the order comes from the gradient and the prior."""
+    and the discrete steps put them in order ("exceptions are identified by class instances.",
+    exact; on two other held-out sentences at the same defaults: ROUGE-1 1.0, ROUGE-L 0.75 and 0.83)."""
     batch = text_batch(list(python_docs_sentences()), tiny, 1, 3)
     update = text_share(tiny, batch, ThreatModel("fedsgd"))
     rec = run_text_attack("lamp", update, tiny)
     ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), rec.token_ids, rec.labels.tolist(), tiny.tokenizer)
-    assert ev.rouge1 >= 0.8 and ev.label_accuracy == 1.0
-    assert rec.extra["lamp"]["discrete_steps"] == 10 and rec.extra["restricted_to_bag"]
+    assert ev.exact_sentences == 1 and ev.rouge2 == 1.0 and ev.label_accuracy == 1.0
+    lamp = rec.extra["lamp"]
+    assert lamp["discrete_steps"] == 10 and lamp["accepted"] >= 1 and rec.extra["restricted_to_bag"]
 
 
 def test_lamp_flags_are_its_own(tmp_path, capsys):

@@ -48,15 +48,19 @@ def batch_sentences(k: int, seed: int) -> list[str]:
 @experiment("text-batch-size")
 def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     attacks = opt.attacks or list(ATTACKS)
+    sizes = opt.batch_sizes or list(SMOKE_BATCH_SIZES if opt.smoke else BATCH_SIZES)
     for a in attacks:
         if a not in TEXT_ATTACKS:
             raise unknown("text attack", a, TEXT_ATTACKS)
     if opt.model is not None and opt.model not in TEXT_MODELS:
         raise unknown("text model", opt.model, TEXT_MODELS)
-    if opt.data is not None:
-        raise ConfigError("--data does not apply to experiment 'text-batch-size' (its sentences are held-out "
-                          "CPython documentation)")
-    sizes = opt.batch_sizes or list(SMOKE_BATCH_SIZES if opt.smoke else BATCH_SIZES)
+    if opt.data is not None or opt.width is not None or opt.trained:
+        flag = "--data" if opt.data is not None else "--width" if opt.width is not None else "--trained"
+        raise ConfigError(f"{flag} does not apply to experiment 'text-batch-size' (held-out CPython documentation "
+                          "sentences on the text models at their own sizes, untrained)")
+    pool = len(python_docs_sentences())
+    if max(sizes) > pool:
+        raise ConfigError(f"batch size {max(sizes)}: the held-out pool has {pool} sentences")
     batches = opt.batches or opt.samples or (1 if opt.smoke else 3)
     model = opt.model or (SMOKE_MODEL if opt.smoke else MODEL)
     plan: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -111,7 +115,8 @@ def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "verdict": "outcome.py's text rule: leaked = a sentence recovered exactly or >= 50 % of the tokens in "
                           "place; otherwise inconclusive (a failed attack protects nobody)",
                "smoke": opt.smoke},
-        notes=["Every batch attacked is a row; the summary's means are over all of them.",
+        notes=["Every finished cell (one batch attacked by one attack) is a row; the summary's means are over all "
+               "of them (a failed cell is listed with its error, never averaged).",
                "dager's `verified` counts the sentences its span test certified (exact by that test); "
                "the others are its unverified guesses.", PAPERS_NOTE]
         + convergence_notes(cells.values()))

@@ -212,10 +212,10 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
     judged on its own (recorded in ``metrics["auto"]["tried"]``): the run's verdict is the worst
     case over all of them (outcome.py: a leak by any is a leak of the client), while the answer
     kept and shown stays the attacker's choice, the one that explains the update best."""
-    floor = noise_floor(case.update)
     entries = {t.get("attack"): t for t in metrics["auto"]["tried"]}
     for name, alt in recon.alternatives:
         m = case.metrics(cfg, alt, device)
+        floor = noise_floor(case.update, case.matched(alt))   # on the tensors its distance was measured on
         conv = verdict(case.spec.verdict_family or name, alt.extra, floor).to_dict()
         m.update(attack=name, relative_gradient_distance=alt.extra.get("relative_gradient_distance"),
                  converged=conv["converged"], convergence=conv)

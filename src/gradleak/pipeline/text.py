@@ -17,7 +17,7 @@ from ..modalities import TEXT
 from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
-from ..text.inversion import truth_relative_distance
+from ..text.inversion import matched_tensors, truth_relative_distance
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
 from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
@@ -183,17 +183,8 @@ class TextCase(Case):
         return metrics
 
     def matched(self, recon: Any) -> dict[str, list[int] | None] | None:
-        """Text DLG and TAG match every shared tensor but the word-embedding matrix, and of it
-        only the rows of [CLS], [SEP] and the leaked words when restricted to the bag
-        (TextSimulator); bow matches nothing (None: its verdict reads no distance)."""
-        if "restricted_to_bag" not in recon.extra:
-            return None
-        w = self.model.word_embedding
-        out: dict[str, list[int] | None] = {n: None for n in self.update.gradients if n != w}
-        if recon.extra["restricted_to_bag"]:
-            tok = self.model.tokenizer
-            out[w] = [tok.cls_id, tok.sep_id, *(t for t in recon.bag.token_ids if t not in tok.special_ids)]
-        return out
+        """The shared tensors the text attack's distance is measured on (text.inversion.matched_tensors)."""
+        return matched_tensors(self.model, self.update, recon)
 
     def write_files(self, folder: Path, recon: Any) -> None:
         tok = self.model.tokenizer

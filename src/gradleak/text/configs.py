@@ -82,9 +82,9 @@ def run_text_attack(name: str, update: SharedUpdate, model: TextModel,
         values["l1_weight"] = settings.l1_weight
     if settings.beam_width is not None:  # DAGER's beam
         values["beam_width"] = settings.beam_width
-    for name in ("lm_weight", "discrete_every", "discrete_candidates"):  # LAMP's
-        if getattr(settings, name) is not None:
-            values[name] = getattr(settings, name)
+    for flag in ("lm_weight", "discrete_every", "discrete_candidates"):  # LAMP's
+        if getattr(settings, flag) is not None:
+            values[flag] = getattr(settings, flag)
     config = resolve_text_attack(values, model, int(update.meta.batch_size))
     if engine is None:
         engine = Engine(device=settings.device, observer=observer, log_every=settings.log_every,

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
+from ..engine import Engine, LoopHooks, LoopResult, LoopSettings, StateHooks
 from ..attacks.objectives import squared_l2
 from ..errors import ConfigError, GradleakError
 from ..fl.threats import ThreatModel
@@ -311,6 +311,23 @@ def truth_relative_distance(model: TextModel, update: SharedUpdate, truth_ids: t
         got[-1], target[-1] = got[-1][:matched], target[-1][:matched]
     scale = float(sum(float(t.pow(2).sum()) for t in target))
     return float(squared_l2(got, target)) / scale if scale > 0 else None
+
+
+def matched_tensors(model: TextModel, update: SharedUpdate,
+                    recon: "TextReconstruction") -> dict[str, list[int] | None] | None:
+    """The shared tensors a text answer's relative distance was measured on (the noise floor is
+    computed on the same ones, defenses/floor.py): text DLG, TAG and LAMP match every shared tensor
+    but the word-embedding matrix, and of it only the rows of [CLS], [SEP] and the leaked words when
+    restricted to the bag (TextSimulator); bow and dager match nothing (None: their verdict reads no
+    distance)."""
+    if "restricted_to_bag" not in recon.extra:
+        return None
+    w = model.word_embedding
+    out: dict[str, list[int] | None] = {n: None for n in update.gradients if n != w}
+    if recon.extra["restricted_to_bag"]:
+        tok = model.tokenizer
+        out[w] = [tok.cls_id, tok.sep_id, *(t for t in recon.bag.token_ids if t not in tok.special_ids)]
+    return out
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -738,6 +755,10 @@ class _TextDLG:
         """A variant's own entries of the reconstruction's ``extra``."""
         return {}
 
+    def state_hooks(self) -> StateHooks | None:
+        """A variant's own resumable state (None: the variables and optimizer are all there is)."""
+        return None
+
     def target_labels(self) -> torch.Tensor:
         if self.y_soft is not None:
             return torch.softmax(self.y_soft, dim=-1)
@@ -777,7 +798,7 @@ class _TextDLG:
 
             def log(t: int) -> None:
                 observer(t, self.to_tokens(self.relax.current_ids()))
-        hooks = LoopHooks(on_log=log, log_every=log_every, after_step=self.after_step)
+        hooks = LoopHooks(on_log=log, log_every=log_every, after_step=self.after_step, state=self.state_hooks())
         res = engine.optimise(variables, self.objective, loop, hooks, generator=gen)
         self.history = [{"iteration": h["iteration"], "loss": h["loss"], "phase": "dlg"} for h in res.history]
         self.done = res.iterations
@@ -914,6 +935,6 @@ def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSetti
                                      "analytic": True, "exact": bool(bag.exact)})
 
 
-__all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "TextAttackSettings", "TextReconstruction", "TextResolution",
+__all__ = ["BagOfWords", "MAX_TEXT_TOKENS", "MoveList", "matched_tensors", "TextAttackSettings", "TextReconstruction", "TextResolution",
            "TextSimulator", "bag_of_words", "bias_labels", "bow_attack", "check_text_batch", "dlg_text", "leaked_length",
            "settings_from_config"]

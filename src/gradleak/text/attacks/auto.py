@@ -43,7 +43,7 @@ from ...errors import GradleakError
 from ...fl.update import SharedUpdate
 from ...paths import one_line
 from ..configs import resolve_text_attack
-from ..inversion import TextReconstruction
+from ..inversion import TextReconstruction, matched_tensors
 from ..models import TextModel
 
 __all__ = ["EXACT_FIRST", "PORTFOLIO", "SPEC", "run"]
@@ -59,7 +59,6 @@ def _score(rec: TextReconstruction) -> float:
 
 
 def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    floor = noise_floor(update)
     k = int(update.meta.batch_size)
     tried: list[dict[str, Any]] = []
     answers: list[tuple[str, TextReconstruction]] = []
@@ -80,6 +79,7 @@ def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> 
         finally:
             engine.session.scope = ""
         spent += rec.wall_seconds
+        floor = noise_floor(update, matched_tensors(model, update, rec))   # on the tensors it matched, as the verdict
         conv = verdict(FAMILY, rec.extra, floor)
         entry: dict[str, Any] = {"attack": name, "applies": True, "converged": conv.converged,
                                  "relative_gradient_distance": conv.relative_gradient_distance,

@@ -12,9 +12,11 @@ language model's log-perplexity (Alg. 1).
 * **Discrete step** every ``--discrete-every`` continuous steps (Sec. 4.2, Alg. 1 lines 5-7): per
   sentence, ``--discrete-candidates`` random transformations of its positions (swap two tokens, move
   one token, move a span of tokens, move the prefix to the end: the paper's four), each scored as
-  L_rec(x') + alpha_lm L_lm(t'), t' the candidate's tokens (each position's nearest token) and L_lm
-  their log-perplexity under the prior (text/prior.py); the best candidate replaces the sentence
-  when it scores lower than the current one. The transformations move the continuous positions
+  L_rec(x') + alpha_lm L_lm(t'), t' the candidate batch's tokens (each position's nearest token) and
+  L_lm their log-perplexity under the prior (text/prior.py), averaged over the batch's sentences (as
+  the authors' code averages GPT-2's loss over the batch: for one sentence's candidates the prior
+  weighs alpha_lm / K); the best candidate replaces the sentence when it scores lower than the
+  current one. The transformations move the continuous positions
   themselves, so the optimisation continues from the reordered sentence.
 * At the end each position takes its nearest token (and gradleak's order search may follow with
   ``--search-evaluations``; LAMP has none, its default is 0).
@@ -68,12 +70,13 @@ SPEC = {
     "resolve": True,
 }
 
+import time
 from typing import Any
 
 import torch
 
 from ...attacks.objectives import cosine
-from ...engine import Engine
+from ...engine import Engine, StateHooks
 from ...fl.update import SharedUpdate
 from ..inversion import (TextObserver, TextReconstruction, _FreeRelaxation, _Relaxation, _TextDLG, dlg_text,
                          settings_from_config)
@@ -107,9 +110,8 @@ def transform(n: int, gen: torch.Generator) -> tuple[str, list[int]]:
         m = 1 if kind == "move-token" else 1 + draw(n - 1)
         i = draw(n - m + 1)
         span, rest = order[i:i + m], order[:i] + order[i + m:]
-        q = draw(len(rest) + 1)
-        if q == i:  # the same place: the next one
-            q = (q + 1) % (len(rest) + 1)
+        q = draw(len(rest))     # uniform over the len(rest) + 1 slots other than i (where it came from)
+        q += q >= i
         order = rest[:q] + span + rest[q:]
     return kind, order
 
@@ -129,7 +131,19 @@ class LampRun(_TextDLG):
             self.mean_norm = float(w[relax.allowed].norm(dim=-1).mean())  # type: ignore[attr-defined]
         self.steps = {"discrete_steps": 0, "accepted": 0, "scored": 0}
         self.accepted_kinds = dict.fromkeys(TRANSFORMS, 0)
+        start = time.perf_counter()
         self._initialise(gen)
+        self.setup_seconds = time.perf_counter() - start
+
+    def state_hooks(self) -> StateHooks:
+        """The discrete steps' counters travel with the loop's snapshots (a resumed run counts on)."""
+        def get() -> dict[str, Any]:
+            return {"steps": dict(self.steps), "accepted_kinds": dict(self.accepted_kinds)}
+
+        def put(state: dict[str, Any]) -> None:
+            self.steps.update({k: int(v) for k, v in state["steps"].items()})
+            self.accepted_kinds.update({k: int(v) for k, v in state["accepted_kinds"].items()})
+        return StateHooks(get, put)
 
     # ---- L_rec, L_reg, L_lm
     def rec(self, variable: torch.Tensor | None = None, create_graph: bool = True) -> torch.Tensor:
@@ -196,13 +210,22 @@ class LampRun(_TextDLG):
 
 def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
     settings = settings_from_config(config, engine)
-    prior = stdlib_prior(model.tokenizer)
+    start = time.perf_counter()
+    prior = stdlib_prior(model.tokenizer)   # built once per process (~4 s), counted in the run that built it
+    prior_seconds = time.perf_counter() - start
+    runs: list[LampRun] = []
 
     def make_run(relax: _Relaxation, length: int, y_soft: torch.Tensor | None, fixed_labels: torch.Tensor | None,
                  observer: TextObserver | None) -> LampRun:
         gen = torch.Generator().manual_seed(config.seed + 11)
-        return LampRun(relax, length, y_soft, fixed_labels, observer, prior=prior, lm_weight=float(config.lm_weight),
-                       every=int(config.discrete_every), candidates=int(config.discrete_candidates),
-                       seed=int(config.seed), gen=gen)
-    return dlg_text(update, model, settings, engine.observer, restrict=True, engine=engine, make_run=make_run,
-                    name="lamp")
+        runs.append(LampRun(relax, length, y_soft, fixed_labels, observer, prior=prior,
+                            lm_weight=float(config.lm_weight), every=int(config.discrete_every),
+                            candidates=int(config.discrete_candidates), seed=int(config.seed), gen=gen))
+        return runs[-1]
+    rec = dlg_text(update, model, settings, engine.observer, restrict=True, engine=engine, make_run=make_run,
+                   name="lamp")
+    # the whole cost: the prior's construction and the initial draws too
+    setup = prior_seconds + sum(r.setup_seconds for r in runs)
+    rec.wall_seconds += setup
+    rec.extra["lamp"]["setup_seconds"] = round(setup, 3)
+    return rec
