@@ -50,6 +50,7 @@ class Modality:
     measures:       what its answers are scored in against the truth: "images" (PSNR, SSIM, images
                     identified) or "tokens" (token accuracy, sentences rebuilt); outcome.py's rules.
     nothing:        how a verdict says that nothing leaked.
+    portfolio_keys: metrics.json keys recorded for each answer of ``auto``'s portfolio (with the truth).
     """
 
     name: str
@@ -72,6 +73,7 @@ class Modality:
     data_label: str | None = None
     summary_lines: Callable[[Mapping[str, Any]], list[str]] = _no_lines
     verdict_family: str | None = None
+    portfolio_keys: tuple[str, ...] = ("psnr_mean", "ssim_mean")
 
     def check_names(self, *, attack: str | None = None, model: str | None = None) -> None:
         """Unknown --attack / --model names, with a "did you mean" (catalog.py, no torch). A
@@ -131,12 +133,12 @@ TEXT = Modality(
     name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
     report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
     own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)"},
-    # "auto" chooses among image attacks; a text run's default attack is DLG (text/attacks/dlg.py)
+    # a text run's default attack is DLG (text/attacks/dlg.py); "auto" is text's own chooser (text/attacks/auto.py)
     default_attack="dlg", run_prefix="text-", files="reconstruction.json",
     summary_keys=("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
                   "label_accuracy", "gradient_distance", "iterations", "wall_seconds"),
     data_label="text", summary_lines=_sentence_lines, verdict_family="text", measures="tokens",
-    nothing="recovered no text")
+    nothing="recovered no text", portfolio_keys=("rouge1", "rougeL", "token_accuracy", "exact_sentences"))
 
 #: The declared modalities by name; the first is what a record that names none is (image runs'
 #: metrics.json has no "modality").

@@ -220,16 +220,11 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
         m.update(attack=name, relative_gradient_distance=alt.extra.get("relative_gradient_distance"),
                  converged=conv["converged"], convergence=conv)
         judged = judge(evidence_from_metrics(m))
-        entries[name].update(**_scores(m), verdict=judged.verdict, verdict_reason=judged.reason)
+        entries[name].update(**{k: m.get(k) for k in case.spec.portfolio_keys}, verdict=judged.verdict,
+                             verdict_reason=judged.reason)
     own = judge(evidence_from_metrics({k: v for k, v in metrics.items() if k != "auto"}))   # the kept answer alone
-    entries[metrics["attack"]].update(**_scores(metrics), verdict=own.verdict, verdict_reason=own.reason)
-
-
-def _scores(m: dict[str, Any]) -> dict[str, Any]:
-    """A portfolio member's quality numbers: PSNR and SSIM for images, ROUGE and exact sentences for text."""
-    if m.get("modality") == "text":
-        return {k: m.get(k) for k in ("rouge1", "rougeL", "token_accuracy", "exact_sentences")}
-    return {"psnr_mean": m.get("psnr_mean"), "ssim_mean": m.get("ssim_mean")}
+    entries[metrics["attack"]].update(**{k: metrics.get(k) for k in case.spec.portfolio_keys}, verdict=own.verdict,
+                                      verdict_reason=own.reason)
 
 
 def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:

@@ -36,7 +36,10 @@ language model's log-perplexity (Alg. 1).
   candidates, 500 initial draws); defaults per model below. alpha_lm = 0.2 (the paper's value with
   L_cos for BERT), alpha_reg = 1.
 * *Batches*: one continuous variable of K sentences of the leaked length L (as gradleak's DLG and
-  TAG); each sentence's discrete step is scored on the whole batch's gradient.
+  TAG); each sentence's discrete step is scored on the whole batch's gradient. The authors' code
+  takes each sentence's length (its padding) from the true input by default; gradleak knows only
+  the longest one, which the position-embedding gradient leaks, so shorter sentences of a batch are
+  rebuilt at that length.
 
 Threat models: those of gradleak's text simulator (FedSGD, FedAvg with local steps unrolled,
 aggregates of N clients); the discrete step scores candidates on the same simulation.
