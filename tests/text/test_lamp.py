@@ -126,3 +126,18 @@ def test_lamp_flags_are_its_own(tmp_path, capsys):
     assert main(["attack", "--modality", "text", "--attack", "lamp", "--discrete-every", "0", "--text", "a b",
                  "--out", str(tmp_path / "b")]) == 2
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_python_without_its_sources_is_refused_in_one_line(tiny, tmp_path, monkeypatch, capsys):
+    import sysconfig
+
+    from gradleak.text import prior as prior_module
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    prior_module.stdlib_prior.cache_clear()
+    try:
+        assert main(["attack", "--modality", "text", "--attack", "lamp", "--text", "a b c",
+                     "--out", str(tmp_path / "run")]) == 2
+    finally:
+        prior_module.stdlib_prior.cache_clear()
+    assert "ships without its sources" in capsys.readouterr().err and not (tmp_path / "run").exists()

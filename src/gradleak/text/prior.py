@@ -35,10 +35,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
 from .models import WordPieceTokenizer
 
 DISCOUNT = 0.75        # Kneser-Ney's absolute discount D
 UNIFORM_SHARE = 0.01   # the uniform distribution's share in P_cont
+MIN_SENTENCES = 1000   # fewer docstring sentences than this: no usable prior (a Python without its sources)
 SKIPPED_PARTS = frozenset({"test", "tests", "idlelib", "site-packages", "__pycache__"})
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -116,7 +118,13 @@ class BigramPrior:
 def stdlib_prior(tokenizer: WordPieceTokenizer) -> BigramPrior:
     """The bigram prior over ``tokenizer``'s ids from the standard library's docstrings (built once
     per process and tokenizer)."""
-    encoded = tokenizer.encode_batch(stdlib_docstring_sentences())
+    root = Path(sysconfig.get_paths()["stdlib"])
+    sentences = stdlib_docstring_sentences(root)
+    if len(sentences) < MIN_SENTENCES:
+        raise ConfigError(f"LAMP's language-model prior is counted from the standard library's .py sources, and "
+                          f"{root} holds {len(sentences)} docstring sentence(s) (at least {MIN_SENTENCES} needed): "
+                          "this Python ships without its sources; use another text attack")
+    encoded = tokenizer.encode_batch(sentences)
     return BigramPrior([ids for ids in encoded if len(ids) >= 2], tokenizer.vocab_size)
 
 
