@@ -18,7 +18,10 @@ it is one of the batch's.
    a beam search over positions, each prefix closed by [SEP] and scored by the relative residual
    of its last token's input to block 1 against block 1's span (a true prefix's next token is
    almost always the lowest there: the missing suffix changes its context only mildly), the beam
-   ranked by the sum of those residuals (``--beam-width`` prefixes kept). While a pass verifies new
+   ranked by the sum of those residuals (``--beam-width`` prefixes kept). At the first ``LOOKAHEAD``
+   positions, where a prefix closed at once misses most of its sentence's context, a new token is
+   scored with the best next token after it (``_lookahead``; on 3 probe batches of 8 sentences: 17 of
+   24 exact against 13 without). While a pass verifies new
    sentences and some are missing, another runs (at most ``PASSES``) with the verified sentences'
    prefixes ranked last, so the beam's room goes to the others (measured on MiniLM, 8 sentences:
    2 -> 3 verified in one batch of two, at 3x the cost).
