@@ -15,7 +15,7 @@ from gradleak.cli import main  # noqa: E402
 from gradleak.errors import GradleakError  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
 from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
-from gradleak.text.attacks.dager import TAU, _Spans  # noqa: E402
+from gradleak.text.attacks.dager import TAU, _complete, _Spans, _splice  # noqa: E402
 from gradleak.text.client import text_fedsgd  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
 from gradleak.text.metrics import evaluate_text  # noqa: E402
@@ -54,6 +54,42 @@ def test_true_sentences_lie_in_the_span_and_one_wrong_token_does_not(minilm, pai
     for i, w in enumerate(wrong):                        # swap in a token of the other sentence
         w[2 + i] = truth[1][3 + i]
     assert float(spans.sentences(wrong).amax(-1).min()) > 100 * TAU
+
+
+def test_hidden_positions_do_not_reach_the_others(minilm, pair):
+    """The splice's rows hide the positions not yet chosen: what they hold changes nothing elsewhere,
+    and the tail keeps its absolute positions."""
+    batch, update = pair
+    spans = _Spans(minilm, update)
+    s = list(batch.token_ids()[0])
+    mask = [1] + [0] * 3 + [1] * (len(s) - 4)
+    other = list(s)
+    other[1:4] = [minilm.tokenizer.mask_id] * 3
+    a, b = spans.sentences([s, other], [mask, mask])
+    assert torch.equal(a, b) and float(a[1:4].abs().max()) == 0.0
+    assert not torch.equal(a, spans.sentences([s])[0])   # hiding them does change the context
+
+
+def test_splice_rebuilds_a_true_tail_behind_a_wrong_prefix(minilm, pair):
+    """Step 2b on two held-out sentences: a chimera (one sentence's prefix before the other's tail,
+    at its true positions) is re-searched into the true sentence and verified."""
+    batch, update = pair
+    spans = _Spans(minilm, update)
+    tok = minilm.tokenizer
+    short, long_ = sorted((tuple(t) for t in batch.token_ids()), key=len)
+    q = len(short) - 2                                   # the chimera: short's prefix, long_'s tail from q
+    chimera = short[:q] + long_[q:]
+    bag = sorted({t for s in (short, long_) for t in s[1:-1]})
+    candidates = [bag] * len(long_)
+    assert float(spans.sentences([list(chimera)]).amax()) > 100 * TAU
+    assert _complete(spans, candidates, tok, q, long_[q:]) == (long_, pytest.approx(0.0, abs=TAU))
+    verified = {short: 0.0}
+    closed = {chimera: float(spans.sentences([list(chimera)]).amax()), short: 0.0}
+    steps = []
+    ran, found = _splice(spans, candidates, tok, 2, verified, closed, lambda: steps.append(1))
+    assert found == 1 and set(verified) == {short, long_} and 1 <= ran == len(steps)
+    # nothing is missing: no job runs
+    assert _splice(spans, candidates, tok, 2, verified, closed, lambda: None) == (0, 0)
 
 
 def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):

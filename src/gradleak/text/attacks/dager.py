@@ -25,6 +25,15 @@ it is one of the batch's.
    sentences and some are missing, another runs (at most ``PASSES``) with the verified sentences'
    prefixes ranked last, so the beam's room goes to the others (measured on MiniLM, 8 sentences:
    2 -> 3 verified in one batch of two, at 3x the cost).
+2b. Splice (gradleak's, not the paper's): from 8 sentences most closed candidates the beam does
+   not verify are chimeras, a wrong prefix (often a verified sentence's) in front of a true tail
+   at its true positions, because the beam loses a true prefix at positions 2-5, where a prefix
+   closed by [SEP] misses most of its context. So every split (q, tail) of the unverified closed
+   candidates is scored by the block-1 residuals of the tail alone (positions 1..q-1 hidden from
+   attention, the tail kept at its absolute positions), and for the best-scoring tails that no
+   verified sentence explains (``SPLICE_JOBS`` per missing sentence) positions 1..q-1 are searched
+   again left to right with the tail attached (``SPLICE_WIDTH`` prefixes; the positions not yet
+   chosen hidden), the completion verified as in step 3.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
    own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
@@ -83,6 +92,8 @@ CHUNK = 1024        # candidate sentences per forward pass
 PASSES = 3          # beam passes at most (a pass runs only while the last one verified new sentences)
 LOOKAHEAD = 3       # positions 1..LOOKAHEAD: a prefix's new token is scored with the best next token after it
 LOOKAHEAD_ROWS = 4  # x beam width: the rows (lowest plain residual first) that get the lookahead score
+SPLICE_JOBS = 6     # step 2b: prefix re-searches per sentence still missing after the beam passes
+SPLICE_WIDTH = 16   # step 2b: prefixes a re-search keeps per position
 
 
 def span_basis(update: SharedUpdate, model: TextModel, layer: int) -> tuple[torch.Tensor, int]:
@@ -123,17 +134,19 @@ class _Spans:
         return _residual(z, self.basis0)[:, pos]
 
     @torch.no_grad()
-    def sentences(self, rows: list[list[int]]) -> torch.Tensor:
-        """Residuals [len(rows), max length] of block 1's inputs (0 past a row's end)."""
+    def sentences(self, rows: list[list[int]], masks: list[list[int]] | None = None) -> torch.Tensor:
+        """Residuals [len(rows), max length] of block 1's inputs, 0 past a row's end and where
+        ``masks`` (optional, 0/1 per position of each row) hides a position from attention (its
+        position index is kept: the tokens after it stay at their absolute positions)."""
         out = []
         for a in range(0, len(rows), CHUNK):
             part = rows[a:a + CHUNK]
             ell = max(len(r) for r in part)
-            ids = torch.zeros(len(part), ell, dtype=torch.long)
-            lengths = torch.tensor([len(r) for r in part])
+            ids = torch.full((len(part), ell), self.model.tokenizer.pad_id, dtype=torch.long)
+            mask = torch.zeros(len(part), ell, dtype=torch.long)
             for i, r in enumerate(part):
                 ids[i, :len(r)] = torch.tensor(r)
-            mask = (torch.arange(ell)[None] < lengths[:, None]).long()
+                mask[i, :len(r)] = 1 if masks is None else torch.tensor(masks[a + i])
             res = _residual(self.model.block_inputs(self.params, ids, mask, 1), self.basis1) * mask
             out.append(torch.nn.functional.pad(res, (0, max(len(r) for r in rows) - ell)))
         self.evaluated += len(rows)
@@ -197,6 +210,71 @@ def _lookahead(spans: _Spans, rows: list[list[int]], res: torch.Tensor, nexts: l
     return out
 
 
+def _explained(split: tuple[int, tuple[int, ...]], verified: dict[tuple[int, ...], float]) -> bool:
+    """Whether a verified sentence already holds the split's first two suffix tokens at the same
+    absolute positions (the split is then a variant of that sentence's tail)."""
+    q, suffix = split
+    return any(len(v) > q + 1 and v[q:q + 2] == suffix[:2] for v in verified)
+
+
+def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verified: dict[tuple[int, ...], float],
+            closed: dict[tuple[int, ...], float], step: Any) -> tuple[int, int]:
+    """Step 2b (module docstring): re-search the prefixes of the closed candidates whose tails look
+    true. Every split (q, candidate[q:]) of an unverified closed candidate is scored by the mean
+    block-1 residual of its tail alone (positions 1..q-1 hidden from attention, the tail at its
+    absolute positions), tails of verified sentences skipped; in that order, at most ``SPLICE_JOBS``
+    per missing sentence, the prefix is searched again with the tail attached (``_complete``) and
+    the completion verified as any closed sentence. Returns (jobs run, sentences verified)."""
+    closed_now = [c for c in closed if c not in verified and len(c) > 3]
+    splits = sorted({(q, c[q:]) for c in closed_now for q in range(2, len(c) - 1)})
+    splits = [sp for sp in splits if not _explained(sp, verified)]
+    if not splits or len(verified) >= k:
+        return 0, 0
+    rows = [[tok.cls_id] + [tok.pad_id] * (q - 1) + list(tail) for q, tail in splits]
+    masks = [[1] + [0] * (q - 1) + [1] * len(tail) for q, tail in splits]
+    res = spans.sentences(rows, masks)[:, 1:].sum(-1)
+    mean = res / torch.tensor([len(tail) for _, tail in splits], dtype=torch.float64)
+    order = sorted(range(len(splits)), key=lambda i: (float(mean[i]), splits[i]))
+    budget, ran, found = SPLICE_JOBS * (k - len(verified)), 0, 0
+    for i in order:
+        if ran >= budget or len(verified) >= k:
+            break
+        if _explained(splits[i], verified):   # a sentence verified by an earlier job holds this tail
+            continue
+        ran += 1
+        sentence, worst = _complete(spans, candidates, tok, *splits[i])
+        closed.setdefault(sentence, worst)
+        if worst < TAU and sentence not in verified:
+            verified[sentence] = worst
+            found += 1
+        step()
+    return ran, found
+
+
+def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, q: int,
+              tail: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+    """The prefix of positions 1..q-1 in front of ``tail`` (which starts at position q), searched
+    left to right with ``SPLICE_WIDTH`` prefixes kept: each row is [CLS, prefix, hidden, tail], the
+    positions not yet chosen hidden from attention, and ranked by the sum of its block-1 residuals
+    (the tail's context is there from the first token on, which the beam's early positions lack).
+    Returns the best completion and its largest residual (below ``TAU``: verified)."""
+    beams: list[list[int]] = [[tok.cls_id]]
+    for j in range(1, q):
+        nexts = [v for v in candidates[j] if v != tok.sep_id]
+        if not nexts:
+            break
+        rows = [b + [v] + [tok.pad_id] * (q - j - 1) + list(tail) for b in beams for v in nexts]
+        mask = [1] * (j + 1) + [0] * (q - j - 1) + [1] * len(tail)
+        keep = spans.sentences(rows, [mask] * len(rows)).sum(-1).argsort()[:SPLICE_WIDTH]
+        beams = [rows[int(i)][:j + 1] for i in keep]
+    full = [b + list(tail) for b in beams if len(b) == q]
+    if not full:
+        return (tok.cls_id, *tail), float("inf")
+    worst = spans.sentences(full).amax(-1)
+    best = int(worst.argmin())
+    return tuple(full[best]), float(worst[best])
+
+
 def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
           observer: Any = None) -> TextReconstruction:
     """DAGER on ``update`` (module docstring): verified sentences, then the best unverified ones up
@@ -240,6 +318,13 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
             passes_run += 1
             if len(verified) == before:
                 break
+        # 2b. the prefixes of tails that look true, searched again with the tail attached (only where
+        # block 1's span holds the batch's inputs: otherwise nothing can verify)
+        splice_jobs = spliced = 0
+        if bag.exact and len(verified) < k and spans.rank1 >= spans.rank0:
+            bar.update(task, total=bar.tasks[0].completed + SPLICE_JOBS * (k - len(verified)))
+            splice_jobs, spliced = _splice(spans, candidates, tok, k, verified, closed,
+                                           lambda: bar.update(task, advance=1, loss=float("nan")))
 
     found = sorted(verified, key=lambda s: verified[s])[:k]
     guesses = sorted((s for s in closed if s not in verified and len(s) > 2), key=lambda s: closed[s])
@@ -270,7 +355,8 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                "rank_layer0": spans.rank0, "rank_layer1": spans.rank1, "width": model.dim,
                "tokens_in_batch_bound": k * length, "bag": len(content), "sentence_length": length,
                "candidates_per_position": filtered, "beam_width": beam_width,
-               "sentences_evaluated": spans.evaluated, "beam_passes": passes_run, "tau": TAU})
+               "sentences_evaluated": spans.evaluated, "beam_passes": passes_run, "splice_jobs": splice_jobs,
+               "spliced": spliced, "tau": TAU})
 
 
 def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
