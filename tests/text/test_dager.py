@@ -15,6 +15,7 @@ from gradleak.cli import main  # noqa: E402
 from gradleak.errors import GradleakError  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
 from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
+from gradleak.text.attacks import dager as dager_module  # noqa: E402
 from gradleak.text.attacks.dager import TAU, _complete, _Spans, _splice  # noqa: E402
 from gradleak.text.client import text_fedsgd  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
@@ -68,9 +69,12 @@ def test_hidden_positions_do_not_reach_the_others(minilm, pair):
     a, b = spans.sentences([s, other], [mask, mask])
     assert torch.equal(a, b) and float(a[1:4].abs().max()) == 0.0
     assert not torch.equal(a, spans.sentences([s])[0])   # hiding them does change the context
+    # the tail is read at its own positions, not moved up behind [CLS]
+    compact = spans.sentences([[s[0], *s[4:]]])[0]
+    assert float((a[4:] - compact[1:]).abs().max()) > 1e-3
 
 
-def test_splice_rebuilds_a_true_tail_behind_a_wrong_prefix(minilm, pair):
+def test_splice_rebuilds_a_true_tail_behind_a_wrong_prefix(minilm, pair, monkeypatch):
     """Step 2b on two held-out sentences: a chimera (one sentence's prefix before the other's tail,
     at its true positions) is re-searched into the true sentence and verified."""
     batch, update = pair
@@ -82,14 +86,15 @@ def test_splice_rebuilds_a_true_tail_behind_a_wrong_prefix(minilm, pair):
     bag = sorted({t for s in (short, long_) for t in s[1:-1]})
     candidates = [bag] * len(long_)
     assert float(spans.sentences([list(chimera)]).amax()) > 100 * TAU
-    assert _complete(spans, candidates, tok, q, long_[q:]) == (long_, pytest.approx(0.0, abs=TAU))
-    verified = {short: 0.0}
+    assert _complete(spans, candidates, tok, 16, q, long_[q:]) == (long_, pytest.approx(0.0, abs=TAU))
     closed = {chimera: float(spans.sentences([list(chimera)]).amax()), short: 0.0}
-    steps = []
-    ran, found = _splice(spans, candidates, tok, 2, verified, closed, lambda: steps.append(1))
-    assert found == 1 and set(verified) == {short, long_} and 1 <= ran == len(steps)
+    for jobs in (1, dager_module.SPLICE_JOBS):   # one job: the ranking of the tails must put a true one first
+        monkeypatch.setattr(dager_module, "SPLICE_JOBS", jobs)
+        verified, steps = {short: 0.0}, []
+        ran, found = _splice(spans, candidates, tok, 2, verified, dict(closed), 16, lambda: steps.append(1))
+        assert found == 1 and set(verified) == {short, long_} and 1 <= ran == len(steps) <= jobs
     # nothing is missing: no job runs
-    assert _splice(spans, candidates, tok, 2, verified, closed, lambda: None) == (0, 0)
+    assert _splice(spans, candidates, tok, 2, verified, closed, 16, lambda: None) == (0, 0)
 
 
 def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
@@ -102,10 +107,11 @@ def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
                       minilm.tokenizer)
     assert m.exact_sentences == 2 and m.rouge1 == m.rouge2 == m.rougeL == 1.0
     assert all(r["exact"] for r in m.per_sentence)
-    # a beam of one: whatever it misses is an unverified guess, never an empty sentence
+    # a beam of one verifies one sentence in its passes; the splice (step 2b) rebuilds the other from
+    # a chimera's true tail, with one job
     narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
-    assert len(narrow.token_ids) == 2 and all(len(s) > 2 for s in narrow.token_ids)
-    assert narrow.extra["exact"] == (narrow.extra["verified"] == 2) == (narrow.extra["why_not_exact"] is None)
+    assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
+    assert narrow.extra["spliced"] == narrow.extra["splice_jobs"] == 1 and narrow.extra["verified"] == 2
 
 
 def test_noise_makes_it_inexact_not_wrong_and_fedavg_is_refused(minilm, pair):

@@ -70,7 +70,8 @@ SPEC = {
     "converged_below": None,
     "needs": "the exact gradient (FedSGD, or one local step) of a transformer whose batch has fewer tokens "
              "than its width",
-    "flags": {"beam_width": ["int[1,100000]", 128, "DAGER: prefixes the sentence search keeps per position"]},
+    "flags": {"beam_width": ["int[1,100000]", 128, "DAGER: prefixes the sentence search keeps per position "
+                                                   "(the splice keeps at most 16)"]},
 }
 
 import time
@@ -218,13 +219,17 @@ def _explained(split: tuple[int, tuple[int, ...]], verified: dict[tuple[int, ...
 
 
 def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verified: dict[tuple[int, ...], float],
-            closed: dict[tuple[int, ...], float], step: Any) -> tuple[int, int]:
+            closed: dict[tuple[int, ...], float], width: int, step: Any) -> tuple[int, int]:
     """Step 2b (module docstring): re-search the prefixes of the closed candidates whose tails look
     true. Every split (q, candidate[q:]) of an unverified closed candidate is scored by the mean
     block-1 residual of its tail alone (positions 1..q-1 hidden from attention, the tail at its
-    absolute positions), tails of verified sentences skipped; in that order, at most ``SPLICE_JOBS``
-    per missing sentence, the prefix is searched again with the tail attached (``_complete``) and
-    the completion verified as any closed sentence. Returns (jobs run, sentences verified)."""
+    absolute positions); splits whose first two tail tokens a verified sentence holds at the same
+    positions are skipped (``_explained``: variants of that sentence's tail, and now and then a true
+    tail that shares two tokens in place with it, which a longer or shorter split of the same
+    candidate still offers). In that order, within one budget fixed at the start (``SPLICE_JOBS``
+    times the sentences then missing), the prefix is searched again with the tail attached
+    (``_complete``, ``width`` prefixes) and the completion verified as any closed sentence is.
+    Returns (jobs run, sentences verified)."""
     closed_now = [c for c in closed if c not in verified and len(c) > 3]
     splits = sorted({(q, c[q:]) for c in closed_now for q in range(2, len(c) - 1)})
     splits = [sp for sp in splits if not _explained(sp, verified)]
@@ -242,22 +247,26 @@ def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verifi
         if _explained(splits[i], verified):   # a sentence verified by an earlier job holds this tail
             continue
         ran += 1
-        sentence, worst = _complete(spans, candidates, tok, *splits[i])
-        closed.setdefault(sentence, worst)
+        done = _complete(spans, candidates, tok, width, *splits[i])
+        step()
+        if done is None:
+            continue
+        sentence, worst = done
+        closed.setdefault(sentence, worst)   # an unverified completion is a fallback guess like any other
         if worst < TAU and sentence not in verified:
             verified[sentence] = worst
             found += 1
-        step()
     return ran, found
 
 
-def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, q: int,
-              tail: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, width: int, q: int,
+              tail: tuple[int, ...]) -> tuple[tuple[int, ...], float] | None:
     """The prefix of positions 1..q-1 in front of ``tail`` (which starts at position q), searched
-    left to right with ``SPLICE_WIDTH`` prefixes kept: each row is [CLS, prefix, hidden, tail], the
+    left to right with ``width`` prefixes kept: each row is [CLS, prefix, hidden, tail], the
     positions not yet chosen hidden from attention, and ranked by the sum of its block-1 residuals
     (the tail's context is there from the first token on, which the beam's early positions lack).
-    Returns the best completion and its largest residual (below ``TAU``: verified)."""
+    Returns the best completion and its largest residual (below ``TAU``: verified), or None when a
+    position has no candidate token."""
     beams: list[list[int]] = [[tok.cls_id]]
     for j in range(1, q):
         nexts = [v for v in candidates[j] if v != tok.sep_id]
@@ -265,11 +274,11 @@ def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, q: int,
             break
         rows = [b + [v] + [tok.pad_id] * (q - j - 1) + list(tail) for b in beams for v in nexts]
         mask = [1] * (j + 1) + [0] * (q - j - 1) + [1] * len(tail)
-        keep = spans.sentences(rows, [mask] * len(rows)).sum(-1).argsort()[:SPLICE_WIDTH]
+        keep = spans.sentences(rows, [mask] * len(rows)).sum(-1).argsort()[:width]
         beams = [rows[int(i)][:j + 1] for i in keep]
     full = [b + list(tail) for b in beams if len(b) == q]
     if not full:
-        return (tok.cls_id, *tail), float("inf")
+        return None
     worst = spans.sentences(full).amax(-1)
     best = int(worst.argmin())
     return tuple(full[best]), float(worst[best])
@@ -307,24 +316,31 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     closed: dict[tuple[int, ...], float] = {}   # every closed candidate's max residual (the fallbacks)
     beams: list[list[int]] = []
     passes_run = 0
+    ticks = [0]   # the bar's steps so far (its total grows by the splice's budget)
+
+    def tick(bar: Any, task: Any) -> None:
+        ticks[0] += 1
+        bar.update(task, advance=1, loss=float("nan"))
+
     with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
         task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
         while bag.exact and passes_run < PASSES and len(verified) < k:
             before = len(verified)
             known = {s[:i] for s in verified for i in range(2, len(s))}
             beams = _beam_pass(spans, candidates, length, beam_width, tok, verified, closed, known,
-                               lambda p, b: (bar.update(task, advance=1, loss=float("nan")),
-                                             observer(p, b[:k]) if observer is not None else None))
+                               lambda p, b: (tick(bar, task), observer(p, b[:k]) if observer is not None else None))
             passes_run += 1
             if len(verified) == before:
                 break
-        # 2b. the prefixes of tails that look true, searched again with the tail attached (only where
-        # block 1's span holds the batch's inputs: otherwise nothing can verify)
+        # 2b. the prefixes of tails that look true, searched again with the tail attached. Only where
+        # the beam verified a sentence and block 1's rank is not below block 0's: otherwise (pruning,
+        # quantisation, a rank-deficient block 1) nothing verifies and the jobs would be futile
         splice_jobs = spliced = 0
-        if bag.exact and len(verified) < k and spans.rank1 >= spans.rank0:
-            bar.update(task, total=bar.tasks[0].completed + SPLICE_JOBS * (k - len(verified)))
+        if bag.exact and 0 < len(verified) < k and spans.rank1 >= spans.rank0:
+            bar.update(task, total=ticks[0] + SPLICE_JOBS * (k - len(verified)))
             splice_jobs, spliced = _splice(spans, candidates, tok, k, verified, closed,
-                                           lambda: bar.update(task, advance=1, loss=float("nan")))
+                                           min(SPLICE_WIDTH, beam_width), lambda: tick(bar, task))
+        bar.update(task, total=ticks[0])
 
     found = sorted(verified, key=lambda s: verified[s])[:k]
     guesses = sorted((s for s in closed if s not in verified and len(s) > 2), key=lambda s: closed[s])
@@ -338,6 +354,9 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
         why = "the update is not exact (noise): the span tests need the gradient's exact low rank"
     elif len(verified) > k:   # only k distinct sentences exist: a verification was wrong
         why = f"{len(verified)} sentences verified for a batch of {k}: the span test is not conclusive here"
+    elif sum(map(len, verified)) > spans.rank1:   # one block-1 input per token: rank1 counts the batch's tokens
+        why = (f"the verified sentences hold {sum(map(len, verified))} tokens, more than block 1's rank "
+               f"{spans.rank1}: the span test is not conclusive here")
     elif len(found) < k:
         cause = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses "
                  "some of the batch's inputs" if spans.rank1 < spans.rank0 else
