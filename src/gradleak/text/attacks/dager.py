@@ -25,15 +25,19 @@ it is one of the batch's.
    sentences and some are missing, another runs (at most ``PASSES``) with the verified sentences'
    prefixes ranked last, so the beam's room goes to the others (measured on MiniLM, 8 sentences:
    2 -> 3 verified in one batch of two, at 3x the cost).
-2b. Splice (gradleak's, not the paper's): from 8 sentences most closed candidates the beam does
-   not verify are chimeras, a wrong prefix (often a verified sentence's) in front of a true tail
-   at its true positions, because the beam loses a true prefix at positions 2-5, where a prefix
+2b. Splice (gradleak's, not the paper's): from 4-8 sentences the closed candidates the beam does
+   not verify are often chimeras, a wrong prefix (often a verified sentence's) in front of a true
+   tail at its true positions (seen on a probe batch of 8: each missing sentence's nearest closed
+   candidate was one), because the beam loses a true prefix at positions 2-5, where a prefix
    closed by [SEP] misses most of its context. So every split (q, tail) of the unverified closed
    candidates is scored by the block-1 residuals of the tail alone (positions 1..q-1 hidden from
    attention, the tail kept at its absolute positions), and for the best-scoring tails that no
-   verified sentence explains (``SPLICE_JOBS`` per missing sentence) positions 1..q-1 are searched
-   again left to right with the tail attached (``SPLICE_WIDTH`` prefixes; the positions not yet
-   chosen hidden), the completion verified as in step 3.
+   verified sentence explains (one budget: ``SPLICE_JOBS`` times the sentences then missing)
+   positions 1..q-1 are searched again left to right with the tail attached (``SPLICE_WIDTH``
+   prefixes at most; the positions not yet chosen hidden), the completion verified as in step 3.
+   It runs only when the passes verified a sentence. Measured on probe batches (not the
+   experiment's): K = 8, 17 -> 20 of 24 exact; on reproduction/text-batch-size: 9 -> 11, 14 -> 16,
+   24 -> 28 at K = 4, 8, 16, none verified wrongly, a batch of 16 ~11 min instead of ~7.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
    own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
@@ -48,7 +52,8 @@ runs and verifies nothing (measured: prune 0.5, int8, fp16 on two sentences), so
 inexact and says so. On MiniLM the
 layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
 LayerNorm of word + position sums spans |bag| + L dimensions), so from 8 sentences the beam
-searches the whole bag at every position and recovers what its width allows. FedAvg with more
+searches the whole bag at every position and recovers what its width and the splice allow (at
+16, most missing sentences have no true tail among the closed candidates to splice). FedAvg with more
 than one local step is refused (the update is no longer one gradient: its span is not the
 inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
 token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
