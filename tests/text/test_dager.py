@@ -57,6 +57,57 @@ def test_true_sentences_lie_in_the_span_and_one_wrong_token_does_not(minilm, pai
     assert float(spans.sentences(wrong).amax(-1).min()) > 100 * TAU
 
 
+@pytest.mark.parametrize("name", ["minilm", "tiny-transformer"])
+def test_position_pins_place_exactly_the_tokens_that_sit_at_one_position(name, minilm):
+    """Step 1b on 4 held-out sentences: the word-embedding gradient row of a token whose occurrences
+    all sit at one position is orthogonal to its normalised embedding sum there (LayerNorm's
+    backward), so it is pinned there, and only there; a token at several positions is never pinned.
+    On both models (the tiny transformer's LayerNorm eps, 1e-5, needs the eps term)."""
+    model = minilm if name == "minilm" else build_text_model(name, seed=0)
+    batch = text_batch(list(python_docs_sentences()), model, 4, 0)
+    update = text_fedsgd(model, batch)
+    truth = batch.token_ids()
+    where: dict[int, set[int]] = {}
+    for s in truth:
+        for p, t in enumerate(s):
+            where.setdefault(t, set()).add(p)
+    tokens = sorted(where)
+    rows = update.gradients[model.word_embedding][tokens].double()
+    pins = _Spans(model, update).position_pins(tokens, rows, rows.norm(dim=-1), max(map(len, truth)))
+    one = {t: min(ps) for t, ps in where.items() if len(ps) == 1}
+    assert pins == one
+    assert 0 < len(one) < len(where)   # both kinds are in this batch: the test can fail either way
+
+
+def test_the_ledger_removes_what_verified_sentences_explain(minilm):
+    """Step 2c on 4 held-out sentences: peeling a true sentence's own gradient takes out the tokens
+    only it held and keeps every other sentence's tokens at their positions; peeling all four
+    leaves no candidate; a sentence that is not the client's explains nothing and is not peeled."""
+    batch = text_batch(list(python_docs_sentences()), minilm, 4, 0)
+    update = text_fedsgd(minilm, batch)
+    truth = [tuple(s) for s in batch.token_ids()]
+    length = max(map(len, truth))
+    vocab = sorted({t for s in truth for t in s[1:]})
+    spans = _Spans(minilm, update)
+    ledger = dager_module._Ledger(spans, update, vocab)
+    admitted = torch.ones(len(vocab), length, dtype=torch.bool)
+    fake = list(truth[1])                               # one word swapped for another sentence's
+    fake[2] = truth[0][2] if truth[0][2] != fake[2] else truth[0][3]
+    fake = tuple(fake)
+    assert fake != truth[1] and fake[2] != minilm.tokenizer.sep_id
+    assert not ledger.peel(fake) and ledger.peeled == 0
+    assert ledger.peel(truth[0]) and ledger.peeled == 1
+    candidates = ledger.candidates(admitted, length)
+    for s in truth[1:]:                                  # the others' tokens stay where they are
+        assert all(t in candidates[p] for p, t in enumerate(s) if p > 0)
+    others = {t for s in truth[1:] for t in s}
+    gone = [t for t in truth[0] if t not in others]
+    assert gone and not any(t in c for t in gone for c in candidates)
+    for s in truth[1:]:
+        assert ledger.peel(s)
+    assert not any(ledger.candidates(admitted, length))
+
+
 def test_hidden_positions_do_not_reach_the_others(minilm, pair):
     """The splice's rows hide the positions not yet chosen: what they hold changes nothing elsewhere,
     and the tail keeps its absolute positions."""
@@ -107,9 +158,21 @@ def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
                       minilm.tokenizer)
     assert m.exact_sentences == 2 and m.rouge1 == m.rouge2 == m.rougeL == 1.0
     assert all(r["exact"] for r in m.per_sentence)
-    # a beam of one verifies one sentence in its passes; the splice (step 2b) rebuilds the other from
-    # a chimera's true tail, with one job
+    # a beam of one, the candidates pinned (1b) and peeled (2c): both sentences in the passes
     narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
+    assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
+    assert narrow.extra["pinned"] > 0 and narrow.extra["spliced"] == 0
+
+
+def test_splice_completes_a_narrow_beam_without_pins_or_ledger(minilm, pair, monkeypatch):
+    """Without steps 1b and 2c (tolerances 0: nothing pinned, nothing peeled), a beam of one verifies
+    one sentence in its passes; the splice (step 2b) rebuilds the other from a chimera's true tail,
+    with one job."""
+    batch, update = pair
+    monkeypatch.setattr(dager_module, "PIN", 0.0)
+    monkeypatch.setattr(dager_module, "PEEL", 0.0)
+    narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
+    assert narrow.extra["pinned"] == 0 and narrow.extra["peeled"] == 0
     assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
     assert narrow.extra["spliced"] == narrow.extra["splice_jobs"] == 1 and narrow.extra["verified"] == 2
 

@@ -194,6 +194,12 @@ class TextModel:
             return out.logits
         return functional_call(self.module, (params, buffers), (inputs_embeds, attention_mask))
 
+    @property
+    def embedding_norm(self) -> str:
+        """The name prefix of the LayerNorm that turns word + position (+ token type) embeddings into
+        block 0's inputs (its ``weight`` and ``bias``)."""
+        return "bert.embeddings.LayerNorm." if self.name == "minilm" else "embed_norm."
+
     def attention_weights(self, layer: int) -> list[str]:
         """The names of encoder block ``layer``'s query/key/value weight matrices: their gradients
         are sum_t delta_t z_t^T, z_t the block's inputs (the span DAGER tests)."""

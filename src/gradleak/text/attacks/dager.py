@@ -12,6 +12,16 @@ it is one of the batch's.
    LayerNorm(word[v] + position[p] (+ type[0])); (v, p) is a candidate when its residual
    against the span is below ``TAU`` (1e-4: true pairs measure <= 3e-5 in float32 clients,
    benchmarks/dager_span.json).
+1b. Position pins (gradleak's, not the paper's): the embedding LayerNorm's backward makes the
+   gradient at its input orthogonal to the centred, normalised input x_hat (sum_i x_hat_i
+   dL/dx_i = 0, up to its eps), and the word embedding's gradient row of token v is the sum of
+   those gradients over v's occurrences. So when all of v's occurrences sit at one position p,
+   its row is orthogonal to x_hat(v, p) and, generically, to no other position's: v is then a
+   candidate at p only (|cos| < ``PIN`` + the eps term; measured on MiniLM, K = 1-16, 15 batches:
+   <= 3.5e-8 at the true position, >= 5.9e-7 for tokens at several positions, never a wrong pin).
+   Unlike step 1's span test, this does not saturate with the batch: at 16 sentences ~80 % of the
+   bag is pinned and the candidates per position fall from the whole bag (~110) to ~30 (the
+   pinned tokens there and the function words and [SEP] that sit at several positions).
 2. Sentence assembly. DAGER extends prefixes token by token for decoders (causal attention: a
    prefix's next-layer inputs do not depend on what follows) and searches exhaustively over the
    first layer's candidates for encoders. gradleak's choice for encoders (bidirectional attention):
@@ -35,9 +45,21 @@ it is one of the batch's.
    verified sentence explains (one budget: ``SPLICE_JOBS`` times the sentences then missing)
    positions 1..q-1 are searched again left to right with the tail attached (``SPLICE_WIDTH``
    prefixes at most; the positions not yet chosen hidden), the completion verified as in step 3.
-   It runs only when the passes verified a sentence. Measured on probe batches (not the
-   experiment's): K = 8, 17 -> 20 of 24 exact; on reproduction/text-batch-size: 9 -> 11, 14 -> 16,
-   24 -> 28 at K = 4, 8, 16, none verified wrongly, a batch of 16 ~11 min instead of ~7.
+   It runs when a pass verifies nothing new (or was the last), only where some sentence was
+   verified, and skips splits an earlier splice searched. Measured before 1b and 2c (on probe
+   batches, not the experiment's): K = 8, 17 -> 20 of 24 exact; on reproduction/text-batch-size:
+   9 -> 11, 14 -> 16, 24 -> 28 at K = 4, 8, 16, none verified wrongly.
+2c. The ledger (gradleak's, not the paper's): a verified sentence is exact, so its own share of the
+   update can be computed: its gradient w.r.t. its input embeddings at the global weights, summed
+   per token, for the label and the one factor (the update's scale: 1 / K, a learning rate's sign)
+   under which it explains at least one of its tokens' rows to a relative ``PEEL`` (1e-4: a token
+   only it holds measures ~2e-6, a sentence one token off ~0.15 or more). Subtracted from the
+   word-embedding rows, it takes the tokens only verified sentences held out of the candidates
+   and leaves tokens that remain at one position to be pinned (step 1b on the rest). The passes
+   and the splice alternate while either verifies something new (at most ``PASSES`` passes).
+   Measured on probe batches (seeds 1000 K + 100 + b, not the experiment's), exact sentences with
+   1b and 2c against without: K = 4, 12 of 12; K = 8, 24 of 24 against 20; K = 16, 47 of 48
+   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
    own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
@@ -51,9 +73,11 @@ inconclusive. Pruning and quantisation keep the bag exact but break the low rank
 runs and verifies nothing (measured: prune 0.5, int8, fp16 on two sentences), so the answer is
 inexact and says so. On MiniLM the
 layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
-LayerNorm of word + position sums spans |bag| + L dimensions), so from 8 sentences the beam
-searches the whole bag at every position and recovers what its width and the splice allow (at
-16, most missing sentences have no true tail among the closed candidates to splice). FedAvg with more
+LayerNorm of word + position sums spans |bag| + L dimensions); from 8 sentences the position
+pins (1b) and the ledger (2c) do what it no longer does. What is left to the beam at 16 are the
+tokens at several positions (function words, [SEP]) until the ledger explains them; a sentence
+made only of tokens other sentences also hold cannot be peeled, and the pins need the update's
+word-embedding rows exact (a frozen or noised embedding layer: no pins, the beam as before). FedAvg with more
 than one local step is refused (the update is no longer one gradient: its span is not the
 inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
 token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
@@ -95,11 +119,16 @@ __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
 
 TAU = 1e-4          # relative residual below which an input lies in the span (both tests)
 CHUNK = 1024        # candidate sentences per forward pass
-PASSES = 3          # beam passes at most (a pass runs only while the last one verified new sentences)
+PASSES = 6          # beam passes at most (a pass runs only while the last one, or the splice after it, verified new sentences)
 LOOKAHEAD = 3       # positions 1..LOOKAHEAD: a prefix's new token is scored with the best next token after it
 LOOKAHEAD_ROWS = 4  # x beam width: the rows (lowest plain residual first) that get the lookahead score
 SPLICE_JOBS = 6     # step 2b: prefix re-searches per sentence still missing after the beam passes
 SPLICE_WIDTH = 16   # step 2b: prefixes a re-search keeps per position
+PEEL = 1e-4         # step 2c: relative residual below which a verified sentence explains a gradient row
+PIN = 1e-7          # step 1b: |cos(word-embedding gradient row, its LayerNorm input at p)| below which
+                    # (plus 2 eps / variance, the LayerNorm's eps term) a token's every occurrence is at
+                    # p (measured on MiniLM, K = 1-16, 15 batches: <= 3.5e-8 where it is, >= 5.9e-7 for
+                    # tokens at two or more positions; the tiny transformer, eps 1e-5: <= 2.2e-6, >= 2.5e-4)
 
 
 def span_basis(update: SharedUpdate, model: TextModel, layer: int) -> tuple[torch.Tensor, int]:
@@ -140,6 +169,30 @@ class _Spans:
         return _residual(z, self.basis0)[:, pos]
 
     @torch.no_grad()
+    def position_pins(self, tokens: list[int], rows: torch.Tensor, scale: torch.Tensor, length: int) -> dict[int, int]:
+        """Step 1b (module docstring): token -> the one position p < ``length`` that holds all its
+        occurrences still unexplained, for the tokens whose word-embedding gradient row (``rows``
+        [len(tokens), dim], float64: the update's, or what verified sentences left of it, step 2c)
+        is orthogonal to their normalised embedding sum at p; tokens at several positions are not
+        pinned. The LayerNorm's backward makes the gradient at its input orthogonal to the centred,
+        normalised input x_hat (sum_i x_hat_i dL/dx_i = 0, up to its eps), and a word embedding's
+        row is the sum of those gradients over the token's occurrences. The tolerance is ``PIN``
+        relative to ``scale`` (the update's row norms: the float32 rounding is relative to them)."""
+        ids = torch.tensor(tokens)[:, None].expand(len(tokens), length).contiguous()
+        z = self.model.block_inputs(self.params, ids, torch.ones_like(ids), 0).double()
+        norm = self.model.embedding_norm
+        x_hat = (z - self.params[norm + "bias"].double()) / self.params[norm + "weight"].double()
+        size = rows.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        cos = (x_hat * rows[:, None]).sum(-1).abs() / (x_hat.norm(dim=-1) * size)
+        # with the LayerNorm's eps the identity holds up to eps / (variance + eps) of the sum: bounded
+        # with the word + position sum's variance (the token-type row, where there is one, aside)
+        eps = float(dict(self.model.module.named_modules())[norm.rstrip(".")].eps)
+        e = self.params[self.model.word_embedding][tokens][:, None] + self.params[self.model.position_embedding][:length]
+        tol = PIN * scale[:, None] / size + 2 * eps / e.double().var(-1, unbiased=False).clamp_min(1e-300)
+        below = cos < tol
+        return {v: int(below[i].nonzero()[0]) for i, v in enumerate(tokens) if int(below[i].sum()) == 1}
+
+    @torch.no_grad()
     def sentences(self, rows: list[list[int]], masks: list[list[int]] | None = None) -> torch.Tensor:
         """Residuals [len(rows), max length] of block 1's inputs, 0 past a row's end and where
         ``masks`` (optional, 0/1 per position of each row) hides a position from attention (its
@@ -157,6 +210,82 @@ class _Spans:
             out.append(torch.nn.functional.pad(res, (0, max(len(r) for r in rows) - ell)))
         self.evaluated += len(rows)
         return torch.cat(out)
+
+
+class _Ledger:
+    """Step 2c (module docstring): the word-embedding gradient rows of ``tokens`` that the verified
+    sentences do not explain. A verified sentence's own contribution is its gradient at the global
+    weights w.r.t. its input embeddings, summed per token, for the label under which one factor
+    makes it explain at least one of its tokens' rows (relative residual below ``PEEL``: a token
+    only this sentence holds), times that factor (the update's scale: 1 / K for FedSGD's mean, the
+    learning rate's sign for one FedAvg step); it is subtracted from its tokens' rows. A row brought
+    to ~0 is a token no missing sentence holds; a row left at one position pins its token there."""
+
+    def __init__(self, spans: _Spans, update: SharedUpdate, tokens: list[int]):
+        self.spans, self.tokens = spans, tokens
+        self.index = {v: i for i, v in enumerate(tokens)}
+        self.rows = update.gradients[spans.model.word_embedding][tokens].to("cpu", torch.float64).clone()
+        self.scale = self.rows.norm(dim=-1)
+        self.buffers = {n: b.detach().to("cpu") for n, b in spans.model.module.named_buffers()}
+        self.peeled = 0
+        self.pins: dict[int, int] = {}
+
+    def _contribution(self, sentence: tuple[int, ...], label: int) -> dict[int, torch.Tensor]:
+        """Token -> d loss(sentence, label) / d its word-embedding row, float64, at the global weights."""
+        model, params = self.spans.model, self.spans.params
+        ids = torch.tensor([sentence])
+        with torch.enable_grad():
+            embeds = torch.nn.functional.embedding(ids, params[model.word_embedding]).requires_grad_(True)
+            logits = model.logits(params, self.buffers, embeds, torch.ones_like(ids))
+            (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, torch.tensor([label])), embeds)
+        out: dict[int, torch.Tensor] = {}
+        for p, v in enumerate(sentence):
+            out[v] = out.get(v, 0) + g[0, p].double()
+        return out
+
+    def peel(self, sentence: tuple[int, ...]) -> bool:
+        """Subtract a verified sentence's contribution; False (nothing changed) when no label and
+        factor explain one of its rows exactly (each of its tokens is also another sentence's)."""
+        best: tuple[dict[int, torch.Tensor], list[float]] | None = None
+        for label in range(self.spans.model.num_classes):
+            c = self._contribution(sentence, label)
+            fits = []
+            for v, cv in c.items():
+                i = self.index.get(v)
+                if i is None or float(self.rows[i].norm()) <= PEEL * float(self.scale[i]):
+                    continue
+                a = float(self.rows[i] @ cv) / max(float(cv @ cv), 1e-300)
+                if float((self.rows[i] - a * cv).norm()) < PEEL * float(self.rows[i].norm()):
+                    fits.append(a)
+            if fits and (best is None or len(fits) > len(best[1])):
+                best = (c, fits)
+        if best is None:
+            return False
+        c, fits = best
+        a = sorted(fits)[len(fits) // 2]
+        for v, cv in c.items():
+            if v in self.index:
+                self.rows[self.index[v]] -= a * cv
+        self.peeled += 1
+        return True
+
+    def candidates(self, passes: torch.Tensor, length: int) -> list[list[int]]:
+        """Per position, the tokens block 0 lets through there (``passes`` [tokens, length]), less the
+        tokens whose rows the verified sentences explain, each pinned token at its position only."""
+        live = self.rows.norm(dim=-1) > PEEL * self.scale
+        pins = self.pins = self.spans.position_pins(self.tokens, self.rows, self.scale, length)
+        return [[v for i, v in enumerate(self.tokens) if passes[i, p] and live[i] and pins.get(v, p) == p]
+                for p in range(length)]
+
+
+def _peel(ledger: _Ledger, verified: dict[tuple[int, ...], float], before: int, candidates: list[list[int]],
+          admitted: torch.Tensor, length: int) -> list[list[int]]:
+    """Step 2c for the sentences verified after the first ``before``: their contributions leave the
+    ledger; the candidates again (unchanged when there is nothing new)."""
+    new = list(verified)[before:]
+    for sentence in new:
+        ledger.peel(sentence)
+    return ledger.candidates(admitted, length) if new else candidates
 
 
 def _refuse_unless_one_gradient(update: SharedUpdate) -> None:
@@ -224,7 +353,8 @@ def _explained(split: tuple[int, tuple[int, ...]], verified: dict[tuple[int, ...
 
 
 def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verified: dict[tuple[int, ...], float],
-            closed: dict[tuple[int, ...], float], width: int, step: Any) -> tuple[int, int]:
+            closed: dict[tuple[int, ...], float], width: int, step: Any,
+            tried: set[tuple[int, tuple[int, ...]]] | None = None) -> tuple[int, int]:
     """Step 2b (module docstring): re-search the prefixes of the closed candidates whose tails look
     true. Every split (q, candidate[q:]) of an unverified closed candidate is scored by the mean
     block-1 residual of its tail alone (positions 1..q-1 hidden from attention, the tail at its
@@ -237,7 +367,8 @@ def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verifi
     Returns (jobs run, sentences verified)."""
     closed_now = [c for c in closed if c not in verified and len(c) > 3]
     splits = sorted({(q, c[q:]) for c in closed_now for q in range(2, len(c) - 1)})
-    splits = [sp for sp in splits if not _explained(sp, verified)]
+    tried = set() if tried is None else tried   # splits an earlier call searched: not again
+    splits = [sp for sp in splits if not _explained(sp, verified) and sp not in tried]
     if not splits or len(verified) >= k:
         return 0, 0
     rows = [[tok.cls_id] + [tok.pad_id] * (q - 1) + list(tail) for q, tail in splits]
@@ -252,6 +383,7 @@ def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verifi
         if _explained(splits[i], verified):   # a sentence verified by an earlier job holds this tail
             continue
         ran += 1
+        tried.add(splits[i])
         done = _complete(spans, candidates, tok, width, *splits[i])
         step()
         if done is None:
@@ -309,9 +441,12 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     vocab = [*content, tok.sep_id]
     if bag.exact:
         passes = spans.token_filter(vocab, length) < TAU
-        candidates = [[v for i, v in enumerate(vocab) if passes[i, p]] for p in range(length)]
+        # 1b. a token whose occurrences all sit at one position is a candidate there only
+        ledger = _Ledger(spans, update, vocab)
+        candidates = ledger.candidates(passes, length)
+        pinned = len(ledger.pins)
     else:
-        candidates = [[] for _ in range(length)]
+        candidates, ledger, pinned = [[] for _ in range(length)], None, 0
     filtered = [len(c) for c in candidates[1:]]
 
     # 2-3. the beam over positions, each prefix closed by [SEP]; closed sentences verified. A further
@@ -329,22 +464,33 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
 
     with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
         task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
+        splice_jobs = spliced = 0
+        tried: set[tuple[int, tuple[int, ...]]] = set()
         while bag.exact and passes_run < PASSES and len(verified) < k:
             before = len(verified)
             known = {s[:i] for s in verified for i in range(2, len(s))}
             beams = _beam_pass(spans, candidates, length, beam_width, tok, verified, closed, known,
                                lambda p, b: (tick(bar, task), observer(p, b[:k]) if observer is not None else None))
             passes_run += 1
-            if len(verified) == before:
+            # 2c. the new sentences' own gradients leave the ledger: the tokens only they held leave
+            # the candidates, tokens now left at one position are pinned there
+            candidates = _peel(ledger, verified, before, candidates, passes, length)
+            if len(verified) > before and passes_run < PASSES:
+                continue
+            # 2b. the pass found nothing new (or was the last): the prefixes of tails that look true,
+            # searched again with the tail attached; another pass follows what it verifies. Only where
+            # a sentence was verified and block 1's rank is not below block 0's: otherwise (pruning,
+            # quantisation, a rank-deficient block 1) nothing verifies and the jobs would be futile
+            if not (0 < len(verified) < k and spans.rank1 >= spans.rank0):
                 break
-        # 2b. the prefixes of tails that look true, searched again with the tail attached. Only where
-        # the beam verified a sentence and block 1's rank is not below block 0's: otherwise (pruning,
-        # quantisation, a rank-deficient block 1) nothing verifies and the jobs would be futile
-        splice_jobs = spliced = 0
-        if bag.exact and 0 < len(verified) < k and spans.rank1 >= spans.rank0:
-            bar.update(task, total=ticks[0] + SPLICE_JOBS * (k - len(verified)))
-            splice_jobs, spliced = _splice(spans, candidates, tok, k, verified, closed,
-                                           min(SPLICE_WIDTH, beam_width), lambda: tick(bar, task))
+            bar.update(task, total=ticks[0] + SPLICE_JOBS * (k - len(verified)) + (PASSES - passes_run) * (length - 1))
+            before = len(verified)
+            jobs, found = _splice(spans, candidates, tok, k, verified, closed, min(SPLICE_WIDTH, beam_width),
+                                  lambda: tick(bar, task), tried)
+            splice_jobs, spliced = splice_jobs + jobs, spliced + found
+            if not found:
+                break
+            candidates = _peel(ledger, verified, before, candidates, passes, length)
         bar.update(task, total=ticks[0])
 
     found = sorted(verified, key=lambda s: verified[s])[:k]
@@ -378,7 +524,8 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                "verified": len(found), "verified_max_residual": max(verified[s] for s in found) if found else None,
                "rank_layer0": spans.rank0, "rank_layer1": spans.rank1, "width": model.dim,
                "tokens_in_batch_bound": k * length, "bag": len(content), "sentence_length": length,
-               "candidates_per_position": filtered, "beam_width": beam_width,
+               "candidates_per_position": filtered, "pinned": pinned,
+               "peeled": ledger.peeled if ledger is not None else 0, "beam_width": beam_width,
                "sentences_evaluated": spans.evaluated, "beam_passes": passes_run, "splice_jobs": splice_jobs,
                "spliced": spliced, "tau": TAU})
 
