@@ -73,37 +73,54 @@ def test_position_pins_place_exactly_the_tokens_that_sit_at_one_position(name, m
             where.setdefault(t, set()).add(p)
     tokens = sorted(where)
     rows = update.gradients[model.word_embedding][tokens].double()
-    pins = _Spans(model, update).position_pins(tokens, rows, rows.norm(dim=-1), max(map(len, truth)))
-    one = {t: min(ps) for t, ps in where.items() if len(ps) == 1}
+    pins = _Spans(model, update).position_pins(tokens, rows, dager_module.PIN * rows.norm(dim=-1), max(map(len, truth)))
+    one = {t: min(ps) for t, ps in where.items() if len(ps) == 1 and min(ps) > 0}   # 0 is [CLS]'s
     assert pins == one
     assert 0 < len(one) < len(where)   # both kinds are in this batch: the test can fail either way
 
 
 def test_the_ledger_removes_what_verified_sentences_explain(minilm):
     """Step 2c on 4 held-out sentences: peeling a true sentence's own gradient takes out the tokens
-    only it held and keeps every other sentence's tokens at their positions; peeling all four
-    leaves no candidate; a sentence that is not the client's explains nothing and is not peeled."""
+    only it held, keeps every other sentence's tokens at their positions and pins a token it shared
+    with one other position there; peeling all four leaves no candidate; a sentence that is not the
+    client's explains nothing and is not peeled."""
     batch = text_batch(list(python_docs_sentences()), minilm, 4, 0)
     update = text_fedsgd(minilm, batch)
     truth = [tuple(s) for s in batch.token_ids()]
     length = max(map(len, truth))
     vocab = sorted({t for s in truth for t in s[1:]})
-    spans = _Spans(minilm, update)
-    ledger = dager_module._Ledger(spans, update, vocab)
+
+    def moved(i: int) -> list[tuple[int, int]]:
+        """(token, p): tokens of sentence i that the others hold at one other position p only."""
+        rest: dict[int, set[int]] = {}
+        for j, s in enumerate(truth):
+            for p, t in enumerate(s):
+                if j != i:
+                    rest.setdefault(t, set()).add(p)
+        return [(t, min(rest[t])) for p0, t in enumerate(truth[i])
+                if p0 > 0 and len(rest.get(t, ())) == 1 and min(rest[t]) != p0]
+
+    first = next(i for i in range(4) if moved(i))   # the batch has one: the test can fail
+    others = [s for j, s in enumerate(truth) if j != first]
+    ledger = dager_module._Ledger(_Spans(minilm, update), update, vocab)
     admitted = torch.ones(len(vocab), length, dtype=torch.bool)
-    fake = list(truth[1])                               # one word swapped for another sentence's
-    fake[2] = truth[0][2] if truth[0][2] != fake[2] else truth[0][3]
+    before = ledger.candidates(admitted, length)
+    assert all(any(t in c for j, c in enumerate(before) if j != p) for t, p in moved(first))   # not pinned yet
+    fake = list(others[0])                               # one word swapped for another sentence's
+    fake[2] = truth[first][2] if truth[first][2] != fake[2] else truth[first][3]
     fake = tuple(fake)
-    assert fake != truth[1] and fake[2] != minilm.tokenizer.sep_id
+    assert fake != others[0] and fake[2] != minilm.tokenizer.sep_id
     assert not ledger.peel(fake) and ledger.peeled == 0
-    assert ledger.peel(truth[0]) and ledger.peeled == 1
+    assert ledger.peel(truth[first]) and ledger.peeled == 1
     candidates = ledger.candidates(admitted, length)
-    for s in truth[1:]:                                  # the others' tokens stay where they are
+    for s in others:                                     # the others' tokens stay where they are
         assert all(t in candidates[p] for p, t in enumerate(s) if p > 0)
-    others = {t for s in truth[1:] for t in s}
-    gone = [t for t in truth[0] if t not in others]
+    held = {t for s in others for t in s}
+    gone = [t for t in truth[first] if t not in held]
     assert gone and not any(t in c for t in gone for c in candidates)
-    for s in truth[1:]:
+    for t, p in moved(first):                            # left at one position: pinned there
+        assert [j for j, c in enumerate(candidates) if t in c] == [p]
+    for s in others:
         assert ledger.peel(s)
     assert not any(ledger.candidates(admitted, length))
 
@@ -158,19 +175,22 @@ def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
                       minilm.tokenizer)
     assert m.exact_sentences == 2 and m.rouge1 == m.rouge2 == m.rougeL == 1.0
     assert all(r["exact"] for r in m.per_sentence)
-    # a beam of one, the candidates pinned (1b) and peeled (2c): both sentences in the passes
-    narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
+    # a beam of one, the candidates pinned (1b) and peeled (2c): both sentences in the passes; an
+    # observer sees an answer of the batch's size at every step, though the beam holds one row
+    seen: list[int] = []
+    narrow = dager_module.dager(update, minilm, beam_width=1, observer=lambda p, rows: seen.append(len(rows)))
+    assert seen and set(seen) == {2}
     assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
-    assert narrow.extra["pinned"] > 0 and narrow.extra["spliced"] == 0
+    assert narrow.extra["pinned"] > 0 and narrow.extra["peeled"] >= 1 and narrow.extra["spliced"] == 0
 
 
 def test_splice_completes_a_narrow_beam_without_pins_or_ledger(minilm, pair, monkeypatch):
-    """Without steps 1b and 2c (tolerances 0: nothing pinned, nothing peeled), a beam of one verifies
+    """Without steps 1b and 2c (switched off: nothing pinned, nothing peeled), a beam of one verifies
     one sentence in its passes; the splice (step 2b) rebuilds the other from a chimera's true tail,
     with one job."""
     batch, update = pair
-    monkeypatch.setattr(dager_module, "PIN", 0.0)
-    monkeypatch.setattr(dager_module, "PEEL", 0.0)
+    monkeypatch.setattr(_Spans, "position_pins", lambda *args: {})
+    monkeypatch.setattr(dager_module._Ledger, "_subtract", lambda *args: False)
     narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
     assert narrow.extra["pinned"] == 0 and narrow.extra["peeled"] == 0
     assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
