@@ -67,7 +67,9 @@ it is one of the batch's.
    and the splice alternate while either verifies something new (at most ``PASSES`` passes).
    Measured on probe batches (seeds 1000 K + 100 + b, not the experiment's), exact sentences with
    1b and 2c against without: K = 4, 12 of 12; K = 8, 24 of 24 against 20; K = 16, 47 of 48
-   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11.
+   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11. On
+   reproduction/text-batch-size: 12/12, 24/24, 48/48 at K = 4, 8, 16; benchmarks/dager.json (other
+   draws, and torch.nn's docstrings): 44 and 39 of 48 at K = 16, one batch each at 12 and 10.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
    own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
@@ -467,6 +469,27 @@ def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, width: int, 
     return tuple(full[best]), float(worst[best])
 
 
+def _why_not_exact(exact_bag: bool, verified: dict[tuple[int, ...], float], found: int, k: int, spans: _Spans,
+                   beam_width: int, filtered: list[int], vocab: int) -> str | None:
+    """Why the answer is not the exact batch (None when it is): the update, the span test, or the
+    search, with the numbers that say which."""
+    if not exact_bag:
+        return "the update is not exact (noise): the span tests need the gradient's exact low rank"
+    if len(verified) > k:   # only k distinct sentences exist: a verification was wrong
+        return f"{len(verified)} sentences verified for a batch of {k}: the span test is not conclusive here"
+    if sum(map(len, verified)) > spans.rank1:   # one block-1 input per token: rank1 counts the batch's tokens
+        return (f"the verified sentences hold {sum(map(len, verified))} tokens, more than block 1's rank "
+                f"{spans.rank1}: the span test is not conclusive here")
+    if found < k:
+        cause = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses "
+                 "some of the batch's inputs" if spans.rank1 < spans.rank0 else
+                 f"beam width {beam_width}; candidates per position (block 0 and the pins) "
+                 f"{min(filtered) if filtered else 0}-{max(filtered) if filtered else 0} of {vocab}")
+        return (f"{found} of {k} sentences verified ({cause}; a pruned or quantised update breaks the low rank "
+                f"too: ranks {spans.rank0}/{spans.rank1})")
+    return None
+
+
 def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
           observer: Any = None) -> TextReconstruction:
     """DAGER on ``update`` (module docstring): verified sentences, then the best unverified ones up
@@ -547,21 +570,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     for i in range(len(sentences), k):   # nothing closed (no [SEP] passed, or no search): the bag, unordered
         sentences.append([tok.cls_id, *(content[i::k] or content[:1]), tok.sep_id])
     labels = bias_labels(update, model) if k == 1 else torch.zeros(k, dtype=torch.long)
-    why = None
-    if not bag.exact:
-        why = "the update is not exact (noise): the span tests need the gradient's exact low rank"
-    elif len(verified) > k:   # only k distinct sentences exist: a verification was wrong
-        why = f"{len(verified)} sentences verified for a batch of {k}: the span test is not conclusive here"
-    elif sum(map(len, verified)) > spans.rank1:   # one block-1 input per token: rank1 counts the batch's tokens
-        why = (f"the verified sentences hold {sum(map(len, verified))} tokens, more than block 1's rank "
-               f"{spans.rank1}: the span test is not conclusive here")
-    elif len(found) < k:
-        cause = (f"block 1's gradient has rank {spans.rank1}, below block 0's {spans.rank0}: its span misses "
-                 "some of the batch's inputs" if spans.rank1 < spans.rank0 else
-                 f"beam width {beam_width}; candidates per position (block 0 and the pins) "
-                 f"{min(filtered) if filtered else 0}-{max(filtered) if filtered else 0} of {len(vocab)}")
-        why = (f"{len(found)} of {k} sentences verified ({cause}; a pruned or quantised update breaks the low rank "
-               f"too: ranks {spans.rank0}/{spans.rank1})")
+    why = _why_not_exact(bag.exact, verified, len(found), k, spans, beam_width, filtered, len(vocab))
     wall = time.perf_counter() - t0
     return TextReconstruction(
         token_ids=sentences, labels=labels, bag=bag,
