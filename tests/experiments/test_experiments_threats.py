@@ -98,29 +98,39 @@ def _readme_states_the_defenses_smoke(rows) -> None:
     needs positive evidence, which DP-SGD's cell has)."""
     readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
     cell = {(r["attack"], r["spec"]): r for r in rows}
-    db = lambda attack, *specs: ", ".join(f"{cell[attack, s]['psnr']:.1f}" for s in specs)  # noqa: E731
+    def stated(before: str, after: str, attack: str, *specs: str) -> None:
+        """The README states these settings' PSNRs between ``before`` and ``after``: within 0.1 dB,
+        or within 6 dB where the run measured 35 dB or more (a near-perfect rebuild, whose last
+        digits follow the CPU's floating-point paths: 49.8 against 53.3 dB on two machines of
+        this project's kind, both far above any leak threshold)."""
+        m = re.search(re.escape(before) + r"((?:[0-9.]+, )*[0-9.]+)" + re.escape(after), readme)
+        assert m, f"the README does not say {before!r} ... {after!r}"
+        said = [float(v) for v in m.group(1).split(", ")]
+        got = [cell[attack, s]["psnr"] for s in specs]
+        assert len(said) == len(got) and all(abs(a - b) <= (6.0 if b >= 35 else 0.1) for a, b in zip(said, got, strict=True)), \
+            (before, said, got)
     strong = ("gaussian:0.1", "laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")
     # DP-SGD's clipping and pruning are not in the attacker's simulation: the truth's fit is no
     # yardstick there (outcome.py), so nothing here earns "defended"
     assert not any(r["defended"] for r in rows if r["attack"] in ("dlg", "idlg", "imprint"))
     assert "no setting earns `defended` against DLG, iDLG or imprint" in readme
     assert all(cell["idlg", s]["verdict"] == "inconclusive" for s in strong)
-    assert f"iDLG rebuilds nothing ({db('idlg', *strong[:2])} dB) but the true image fits" in readme
-    assert f"it rebuilds nothing either ({db('idlg', *strong[2:])} dB)" in readme
+    stated("iDLG rebuilds nothing (", " dB) but the true image fits", 'idlg', *strong[:2])
+    stated("it rebuilds nothing either (", " dB)", 'idlg', *strong[2:])
     assert f"DP-SGD (noise 1, epsilon {cell['idlg', strong[3]]['epsilon']:.2f})" in readme
     assert [cell["imprint", s]["verdict"] for s in strong] == ["leaked", "leaked", "inconclusive", "inconclusive"]
-    assert f"Gaussian 0.1 and Laplace 0.1 ({db('imprint', *strong[:2])} dB)" in readme
-    assert f"prune 0.9 and DP-SGD ({db('imprint', *strong[2:])} dB, inconclusive:" in readme
+    stated("Gaussian 0.1 and Laplace 0.1 (", " dB)", 'imprint', *strong[:2])
+    stated("prune 0.9 and DP-SGD (", " dB, inconclusive:", 'imprint', *strong[2:])
     weak = ("gaussian:0.0001", "fp16", "int8")
     assert all(cell[a, s]["verdict"] == "leaked" for a in ("idlg", "imprint") for s in weak)
-    assert f"leak to both attacks (iDLG {db('idlg', *weak)} dB" in readme
+    stated("leak to both attacks (iDLG ", " dB", 'idlg', *weak)
     assert all(cell["dlg", s]["verdict"] == "leaked" for s in weak)
     assert all(cell["dlg", s]["verdict"] == "inconclusive" for s in strong)
-    assert f"it leaks under Gaussian 1e-4, fp16 and int8 ({db('dlg', *weak)} dB)" in readme
-    assert f"Laplace 0.1, prune 0.9 and DP-SGD ({db('dlg', *strong)} dB)" in readme
+    stated("it leaks under Gaussian 1e-4, fp16 and int8 (", " dB)", 'dlg', *weak)
+    stated("Laplace 0.1, prune 0.9 and DP-SGD (", " dB)", 'dlg', *strong)
     # the trap weights (closed form: stable numbers) and CPA's verdicts (its numbers are ICA's)
-    assert f"rebuild it under Gaussian 0.1, Laplace 0.1 and prune 0.9 ({db('trap', *strong[:3])} dB)" in readme
-    assert f"stop only under DP-SGD ({db('trap', strong[3])} dB, inconclusive" in readme
+    stated("rebuild it under Gaussian 0.1, Laplace 0.1 and prune 0.9 (", " dB)", 'trap', *strong[:3])
+    stated("stop only under DP-SGD (", " dB, inconclusive", 'trap', strong[3])
     assert ("CPA (mlp, 16 images) earns `defended` under Gaussian 0.1, Laplace 0.1 and DP-SGD, is inconclusive "
             "under prune 0.9 and leaks under Gaussian 1e-4, fp16 and int8") in readme
 
