@@ -86,8 +86,8 @@ layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dage
 LayerNorm of word + position sums spans |bag| + L dimensions); from 8 sentences the position
 pins (1b) and the ledger (2c) do what it no longer does. What is left to the beam at 16 are the
 tokens at several positions (function words, [SEP]) until the ledger explains them; a sentence
-made only of tokens other sentences also hold cannot be peeled, and the pins need the update's
-word-embedding rows exact (a frozen or noised embedding layer: no pins, the beam as before). FedAvg with more
+made only of tokens other sentences also hold cannot be peeled, and the pins and the ledger need
+the update's word-embedding rows exact, as the bag does (FedSGD or aggregates of it). FedAvg with more
 than one local step is refused (the update is no longer one gradient: its span is not the
 inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
 token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
@@ -239,8 +239,8 @@ class _Ledger:
     sentences do not explain. A verified sentence's own contribution is its gradient at the global
     weights w.r.t. its input embeddings, summed per token, for the label under which one factor
     makes it explain at least one of its tokens' rows (relative residual below ``PEEL``: a token
-    only this sentence holds), times that factor (the update's scale: 1 / K for FedSGD's mean, the
-    learning rate's sign for one FedAvg step); it is subtracted from its tokens' rows. A row brought
+    only this sentence holds), times that factor (the update's scale, e.g. 1 / K for FedSGD's mean);
+    it is subtracted from its tokens' rows. A row brought
     to ~0 is a token no missing sentence holds; a row left at one position pins its token there."""
 
     def __init__(self, spans: _Spans, update: SharedUpdate, tokens: list[int]):
