@@ -168,10 +168,10 @@ _DEFAULT_TEXT = {
     "bn": "exact when the update carries the client's BN batch statistics, else approx",
     "labels": "gradinversion; text: bias for one sentence, else soft",
     "width": "the model's, see gradleak list",
-    "attack": "auto; text: dlg",
-    "model": "lenet-dlg; text: tiny-transformer",
-    "data": "cifar10-samples; text: the --text sentences",
-    "batch_size": "1; text with --text: all the sentences",
+    "attack": "auto; text: dlg; --preset imagenet: gradinversion",
+    "model": "lenet-dlg; text: tiny-transformer; --preset imagenet: efficientnet-lite0",
+    "data": "cifar10-samples; text: the --text sentences; --preset imagenet: imagenet-samples",
+    "batch_size": "1; text with --text: all the sentences; --preset imagenet: 8",
 }
 ATTACK_EPILOG = ("Defaults apply where neither --config nor an --update file gives the value (with --update the "
                  "file decides what the client did). Those said per attack or per preset are resolved when the "

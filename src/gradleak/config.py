@@ -25,6 +25,15 @@ MAX_SEED = 2**63 - 1
 PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
 
+# A GradInversion preset that also names its case: what it fills in where the user gives nothing
+# (issue 39: the paper's setting, 8 ImageNet photos at 224 px on a pretrained BN network with the
+# client's BN statistics shared; the attack constants are the preset's own, attacks/gradinversion.py).
+PRESET_CASES: dict[str, dict[str, Any]] = {
+    "imagenet": {"attack": "gradinversion", "model": "efficientnet-lite0", "data": "imagenet-samples",
+                 "batch_size": 8, "share_bn_statistics": True},
+}
+
+
 class _RunConfig(BaseModel):
     """Everything one attack run needs but the attacks' own constants (AttackConfig adds them)."""
 
@@ -133,6 +142,11 @@ class _RunConfig(BaseModel):
             # The modality's own default attack ("auto" chooses among image attacks). Set without
             # validation so that it still counts as not given (pipeline.text.check_text_config).
             self.__dict__["attack"] = modality.default_attack
+        # a preset's case (PRESET_CASES), for the fields not given; set like the modality's default
+        # attack, so that they still count as not given
+        for name, value in PRESET_CASES.get(str(getattr(self, "preset", None)), {}).items():
+            if name not in self.model_fields_set:
+                self.__dict__[name] = value
         return self
 
 

@@ -132,7 +132,8 @@ IMAGE = Modality(
 TEXT = Modality(
     name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
     report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
-    own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)"},
+    own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)",
+                                  "preset": "--preset applies to GradInversion, an image attack"},
     # a text run's default attack is DLG (text/attacks/dlg.py); "auto" is text's own chooser (text/attacks/auto.py)
     default_attack="dlg", run_prefix="text-", files="reconstruction.json",
     summary_keys=("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",

@@ -145,7 +145,7 @@ def _resolved(family: str, variant: str | None) -> list[dict]:
         names = family[len("text "):].split(", ") if family != "text" else list(TEXT_ATTACKS)
         model = variant.removeprefix("on ") if variant else "tiny-transformer"
         return [text(name, model) for name in names]
-    given = {"with --preset paper": {"preset": "paper"}, None: {}}[variant]
+    given = {"preset": variant.removeprefix("with --preset ")} if variant else {}
     return [image(name, **given) for name in family.split(", ")]
 
 

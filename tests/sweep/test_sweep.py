@@ -292,7 +292,7 @@ def _resolved_defaults() -> dict[str, dict]:
 
     out = {}
     for attack in sorted(set(IMAGE_ATTACK_CONFIGS) - {"auto"}):
-        for preset in (("cpu", "paper") if attack == "gradinversion" else (None,)):
+        for preset in (("cpu", "paper", "imagenet") if attack == "gradinversion" else (None,)):
             for layers in DEFAULTS_LAYERS:
                 values = {"attack": attack, **({"preset": preset} if preset else {})}
                 cfg = resolve_attack(values, bn_statistics_shared=True, layers=layers)

@@ -34,7 +34,7 @@ def add_audit_flower_parser(sub: Any) -> None:
                    help="attack optimizer (default: the attack's)")
     f.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="attack precision (default: the attack's)")
-    f.add_argument("--preset", default=None, help="GradInversion preset: cpu | paper (default: cpu)")
+    f.add_argument("--preset", default=None, help="GradInversion preset: cpu | paper | imagenet (default: cpu)")
     f.add_argument("--seeds", type=int, default=None,
                    help="GradInversion: candidates per image (default: the preset's, cpu 4)")
     f.add_argument("--restarts", type=int, default=None, help="Inverting Gradients: restarts (default: 1)")
