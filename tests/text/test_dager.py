@@ -125,6 +125,37 @@ def test_the_ledger_removes_what_verified_sentences_explain(minilm):
     assert not any(ledger.candidates(admitted, length))
 
 
+def test_deflation_leaves_the_search_the_sentences_not_yet_peeled(minilm):
+    """Step 2d on 4 held-out sentences: once two true sentences are peeled, blocks 0 and 1's
+    gradients less their own contributions span the other two sentences' inputs only: block 1's
+    rank falls by exactly the peeled tokens, the others still lie in the span, the peeled ones
+    no longer do, and block 0's filter no longer admits a peeled sentence's own tokens. A ledger
+    whose count is off (a wrong subtraction) leaves the spans as they were."""
+    batch = text_batch(list(python_docs_sentences()), minilm, 4, 0)
+    update = text_fedsgd(minilm, batch)
+    truth = [tuple(s) for s in batch.token_ids()]
+    length = max(map(len, truth))
+    vocab = sorted({t for s in truth for t in s[1:]})
+    spans = _Spans(minilm, update)
+    assert spans.rank1 == sum(map(len, truth))
+    ledger = dager_module._Ledger(spans, update, vocab)
+    assert ledger.peel(truth[0]) and ledger.peel(truth[1])
+    ledger.peeled_tokens += 1                                # a wrong count: nothing changes
+    assert not ledger.deflate() and spans.search1 is spans.basis1
+    ledger.peeled_tokens -= 1
+    assert ledger.deflate() and ledger.deflated == 1
+    assert spans.search_ranks[1] == len(truth[2]) + len(truth[3])
+    residual = spans.sentences([list(s) for s in truth]).amax(-1)
+    assert float(residual[2:].max()) < TAU                   # the sentences not peeled: in the span
+    assert float(residual[:2].min()) > 1000 * TAU            # the peeled ones: out of it
+    assert spans.in_full_span(truth) == [True] * 4           # the full span still holds all four
+    admitted = spans.token_filter(vocab, length) < TAU
+    rest = {(t, p) for s in truth[2:] for p, t in enumerate(s)}
+    assert all(admitted[vocab.index(t), p] for t, p in rest if p > 0)
+    own = [(t, p) for s in truth[:2] for p, t in enumerate(s) if p > 0 and (t, p) not in rest]
+    assert own and not any(admitted[vocab.index(t), p] for t, p in own)
+
+
 def test_hidden_positions_do_not_reach_the_others(minilm, pair):
     """The splice's rows hide the positions not yet chosen: what they hold changes nothing elsewhere,
     and the tail keeps its absolute positions."""

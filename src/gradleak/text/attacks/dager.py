@@ -67,12 +67,27 @@ it is one of the batch's.
    and the splice alternate while either verifies something new (at most ``PASSES`` passes).
    Measured on probe batches (seeds 1000 K + 100 + b, not the experiment's), exact sentences with
    1b and 2c against without: K = 4, 12 of 12; K = 8, 24 of 24 against 20; K = 16, 47 of 48
-   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11. On
-   reproduction/text-batch-size: 12/12, 24/24, 48/48 at K = 4, 8, 16; benchmarks/dager.json (other
-   draws, and torch.nn's docstrings): 44 and 39 of 48 at K = 16, one batch each at 12 and 10.
+   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11.
+2d. Deflation (gradleak's, not the paper's): the same subtraction on blocks 0 and 1's attention
+   gradients (the verified sentence's own d loss / d [W_Q; W_K; W_V] at the global weights, for the
+   label and factor step 2c fitted) leaves matrices whose row spaces are spanned by the inputs of
+   the sentences not peeled yet, and by nothing else. When block 1's rank there (at the largest
+   gap, as in Sec. 3) is its full rank less the peeled sentences' tokens (one block-1 input per
+   token: the check that every subtraction was right; otherwise the spans stay as they were), the
+   filter of step 1 and the search test against these spans instead of the full ones. Measured on
+   a batch of 16 where the search had stopped at 12 (python-docs, seed 1): block 1's span falls
+   from 199 to 60 dimensions (singular values 2.3e-6, then 3.7e-9: a clean gap), block 0 admits
+   2-5 tokens a position instead of 27-38, the missing sentences measure <= 6e-6 in it and one
+   token off ~0.5, and the next pass verified 3 of the 4 (16 of 16 in the end, in 57 s instead of
+   86). A sentence verified in a deflated span is checked in the full one too (``in_full_span``).
+   benchmarks/dager.json with 2d (other draws than the experiment's, and torch.nn's docstrings, a
+   source never used): 96 of 96 sentences at K = 16 in 6 batches (1b-2c alone: 83, batches at 12
+   and 10), 24 of 24 at K = 24 (19), 29 of 32 at K = 32 (1; block 1's rank 380 of 384), none
+   verified wrongly; 0.7-2.5 min a batch of 16, 12 min the batch of 32.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
-   own position at ~0.1-0.4, measured on MiniLM at batches 1-16). Accepted sentences are exact by
+   own position at ~0.1-0.4, measured on MiniLM at batches 1-16); after a deflation (2d) in the
+   deflated span and in the full one. Accepted sentences are exact by
    this test, not by luck; sentences the search did not verify are filled with the beam's best
    unverified guesses and counted apart (``verified`` vs the batch size).
 
@@ -84,9 +99,10 @@ runs and verifies nothing (measured: prune 0.5, int8, fp16 on two sentences), so
 inexact and says so. On MiniLM the
 layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
 LayerNorm of word + position sums spans |bag| + L dimensions); from 8 sentences the position
-pins (1b) and the ledger (2c) do what it no longer does. What is left to the beam at 16 are the
-tokens at several positions (function words, [SEP]) until the ledger explains them; a sentence
-made only of tokens other sentences also hold cannot be peeled, and the pins and the ledger need
+pins (1b), the ledger (2c) and the deflation (2d) do what it no longer does. What is left to
+the beam at 16 are the tokens at several positions (function words, [SEP]) until the ledger
+explains them; a sentence made only of tokens other sentences also hold cannot be peeled, and
+no sentence is peeled before one is verified in the full spans; the pins and the ledger need
 the update's word-embedding rows exact, as the bag does (FedSGD or aggregates of it). FedAvg with more
 than one local step is refused (the update is no longer one gradient: its span is not the
 inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
@@ -129,7 +145,7 @@ __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
 
 TAU = 1e-4          # relative residual below which an input lies in the span (both tests)
 CHUNK = 1024        # candidate sentences per forward pass
-PASSES = 6          # beam passes at most (a pass runs only while the last one, or the splice after it, verified new sentences)
+PASSES = 10         # beam passes at most (a pass runs only while the last one, or the splice after it, verified new sentences)
 LOOKAHEAD = 3       # positions 1..LOOKAHEAD: a prefix's new token is scored with the best next token after it
 LOOKAHEAD_ROWS = 4  # x beam width: the rows (lowest plain residual first) that get the lookahead score
 SPLICE_JOBS = 6     # step 2b: prefix re-searches per sentence still missing after the beam passes
@@ -144,12 +160,22 @@ PIN = 1e-7          # step 1b: |cos(word-embedding gradient row, its LayerNorm i
                     # tokens at two or more positions; the tiny transformer, eps 1e-5: <= 2.2e-6, >= 2.5e-4)
 
 
+def attention_gradient(update: SharedUpdate, model: TextModel, layer: int) -> torch.Tensor:
+    """Block ``layer``'s [dW_Q; dW_K; dW_V] as one float64 matrix [3 dim, dim] (its rows span the
+    block's inputs)."""
+    return torch.cat([update.gradients[n].reshape(-1, update.gradients[n].shape[-1])
+                      for n in model.attention_weights(layer)]).to("cpu", torch.float64)
+
+
 def span_basis(update: SharedUpdate, model: TextModel, layer: int) -> tuple[torch.Tensor, int]:
     """An orthonormal basis [dim, r] of the row space of block ``layer``'s [dW_Q; dW_K; dW_V]
     (float64), r at the largest gap of the singular values (Sec. 3: the rank is the number of
     distinct inputs while it is below the width)."""
-    m = torch.cat([update.gradients[n].reshape(-1, update.gradients[n].shape[-1])
-                   for n in model.attention_weights(layer)]).to("cpu", torch.float64)
+    return row_basis(attention_gradient(update, model, layer))
+
+
+def row_basis(m: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """An orthonormal basis [cols, r] of ``m``'s row space, r at the largest gap of its singular values."""
     _, s, vh = torch.linalg.svd(m, full_matrices=False)
     gaps = s[:-1] / s[1:].clamp_min(1e-300)
     r = int(gaps.argmax()) + 1 if len(s) > 1 else 1
@@ -170,7 +196,37 @@ class _Spans:
                        for n, _ in model.module.named_parameters()}
         self.basis0, self.rank0 = span_basis(update, model, 0)
         self.basis1, self.rank1 = span_basis(update, model, 1)
+        # what the filter and the search test against: the full spans, or after step 2d the spans of
+        # the inputs of the sentences not yet peeled (``deflate``)
+        self.search0, self.search1 = self.basis0, self.basis1
+        self.search_ranks = (self.rank0, self.rank1)
         self.evaluated = 0
+
+    def deflate(self, block0: torch.Tensor, block1: torch.Tensor, expected: int) -> bool:
+        """Step 2d: search against the row spans of what is left of blocks 0 and 1's gradients once
+        the verified sentences' own contributions are subtracted, when block 1's rank there is the
+        ``expected`` one (its full rank less the peeled sentences' tokens: the subtraction was
+        right); otherwise the spans stay as they were. Returns whether they changed."""
+        if expected < 1:
+            return False
+        basis1, rank1 = row_basis(block1)
+        if rank1 != expected:
+            return False
+        basis0, rank0 = row_basis(block0)
+        self.search0, self.search1, self.search_ranks = basis0, basis1, (rank0, rank1)
+        return True
+
+    @torch.no_grad()
+    def in_full_span(self, sentences: list[tuple[int, ...]]) -> list[bool]:
+        """Whether each sentence's block-1 inputs lie in block 1's full span (the verification of
+        step 3 before any deflation: a sentence verified in a deflated span must pass it too)."""
+        if not sentences:
+            return []
+        search, self.search1 = self.search1, self.basis1
+        try:
+            return [w < TAU for w in self.sentences([list(x) for x in sentences]).amax(-1).tolist()]
+        finally:
+            self.search1 = search
 
     @torch.no_grad()
     def token_filter(self, tokens: list[int], length: int) -> torch.Tensor:
@@ -179,7 +235,7 @@ class _Spans:
         pos = torch.arange(length)
         # position p of sentence row i holds tokens[i]: block 0's input is per position (no mixing)
         z = self.model.block_inputs(self.params, ids.contiguous(), torch.ones_like(ids), 0)
-        return _residual(z, self.basis0)[:, pos]
+        return _residual(z, self.search0)[:, pos]
 
     @torch.no_grad()
     def position_pins(self, tokens: list[int], rows: torch.Tensor, error: torch.Tensor, length: int) -> dict[int, int]:
@@ -228,7 +284,7 @@ class _Spans:
             for i, r in enumerate(part):
                 ids[i, :len(r)] = torch.tensor(r)
                 mask[i, :len(r)] = 1 if masks is None else torch.tensor(masks[a + i])
-            res = _residual(self.model.block_inputs(self.params, ids, mask, 1), self.basis1) * mask
+            res = _residual(self.model.block_inputs(self.params, ids, mask, 1), self.search1) * mask
             out.append(torch.nn.functional.pad(res, (0, max(len(r) for r in rows) - ell)))
         self.evaluated += len(rows)
         return torch.cat(out)
@@ -248,23 +304,36 @@ class _Ledger:
         self.index = {v: i for i, v in enumerate(tokens)}
         self.rows = update.gradients[spans.model.word_embedding][tokens].to("cpu", torch.float64).clone()
         self.error = PIN * self.rows.norm(dim=-1)   # the client's float32 rounding, then + FIT x each peel
+        # step 2d: blocks 0 and 1's attention gradients, less the peeled sentences' own
+        self.blocks = [attention_gradient(update, spans.model, layer) for layer in (0, 1)]
         self.buffers = {n: b.detach().to("cpu") for n, b in spans.model.module.named_buffers()}
         self.peeled = 0
+        self.peeled_tokens = 0   # block-1 inputs the peeled sentences held (one per token)
+        self.deflated = 0        # peels after which the search's spans were deflated (step 2d)
         self.pins: dict[int, int] = {}
         self.waiting: list[tuple[int, ...]] = []   # verified, not peeled yet (every token shared so far)
 
-    def _contribution(self, sentence: tuple[int, ...], label: int) -> dict[int, torch.Tensor]:
-        """Token -> d loss(sentence, label) / d its word-embedding row, float64, at the global weights."""
-        model, params = self.spans.model, self.spans.params
+    def _contribution(self, sentence: tuple[int, ...], label: int) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
+        """d loss(sentence, label) at the global weights, float64: token -> w.r.t. its word-embedding
+        row, and w.r.t. blocks 0 and 1's [W_Q; W_K; W_V] (as ``attention_gradient`` lays them out)."""
+        model = self.spans.model
+        names = [n for layer in (0, 1) for n in model.attention_weights(layer)]
+        params = dict(self.spans.params)
+        for n in names:   # detached copies: the attacker's weights themselves are left untouched
+            params[n] = params[n].detach().requires_grad_(True)
         ids = torch.tensor([sentence])
         with torch.enable_grad():
             embeds = torch.nn.functional.embedding(ids, params[model.word_embedding]).requires_grad_(True)
             logits = model.logits(params, self.buffers, embeds, torch.ones_like(ids))
-            (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, torch.tensor([label])), embeds)
+            g, *w = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, torch.tensor([label])),
+                                        [embeds, *(params[n] for n in names)])
         out: dict[int, torch.Tensor] = {}
         for p, v in enumerate(sentence):
             out[v] = out.get(v, 0) + g[0, p].double()
-        return out
+        per_block = len(model.attention_weights(0))
+        blocks = [torch.cat([x.reshape(-1, x.shape[-1]) for x in w[i:i + per_block]]).double()
+                  for i in (0, per_block)]
+        return out, blocks
 
     def peel(self, sentence: tuple[int, ...]) -> bool:
         """Subtract a verified sentence's contribution; False (nothing changed) when no label and
@@ -283,9 +352,9 @@ class _Ledger:
         return True
 
     def _subtract(self, sentence: tuple[int, ...]) -> bool:
-        best: tuple[dict[int, torch.Tensor], list[float]] | None = None
+        best: tuple[dict[int, torch.Tensor], list[torch.Tensor], list[float]] | None = None
         for label in range(self.spans.model.num_classes):
-            c = self._contribution(sentence, label)
+            c, blocks = self._contribution(sentence, label)
             fits = []
             for v, cv in c.items():
                 i = self.index.get(v)
@@ -294,18 +363,28 @@ class _Ledger:
                 a = float(self.rows[i] @ cv) / max(float(cv @ cv), 1e-300)
                 if float((self.rows[i] - a * cv).norm()) < PEEL * float(self.rows[i].norm()):
                     fits.append(a)
-            if fits and (best is None or len(fits) > len(best[1])):
-                best = (c, fits)
+            if fits and (best is None or len(fits) > len(best[2])):
+                best = (c, blocks, fits)
         if best is None:
             return False
-        c, fits = best
+        c, blocks, fits = best
         a = sorted(fits)[len(fits) // 2]
         for v, cv in c.items():
             if v in self.index:
                 self.rows[self.index[v]] -= a * cv
                 self.error[self.index[v]] += FIT * abs(a) * float(cv.norm())
+        for mine, theirs in zip(self.blocks, blocks, strict=True):
+            mine -= a * theirs
         self.peeled += 1
+        self.peeled_tokens += len(sentence)
         return True
+
+    def deflate(self) -> bool:
+        """Step 2d: the search's spans become those of the sentences not peeled yet, when block 1's
+        rank there is its full rank less the peeled sentences' tokens (``_Spans.deflate``)."""
+        done = self.spans.deflate(self.blocks[0], self.blocks[1], self.spans.rank1 - self.peeled_tokens)
+        self.deflated += done
+        return done
 
     def candidates(self, passes: torch.Tensor, length: int) -> list[list[int]]:
         """Per position, the tokens block 0 lets through there (``passes`` [tokens, length]), less the
@@ -317,15 +396,19 @@ class _Ledger:
 
 
 def _peel(ledger: _Ledger, verified: dict[tuple[int, ...], float], before: int, candidates: list[list[int]],
-          admitted: torch.Tensor, length: int, tried: set[tuple[int, tuple[int, ...]]]) -> list[list[int]]:
-    """Step 2c for the sentences verified after the first ``before``: their contributions leave the
-    ledger; the candidates again (unchanged when there is nothing new). Narrower candidates make
-    the splits the splice searched worth searching again: ``tried`` is emptied then."""
+          admitted: torch.Tensor, length: int, tried: set[tuple[int, tuple[int, ...]]]
+          ) -> tuple[list[list[int]], torch.Tensor]:
+    """Steps 2c-2d for the sentences verified after the first ``before``: their contributions leave the
+    ledger (and, deflated, the search's spans: block 0's filter, ``admitted``, is taken again); the
+    candidates again (unchanged when there is nothing new). Narrower candidates make the splits the
+    splice searched worth searching again: ``tried`` is emptied then."""
     new = list(verified)[before:]
     if not any([ledger.peel(sentence) for sentence in new]):
-        return candidates
+        return candidates, admitted
     tried.clear()
-    return ledger.candidates(admitted, length)
+    if ledger.deflate():
+        admitted = ledger.spans.token_filter(ledger.tokens, length) < TAU
+    return ledger.candidates(admitted, length), admitted
 
 
 def _so_far(verified: dict[tuple[int, ...], float], rows: list[list[int]], k: int, tok: Any) -> list[list[int]]:
@@ -469,6 +552,16 @@ def _complete(spans: _Spans, candidates: list[list[int]], tok: Any, width: int, 
     return tuple(full[best]), float(worst[best])
 
 
+def _confirm_in_full_span(spans: _Spans, verified: dict[tuple[int, ...], float]) -> None:
+    """Step 3 after a deflation (2d): a sentence verified in a deflated span must lie in the full
+    one too, or it is verified no more (it has always lain there: belt and braces)."""
+    if spans.search1 is spans.basis1:
+        return
+    for sentence, ok in zip(list(verified), spans.in_full_span(list(verified)), strict=True):
+        if not ok:
+            del verified[sentence]
+
+
 def _why_not_exact(exact_bag: bool, verified: dict[tuple[int, ...], float], found: int, k: int, spans: _Spans,
                    beam_width: int, filtered: list[int], vocab: int) -> str | None:
     """Why the answer is not the exact batch (None when it is): the update, the span test, or the
@@ -544,7 +637,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
             passes_run += 1
             # 2c. the new sentences' own gradients leave the ledger: the tokens only they held leave
             # the candidates, tokens now left at one position are pinned there
-            candidates = _peel(ledger, verified, before, candidates, passes, length, tried)
+            candidates, passes = _peel(ledger, verified, before, candidates, passes, length, tried)
             if len(verified) > before and passes_run < PASSES:
                 continue
             # 2b. the pass found nothing new (or was the last): the prefixes of tails that look true,
@@ -560,9 +653,10 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
             splice_jobs, spliced = splice_jobs + jobs, spliced + found
             if not found:
                 break
-            candidates = _peel(ledger, verified, before, candidates, passes, length, tried)
+            candidates, passes = _peel(ledger, verified, before, candidates, passes, length, tried)
         bar.update(task, total=ticks[0])
 
+    _confirm_in_full_span(spans, verified)
     found = sorted(verified, key=lambda s: verified[s])[:k]
     guesses = sorted((s for s in closed if s not in verified and len(s) > 2), key=lambda s: closed[s])
     guesses += [tuple(b + [tok.sep_id]) for b in beams if len(b) > 1 and tuple(b + [tok.sep_id]) not in closed]
@@ -581,7 +675,9 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                "rank_layer0": spans.rank0, "rank_layer1": spans.rank1, "width": model.dim,
                "tokens_in_batch_bound": k * length, "bag": len(content), "sentence_length": length,
                "candidates_per_position": filtered, "pinned": pinned,
-               "peeled": ledger.peeled if ledger is not None else 0, "beam_width": beam_width,
+               "peeled": ledger.peeled if ledger is not None else 0,
+               "deflated": ledger.deflated if ledger is not None else 0, "search_ranks": list(spans.search_ranks),
+               "beam_width": beam_width,
                "sentences_evaluated": spans.evaluated, "beam_passes": passes_run, "splice_jobs": splice_jobs,
                "spliced": spliced, "tau": TAU})
 
