@@ -216,8 +216,11 @@ def _is_utf8(text: str) -> bool:
 def config_from_record(record: dict[str, Any]) -> AttackConfig:
     """A config rebuilt from a full record (a sweep or experiment cell): fields equal to their
     default count as not given, so that what a case decides when a flag is absent (an update
-    file's values, a text batch of all --text sentences) is decided the same way as on the CLI."""
+    file's values, a text batch of all --text sentences) is decided the same way as on the CLI.
+    Under a preset with a case (PRESET_CASES) the case's values are the defaults: a field the record
+    holds at the plain default was given (e.g. batch 1 under --preset imagenet) and stays."""
     defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
+    defaults.update(PRESET_CASES.get(str(record.get("preset")), {}))
     return make_config(**{k: v for k, v in record.items() if k not in defaults or v != defaults[k]})
 
 

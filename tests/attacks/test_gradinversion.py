@@ -323,6 +323,12 @@ def test_imagenet_preset_is_the_measured_224px_run_and_names_its_case():
     assert (mine.batch_size, mine.model, mine.data) == (4, "resnet18", "imagenet-samples")
     with pytest.raises(ConfigError, match="--preset applies to GradInversion"):
         make_config(modality="text", preset="imagenet")
+    # a sweep or experiment cell (config_from_record) keeps what was given, the plain defaults included
+    from gradleak.config import config_from_record
+
+    for given in ({}, {"batch_size": 1, "share_bn_statistics": False, "model": "lenet-dlg", "attack": "auto"}):
+        cfg = make_config(preset="imagenet", **given)
+        assert config_from_record(cfg.model_dump()).model_dump() == cfg.model_dump()
     run = json.loads((Path(__file__).resolve().parents[2] / "reproduction" / "gradinversion-imagenet"
                       / "seeds2-box-600" / "config.json").read_text())
     # EfficientNet-Lite0's parameter tensors and BN layers (layer_counts; the preset's alphas are

@@ -67,7 +67,10 @@ SPEC = {
     "converged_below": 0.4,
     "needs": "the gradients (or update) and the model; the client's BN batch statistics for --bn exact",
     "flags": {
-        "preset": ["str", "cpu", "GradInversion preset: cpu | paper | imagenet (also sets the case: efficientnet-lite0, imagenet-samples, batch 8, BN statistics shared)"],
+        "preset": ["str", "cpu", "GradInversion preset: cpu | paper | imagenet (imagenet also fills the case, "
+                   "whatever the attack, for each field not given: --attack gradinversion, efficientnet-lite0, "
+                   "imagenet-samples, batch 8, BN statistics shared; under it the sharing and --box cannot be "
+                   "switched off: use --preset paper with flags)"],
         "iterations": 600, "lr": 0.1, "optimizer": "adam", "init": "randn", "dtype": "float32",
         "warmup": ["int[0,10000000]", 20, "GradInversion: warm-up steps of the cosine schedule"],
         "alpha_g": ["float>=0", 1.0, "GradInversion Eq. 3: alpha_G"],
