@@ -64,7 +64,8 @@ it is one of the batch's.
    position to be pinned (step 1b on the rest, its tolerance widened by that error). A missing
    sentence whose share of a row is below that error (a confident, right prediction: p - y
    ~1e-5) loses the token there and goes unfound; it is never verified wrongly. The passes
-   and the splice alternate while either verifies something new (at most ``PASSES`` passes).
+   and the splice alternate while either verifies something new (at most ``PASSES`` passes, or K + 1
+   for a batch of more than 9: every pass after the first follows one that verified a sentence).
    Measured on probe batches (seeds 1000 K + 100 + b, not the experiment's), exact sentences with
    1b and 2c against without: K = 4, 12 of 12; K = 8, 24 of 24 against 20; K = 16, 47 of 48
    (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11.
@@ -84,8 +85,8 @@ it is one of the batch's.
    to ~noise / gap, which can exceed ``TAU``.
    benchmarks/dager.json with 2d (other draws than the experiment's, and torch.nn's docstrings, a
    source never used): 96 of 96 sentences at K = 16 in 6 batches (1b-2c alone: 83, batches at 12
-   and 10), 24 of 24 at K = 24 (19), 29 of 32 at K = 32 (1; block 1's rank 380 of 384), none
-   verified wrongly; 0.7-2.5 min a batch of 16, 12 min the batch of 32.
+   and 10), 24 of 24 at K = 24 (19), 32 of 32 at K = 32 (1; block 1's rank 380 of 384; 14 passes), none
+   verified wrongly; 0.7-2.5 min a batch of 16, 10 min the batch of 32.
 3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
    positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
    own position at ~0.1-0.4, measured on MiniLM at batches 1-16); after a deflation (2d) in the
@@ -147,7 +148,8 @@ __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
 
 TAU = 1e-4          # relative residual below which an input lies in the span (both tests)
 CHUNK = 1024        # candidate sentences per forward pass
-PASSES = 10         # beam passes at most (a pass runs only while the last one, or the splice after it, verified new sentences)
+PASSES = 10         # beam passes at most, or K + 1 for a larger batch (a pass runs only while the last one, or the
+                    # splice after it, verified new sentences: K + 1 is the most that can find something)
 LOOKAHEAD = 3       # positions 1..LOOKAHEAD: a prefix's new token is scored with the best next token after it
 LOOKAHEAD_ROWS = 4  # x beam width: the rows (lowest plain residual first) that get the lookahead score
 SPLICE_JOBS = 6     # step 2b: prefix re-searches per sentence still missing after the beam passes
@@ -616,7 +618,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
     filtered = [len(c) for c in candidates[1:]]
 
     # 2-3. the beam over positions, each prefix closed by [SEP]; closed sentences verified. A further
-    # pass (at most PASSES) runs while it verifies new sentences, the prefixes of the verified ones
+    # pass (at most cap) runs while it verifies new sentences, the prefixes of the verified ones
     # ranked after every other prefix (the beam's room goes to the sentences still missing)
     verified: dict[tuple[int, ...], float] = {}
     closed: dict[tuple[int, ...], float] = {}   # every closed candidate's max residual (the fallbacks)
@@ -628,11 +630,14 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
         ticks[0] += 1
         bar.update(task, advance=1, loss=float("nan"))
 
+    cap = max(PASSES, k + 1)   # passes; the bar expects PASSES and grows when more run
     with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
         task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
         splice_jobs = spliced = 0
         tried: set[tuple[int, tuple[int, ...]]] = set()
-        while bag.exact and passes_run < PASSES and len(verified) < k:
+        while bag.exact and passes_run < cap and len(verified) < k:
+            if passes_run >= PASSES:   # a pass past the bar's estimate: room for it
+                bar.update(task, total=ticks[0] + length - 1)
             before = len(verified)
             known = {s[:i] for s in verified for i in range(2, len(s))}
             beams = _beam_pass(spans, candidates, length, beam_width, tok, verified, closed, known,
@@ -642,7 +647,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
             # 2c. the new sentences' own gradients leave the ledger: the tokens only they held leave
             # the candidates, tokens now left at one position are pinned there
             candidates, passes = _peel(ledger, verified, before, candidates, passes, length, tried)
-            if len(verified) > before and passes_run < PASSES:
+            if len(verified) > before and passes_run < cap:
                 continue
             # 2b. the pass found nothing new (or was the last): the prefixes of tails that look true,
             # searched again with the tail attached; another pass follows what it verifies. Only where
@@ -650,7 +655,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
             # quantisation, a rank-deficient block 1) nothing verifies and the jobs would be futile
             if not (0 < len(verified) < k and spans.rank1 >= spans.rank0):
                 break
-            bar.update(task, total=ticks[0] + SPLICE_JOBS * (k - len(verified)) + (PASSES - passes_run) * (length - 1))
+            bar.update(task, total=ticks[0] + SPLICE_JOBS * (k - len(verified)) + max(0, PASSES - passes_run) * (length - 1))
             before = len(verified)
             jobs, found = _splice(spans, candidates, tok, k, verified, closed, min(SPLICE_WIDTH, beam_width),
                                   lambda: tick(bar, task), tried)
