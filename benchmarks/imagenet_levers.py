@@ -82,7 +82,7 @@ class Case:
     """The issue's case as `gradleak attack --model efficientnet-lite0 --data imagenet-samples
     --batch-size 8 --share-bn-statistics` builds it, and the attacker's pieces of GradInversion."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", indices: tuple[int, ...] | None = None) -> None:
         from types import SimpleNamespace
 
         from gradleak.attacks.gradinversion import layer_counts, per_layer, preset_values
@@ -93,7 +93,8 @@ class Case:
         from gradleak.pipeline.image import simulate_client
 
         cfg = make_config(attack="gradinversion", model="efficientnet-lite0", data="imagenet-samples", batch_size=K,
-                          share_bn_statistics=True, threads=1, progress=False, preset="paper")
+                          share_bn_statistics=True, threads=1, progress=False, preset="paper",
+                          **({"indices": tuple(indices)} if indices else {}))
         case = simulate_client(cfg)  # the client, on the CPU (the truth stays there for scoring)
         self.device = torch.device(device)
         self.model, self.update, self.truth = case.model, case.update, case.truth
@@ -372,7 +373,8 @@ def weighted_bn(stats: list[tuple[torch.Tensor, torch.Tensor]], targets: list[tu
     return total
 
 
-def run_variant(case: Case, v: Variant, log_every: int = 10) -> dict[str, Any]:
+def run_variant(case: Case, v: Variant, log_every: int = 10, start: torch.Tensor | None = None) -> dict[str, Any]:
+    """``v`` from ``v.init``, or from ``start`` (normalised images [K, 3, 224, 224]) when given."""
     from gradleak.attacks.base import initial_images, to_pixels
     from gradleak.attacks.objectives import layer_l2_batched
     from gradleak.attacks.priors import l2_norm, total_variation
@@ -382,6 +384,8 @@ def run_variant(case: Case, v: Variant, log_every: int = 10) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)        # the attack's seed 0: initial pixels, then noise
     aug = torch.Generator().manual_seed(1)        # jitter and flips
     x = initial_images(case.model, (K, 3, SIZE, SIZE), v.init, gen, torch.float32).to(case.device)
+    if start is not None:
+        x = start.detach().clone().to(case.device)
     lo, hi = case.lo, case.hi
     target = case.victim.gradient.target
     fnorm = case.feature_targets.norm(dim=1)
