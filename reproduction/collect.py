@@ -50,8 +50,8 @@ def collect(name: str, out_dir: Path, extra: list[str] | None = None) -> Path:
     return dest
 
 
-RUN_COLUMNS = ["index", "name", "label_true", "label_restored", "psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips",
-               "identified", "converged", "verdict", "relative_gradient_distance", "iterations", "seeds",
+RUN_COLUMNS = ["index", "name", "label_true", "label_restored", "psnr", "zero_psnr", "ssim", "mse", "fft2d", "rpsnr",
+               "lpips", "identified", "converged", "verdict", "relative_gradient_distance", "iterations", "seeds",
                "wall_seconds"]
 RUN_FILES = ("config.json", "metrics.json", "history.csv", "reconstruction.png", "candidates.png")
 # The paper's ResNet-50 budget (Sec. 4, implementation details): 20k iterations x 8 seeds.
@@ -76,7 +76,7 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     m = json.loads((run_dir / "metrics.json").read_text())
     conv = m.get("convergence") or {}
     iterations, seeds = int(m["iterations"]), int(cfg.get("seeds") or 1)
-    rows = [{**{c: img.get(c) for c in RUN_COLUMNS[:11]}, "converged": m.get("converged"),
+    rows = [{**{c: img.get(c) for c in RUN_COLUMNS[:RUN_COLUMNS.index("converged")]}, "converged": m.get("converged"),
              "verdict": verdict_of(m.get("converged"), img["psnr"] >= THRESHOLD_DB),
              "relative_gradient_distance": conv.get("relative_gradient_distance"), "iterations": iterations,
              "seeds": seeds, "wall_seconds": round(float(m["wall_seconds"]), 1)} for img in m["per_image"]]
@@ -92,8 +92,8 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     per_it = float(m["wall_seconds"]) / max(1, iterations)
     per_image_seed = per_it / (seeds * int(m["batch_size"]))
     paper_s = per_image_seed * int(m["batch_size"]) * PAPER_SEEDS * PAPER_ITERATIONS
-    means = {k: m.get(k) for k in ("psnr_mean", "ssim_mean", "fft2d_mean", "rpsnr_mean", "lpips_mean",
-                                   "label_accuracy", "iip")}
+    means = {k: m.get(k) for k in ("psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "fft2d_mean",
+                                   "rpsnr_mean", "lpips_mean", "label_accuracy", "iip")}
     md = [f"# {name}: `{command}`", "",
           "## Setup", "",
           *(f"- **{k}**: {_fmt(cfg.get(k))}" for k in ("attack", "preset", "model", "data", "batch_size", "seeds",

@@ -125,7 +125,8 @@ IMAGE = Modality(
     name="image", plugin="gradleak.pipeline.image", share="gradleak.pipeline.image:simulate_client",
     report="gradleak.report:render_report", attack_kind="attack", model_kind="model",
     model_extra=" or package.module:callable", data_sources=True, files="reconstruction.png",
-    summary_keys=("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy", "fft2d_mean", "rpsnr_mean", "lpips_mean",
+    summary_keys=("psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "mse_mean", "label_accuracy",
+                  "fft2d_mean", "rpsnr_mean", "lpips_mean",
                   "iip", "gradient_distance", "iterations", "wall_seconds"),
     no_value="n/a (no ground truth)", measures="images", nothing="rebuilt nothing recognisable")
 

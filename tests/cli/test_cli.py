@@ -54,8 +54,11 @@ def test_run_folder_contents_and_rerun_from_config(shared, tmp_path, capsys):
     for key in ("attack", "model", "batch_size", "iterations", "wall_seconds", "psnr_mean", "ssim_mean",
                 "mse_mean", "label_accuracy", "per_image"):
         assert key in m, key
-    assert set(m["per_image"][0]) >= {"psnr", "ssim", "mse", "label_true", "label_restored", "fft2d", "rpsnr",
-                                      "identified"}
+    assert set(m["per_image"][0]) >= {"psnr", "zero_psnr", "ssim", "mse", "label_true", "label_restored", "fft2d",
+                                      "rpsnr", "identified"}
+    # the answer that reads nothing of the update, beside the PSNR (console, metrics.json, report)
+    assert "zero_psnr_mean" in stdout and m["above_zero_image"] == int(m["psnr_mean"] > m["zero_psnr_mean"])
+    assert "zero image" in (out / "report.html").read_text()
     # The GradInversion paper's metrics (Sec. 4): registration never lowers PSNR; FFT2D is a cosine
     # distance; IIP searched the 20 real photos of the source; LPIPS only with real backbone weights.
     from gradleak.metrics.paper import lpips_available

@@ -314,3 +314,20 @@ def test_a_state_saved_before_the_default_became_auto_resumes_as_dlg(tmp_path, c
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["attack"] == "dlg" and metrics["resumed_at"] == [{"phase": "trial-0", "iteration": 10}]
     capsys.readouterr()
+
+
+def test_zero_image_scores_are_the_flat_mean_image_against_each_photo():
+    """metrics.json's zero_psnr: the model's zero image (its normalisation mean, a flat image) scored
+    against each true image, computed here by hand; above_zero_image counts the rows above it."""
+    from gradleak.pipeline.image import simulate_client
+
+    case = simulate_client(make_config(model="efficientnet-lite0", data="imagenet-samples", batch_size=2,
+                                       image_size=32, threads=1, progress=False))
+    truth = case.truth.images.double()
+    mean = torch.tensor(case.model.mean, dtype=torch.float64).view(1, -1, 1, 1)
+    want = 10 * torch.log10(1 / (truth - mean).pow(2).mean((1, 2, 3)))
+    rows = [{"index": 0, "psnr": float(want[0]) + 0.01}, {"index": 1, "psnr": float(want[1]) - 0.01}]
+    out = case.zero_image_scores(rows)
+    assert [r["zero_psnr"] for r in rows] == pytest.approx(want.tolist(), abs=1e-4)
+    assert out["zero_psnr_mean"] == pytest.approx(float(want.mean()), abs=1e-4)
+    assert out["above_zero_image"] == 1

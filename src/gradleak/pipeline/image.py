@@ -253,6 +253,7 @@ class ImageCase(Case):
         if self.truth is not None:
             ev = evaluate(recon, self.truth)
             metrics.update(ev.to_dict())
+            metrics.update(self.zero_image_scores(metrics["per_image"]))
             if cfg.paper_metrics:
                 from ..metrics.summary import paper_metrics  # GradInversion Sec. 4: FFT2D, RPSNR, LPIPS, IIP
 
@@ -270,6 +271,21 @@ class ImageCase(Case):
                     row["name"] = names[row["index"]]
         metrics["versions"] = versions(device)
         return metrics
+
+    def zero_image_scores(self, per_image: list[dict[str, Any]]) -> dict[str, Any]:
+        """The zero image of the model's input space (a flat image of its normalisation mean),
+        scored against each true image: what an answer that reads nothing of the update gets.
+        A PSNR at or below it shows no leakage PSNR can see (not that nothing leaked). Adds
+        ``zero_psnr`` to each row; returns ``zero_psnr_mean`` and ``above_zero_image`` (images
+        whose PSNR is above their own zero image's)."""
+        assert self.truth is not None
+        truth = self.truth.images.detach().to("cpu", torch.float32)
+        zero = self.model.denormalize(torch.zeros_like(truth[:1])).clamp(0.0, 1.0)
+        scores = psnr(zero.expand_as(truth), truth)
+        for row in per_image:
+            row["zero_psnr"] = float(scores[row["index"]])
+        return {"zero_psnr_mean": float(scores.double().mean()),
+                "above_zero_image": sum(1 for row in per_image if row["psnr"] > row["zero_psnr"])}
 
     def iip_pool(self, cfg: AttackConfig) -> torch.Tensor | None:
         """Other real images of the run's data source, at the batch's size, for IIP: up to

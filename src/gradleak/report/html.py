@@ -48,7 +48,7 @@ _STAGING = re.compile(r"^\.(?P<name>.+)\.partial-(?:[A-Za-z0-9_-]+-\d+-[A-Za-z0-
 
 #: metrics.json keys that get their own place on the page (everything else is listed generically).
 _SUMMARY_KEYS = (
-    "psnr_mean", "ssim_mean", "mse_mean", "label_accuracy",
+    "psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "mse_mean", "label_accuracy",
     "fft2d_mean", "rpsnr_mean", "lpips_mean", "iip",
     "iterations", "wall_seconds", "batch_size",
 )
@@ -56,7 +56,7 @@ _PLACED_KEYS = frozenset(_SUMMARY_KEYS) | {
     "attack", "model", "data", "per_image", "threat", "defenses", "update", "versions", "class_names",
     "iip_feature_space", "iip_pool_size", "lpips_notice",
 }
-_PER_IMAGE_COLUMNS = ("index", "name", "psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips", "identified",
+_PER_IMAGE_COLUMNS = ("index", "name", "psnr", "zero_psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips", "identified",
                       "label_true", "label_restored")
 _LABEL_COLUMNS = frozenset({"label_true", "label_restored"})
 
@@ -218,7 +218,9 @@ def _label(value: Any, class_names: Sequence[Any]) -> str:
 
 def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
     labels = {
-        "psnr_mean": "PSNR (mean)", "ssim_mean": "SSIM (mean)", "mse_mean": "MSE (mean)",
+        "psnr_mean": "PSNR (mean)",
+        "zero_psnr_mean": "PSNR of the zero image (mean; reads nothing of the update)",
+        "above_zero_image": "Images above their own zero image", "ssim_mean": "SSIM (mean)", "mse_mean": "MSE (mean)",
         "label_accuracy": "Label accuracy", "iterations": "Iterations",
         "wall_seconds": "Wall time", "batch_size": "Batch size",
         "fft2d_mean": "FFT2D cosine distance (mean)", "rpsnr_mean": "Registered PSNR (mean)",
