@@ -8,6 +8,9 @@
 #    Otherwise benchmarks/imagenet_levers.py's schedules at 25x their CPU steps (the paper variant:
 #    1750 Eq. 3 steps, about what 2 hours of this project's 2-core CPU buys) on the GPU, in the
 #    order below, each skipped when it would overrun -> $OUT/levers.json and levers.png.
+# The paper's budget projects to 3.1 h on an H200 and cannot be run in chunks across leases: its
+# resumable state (G = 8, batch 8, 224 px, with Adam's moments) is 110 MiB, more than the 64 MiB a
+# device call carries back and forth (measured 2026-11-29).
 #
 # Here:   bash benchmarks/gpu_wheels.sh
 # Then:   run(carry=[".whl"], timeout_s=600, command="bash benchmarks/gpu_imagenet.sh")
