@@ -26,7 +26,7 @@ PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
 
 # A GradInversion preset that also names its case: what it fills in where the user gives nothing
-# (issue 39: the paper's setting, 8 ImageNet photos at 224 px on a pretrained BN network with the
+# (GradInversion Sec. 4, the paper's setting, 8 ImageNet photos at 224 px on a pretrained BN network with the
 # client's BN statistics shared; the attack constants are the preset's own, attacks/gradinversion.py).
 PRESET_CASES: dict[str, dict[str, Any]] = {
     "imagenet": {"attack": "gradinversion", "model": "efficientnet-lite0", "data": "imagenet-samples",

@@ -29,7 +29,7 @@ and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several 
   a defense). The closed forms (imprint, trap, cpa) are judged by the same rule from their own
   evidence (their relative gradient distance; no iterations). ``defended`` per sample, and for a
   setting only when every sample is.
-- text (issue 42): gradleak's text DLG (``text-dlg``: the leaked bag of words plus the order
+- text: gradleak's text DLG (``text-dlg``: the leaked bag of words plus the order
   search) and, on request (``--attacks text-tag``), TAG, against the defended FedSGD update of the
   ``tiny-transformer`` on one held-out sentence per sample (TEXT_POOL: CPython's own documentation,
   sentences this project was never tuned on). The same defenses apply to the text update

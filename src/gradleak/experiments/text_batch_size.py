@@ -1,4 +1,4 @@
-"""Text leakage vs batch size (issue 42): ROUGE-1/2/L and exactly recovered sentences as the batch of
+"""Text leakage vs batch size: ROUGE-1/2/L and exactly recovered sentences as the batch of
 sentences grows, for the text attacks the literature compares (gradleak's DLG for text, TAG, LAMP and
 DAGER's exact recovery), on the pretrained MiniLM, every batch reported.
 
