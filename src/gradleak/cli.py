@@ -346,21 +346,52 @@ def _say(note: str | None) -> None:
 
 
 def check_names(*, model: str | None = None, data: str | None = None, defenses: Sequence[str] = (),
-                attacks: Sequence[str] = (), text: bool = False) -> None:
-    """Unknown names, answered (with a "did you mean") before torch is imported. A data value
-    that is not a source name but is, or looks like, a path is left to the data loader."""
-    from .catalog import DEFENSES, SOURCES, check, unknown
+                attacks: Sequence[str] = (), text: bool = False, data_root: str | None = None) -> None:
+    """Unknown names (with a "did you mean"), malformed defense specs and a data folder (or
+    --data-root) that does not exist, answered before torch is imported; the data loader checks
+    the folder's contents."""
+    from .catalog import check, check_defense
 
     for attack in attacks:
         check("text attack" if text else "attack", attack)
     if model is not None and ":" not in model:
         check("text model" if text else "model", model, "" if text else " or package.module:callable")
     for spec in defenses:
-        name = str(spec).strip().partition(":")[0].strip().lower()
-        if name not in DEFENSES:
-            raise unknown("defense", name, DEFENSES)
-    if (not text and data is not None and data not in SOURCES and not Path(data).expanduser().exists()
-            and not any(c in data for c in "/.~")):
+        check_defense(spec)   # its name and its values (gaussian:abc, prune:2), as defenses/spec.py does
+    if not text and (data is not None or data_root is not None):
+        check_data_folder(data, data_root)
+
+
+def check_data_folder(data: str | None, root: str | None = None) -> None:
+    """An image --data that is neither a source name nor an existing folder, or a --data-root that
+    is not a folder, refused as data/sources.py's open_source refuses them (DataError, the same
+    line), before torch is imported. What cannot be told without reading (a folder above that
+    cannot be searched) is left to the loader."""
+    import os
+    import stat
+
+    from .catalog import SOURCES, unknown
+    from .errors import DataError
+    from .paths import one_line
+
+    def kind(path: str) -> str | None:   # "dir", "file", "absent", or None: cannot tell
+        try:
+            return "dir" if stat.S_ISDIR(os.stat(os.path.expanduser(path)).st_mode) else "file"
+        except FileNotFoundError:
+            return "absent"
+        except (OSError, ValueError):
+            return None
+
+    if root is not None and kind(root) in ("file", "absent"):
+        raise DataError(f"no such folder: {one_line(os.path.expanduser(root))} (given as root)")
+    if data is None or data.strip().lower() in SOURCES:
+        return
+    found = kind(data)
+    if found == "file":
+        raise DataError(f"{one_line(data)} is a file, not a folder of images or a known source name")
+    if found == "absent":
+        if any(c in data for c in "/.~" + os.sep):
+            raise DataError(f"no such folder: {one_line(data)}")
         raise unknown("data source", data, SOURCES, ", or a path to an image folder")
 
 
@@ -371,13 +402,14 @@ def precheck(cfg: Any) -> None:
     checked when it is read); the pipeline checks everything again, this only answers fast."""
     from .catalog import check
     from .modalities import modality_named
-    from .paths import check_input_file, check_output_dir
+    from .paths import check_apart, check_input_file, check_output_dir, run_inputs
 
     given = cfg.model_fields_set
     modality = modality_named(cfg.modality)  # its names: the attacks and models of its own kind
     modality.check_names(attack=cfg.attack if "attack" in given else None,
                          model=cfg.model if "model" in given else None)
-    check_names(data=cfg.data if "data" in given and modality.data_sources else None, defenses=cfg.defense)
+    check_names(data=cfg.data if "data" in given and modality.data_sources else None, defenses=cfg.defense,
+                data_root=cfg.data_root if modality.data_sources else None)
     if cfg.preset is not None:
         check("preset", cfg.preset)
     for field in ("update", "truth", "checkpoint"):
@@ -386,6 +418,7 @@ def precheck(cfg: Any) -> None:
             check_input_file(path, "--" + field)
     if cfg.out is not None:
         check_output_dir(cfg.out)
+        check_apart([("--out", cfg.out)], run_inputs(cfg))
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -413,18 +446,19 @@ SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "s
 
 
 def cmd_share(args: argparse.Namespace) -> int:
-    from .paths import check_distinct, check_output_file
+    from .paths import check_apart, check_distinct, check_output_file, run_inputs
 
     cfg = _config_from(args, SHARE_FIELDS)
     precheck(cfg)
     # Checked before the client is simulated: an existing file is refused unless --force (and
-    # never replaced half-way: Case.save writes both or neither), and the outputs are never the
-    # same file (nor one of the inputs).
+    # never replaced half-way: Case.save writes both or neither), the outputs are never the
+    # same file, and never one of the inputs nor inside an input folder (even with --force).
     out = check_output_file(args.out, "--out", force=args.force)
     truth_path = check_output_file(args.truth, "--truth", force=args.force) if args.truth else None
     model_out = check_output_file(args.model_out, "--model-out", force=args.force) if args.model_out else None
-    check_distinct(("--out", out), ("--truth", truth_path), ("--model-out", model_out),
-                   ("--checkpoint", cfg.checkpoint), ("--data", cfg.data if Path(cfg.data).is_file() else None))
+    outputs = (("--out", out), ("--truth", truth_path), ("--model-out", model_out))
+    check_distinct(*outputs)
+    check_apart(outputs, run_inputs(cfg, getattr(args, "config", None)))
     from .modalities import modality_named
 
     case = modality_named(cfg.modality).share_client(cfg)

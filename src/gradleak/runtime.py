@@ -1,5 +1,6 @@
 """Process and device settings of an attack: the device, glibc's allocator on CPU, and the
-threads on a busy machine (float32 precision on CUDA is the engine's: engine/precision.py).
+threads on a busy machine, the one thread policy of the CLI and the Python API (float32
+precision on CUDA is the engine's: engine/precision.py).
 
 Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
 device, with one clear ConfigError for a GPU that is not there; the pipeline and the engine
@@ -37,11 +38,13 @@ Only glibc (Linux) has these knobs; elsewhere nothing is changed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -126,9 +129,12 @@ def resolve_device(name: str | torch.device) -> torch.device:
 # on this 2-core machine under load, 1.2-1.6 s normally; controlled, with two busy processes on
 # the 2 cores: 9.2 s with torch's 2 threads, 2.5 s with one (and, measured again with two
 # single-thread experiments running: attack loop 3.98 s with 2 threads, 1.93 s with 1, same
-# numbers). The CLI therefore asks how busy the cores are before a run that was given no
-# --threads, and starts only as many threads as there are idle cores (at least one).
+# numbers). Every entry point (the CLI's attack, --resume and train; the Python API's
+# pipeline.run and attack_update) therefore asks how busy the cores are before a run that was
+# given no threads (``threads_for_run``), and starts only as many threads as there are idle
+# cores (at least one).
 BUSY_SAMPLE_SECONDS = 0.25
+BUSY_REUSE_SECONDS = 2.0  # a measurement this recent is reused (the CLI measures, then calls the API)
 
 
 def _cpu_jiffies() -> tuple[int, int] | None:
@@ -174,7 +180,7 @@ def threads_on_busy_machine() -> tuple[int, str] | None:
     if default <= 1:
         return None  # nothing to take away: no need to measure
     cpus = os.cpu_count() or 1
-    busy = busy_cores()
+    busy = recent_busy_cores()
     threads = threads_for(busy, cpus, default)
     if threads >= default or busy is None:
         return None
@@ -182,5 +188,50 @@ def threads_on_busy_machine() -> tuple[int, str] | None:
                      f"{'s' if threads != 1 else ''} instead of {default} (--threads N to choose)")
 
 
-__all__ = ["BUSY_SAMPLE_SECONDS", "ENV", "allocator", "busy_cores", "resolve_device",
-           "threads_for", "threads_on_busy_machine", "tune_allocator"]
+def recent_busy_cores() -> float | None:
+    """``busy_cores()``, or the measurement of the last ``BUSY_REUSE_SECONDS`` in this process
+    (the CLI decides before it calls the pipeline, which decides again for API callers)."""
+    last = _busy.get("last")
+    now = time.monotonic()
+    if last is not None and now - last[0] < BUSY_REUSE_SECONDS:
+        return last[1]
+    busy = busy_cores()
+    _busy["last"] = (time.monotonic(), busy)
+    return busy
+
+
+_busy: dict[str, tuple[float, float | None]] = {}
+
+
+def threads_for_run(threads: int | None, device: str, nproc: int = 1) -> tuple[int | None, str | None]:
+    """The thread policy of every run, CLI or API: (threads, note). ``threads`` as given; else, on
+    the CPU in one process, fewer torch threads than cores when other work keeps cores busy
+    (``threads_on_busy_machine``), with a note saying so. (None, None): torch's own choice.
+    Several processes (``nproc`` > 1) share the cores out themselves (pipeline/distributed.py)."""
+    if threads is not None or nproc > 1 or device not in ("cpu", "auto"):
+        return threads, None
+    if resolve_device(device).type != "cpu":
+        return None, None
+    busy = threads_on_busy_machine()
+    return (None, None) if busy is None else busy
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch on ``threads`` intra-op threads inside the block, the caller's count restored after
+    (an API call must not leave the process on the fewer threads a busy moment chose); None:
+    nothing changed."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+__all__ = ["BUSY_REUSE_SECONDS", "BUSY_SAMPLE_SECONDS", "ENV", "allocator", "busy_cores", "recent_busy_cores",
+           "resolve_device", "threads_for", "threads_for_run", "threads_on_busy_machine", "torch_threads",
+           "tune_allocator"]

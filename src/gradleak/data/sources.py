@@ -475,43 +475,65 @@ def sample_batch(
     image_size: int,
     channels: int,
     allow_repeats: bool = False,
+    clients: int = 1,
 ) -> Batch:
-    """Draw a reproducible batch of ``batch_size`` images from ``source``.
+    """Draw a reproducible batch of ``batch_size`` images from ``source``: ``clients`` client
+    batches of ``batch_size / clients`` each, one after the other (an aggregate's clients).
 
-    Walks ``torch.randperm(len(source))`` seeded with ``seed``; unless ``allow_repeats``,
-    items whose label is already in the batch are skipped, so labels are distinct (the
-    setting where label-restoration attacks like iDLG are exact).
+    Walks ``torch.randperm(len(source))`` seeded with ``seed``; each client takes, in that order,
+    items no earlier client took, and unless ``allow_repeats`` skips items whose label it already
+    holds, so labels are distinct within each client (the setting where label-restoration
+    attacks like iDLG are exact) and may repeat across clients, as in a real federation. One
+    client is the plain distinct-label draw; with ``allow_repeats`` the batch is the first
+    ``batch_size`` items of the walk whatever ``clients`` is.
 
     Returns a Batch with images [K, channels, image_size, image_size] float32 in [0, 1]
-    and labels [K] int64, in the order drawn. Only the K chosen images are decoded.
+    and labels [K] int64, in the order drawn (client by client). Only the K chosen images are decoded.
     """
     check_geometry(image_size, channels)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise DataError(f"batch size must be a positive integer, got {batch_size!r}")
+    if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1 or batch_size % clients:
+        raise DataError(f"a batch of {batch_size} cannot be split evenly over {clients!r} clients")
     n = len(source)
     if n < batch_size:
         raise DataError(f"batch of {batch_size} asked but {one_line(str(source.name))} has only {n} images")
 
     generator = torch.Generator().manual_seed(int(seed))
     order = torch.randperm(n, generator=generator).tolist()
+    per_client = batch_size // clients
     chosen: list[int] = []
+    for client in range(clients):
+        picked, seen = _client_draw(source, order, set(chosen), per_client, allow_repeats)
+        if len(picked) < per_client:
+            # The walk covered every item left, so `seen` is every class they hold.
+            whose = "" if clients == 1 else f" for client {client + 1} of {clients}"
+            left = "" if clients == 1 else " left"
+            raise DataError(
+                f"batch of {per_client} with distinct labels asked{whose} but {one_line(str(source.name))} has "
+                f"only {len(seen)} distinct classes{left}; use --allow-repeats to allow repeated labels"
+            )
+        chosen += picked
+    return batch_of(source, chosen, image_size, channels)
+
+
+def _client_draw(source: ImageSource, order: list[int], taken: set[int], k: int,
+                 allow_repeats: bool) -> tuple[list[int], set[int]]:
+    """One client's ``k`` items: the first of ``order`` not in ``taken`` (and, unless
+    ``allow_repeats``, whose label the client does not hold yet); with the labels it saw."""
+    picked: list[int] = []
     seen: set[int] = set()
     for i in order:
+        if i in taken:
+            continue
         label = source.label(i)
         if not allow_repeats and label in seen:
             continue
-        chosen.append(i)
+        picked.append(i)
         seen.add(label)
-        if len(chosen) == batch_size:
+        if len(picked) == k:
             break
-    if len(chosen) < batch_size:
-        # The walk covered every item, so `seen` is every class present.
-        raise DataError(
-            f"batch of {batch_size} with distinct labels asked but {one_line(str(source.name))} has only "
-            f"{len(seen)} distinct classes; use --allow-repeats to allow repeated labels"
-        )
-
-    return batch_of(source, chosen, image_size, channels)
+    return picked, seen
 
 
 def batch_of(source: ImageSource, indices: list[int], image_size: int, channels: int) -> Batch:

@@ -114,13 +114,14 @@ class CellResult:
         source = open_source(c["data"], root=c.get("data_root"), split=c.get("split", "train"))
         size = c.get("image_size") or default_image_size(c["model"])
         channels = source.native_channels
-        total = int(c["batch_size"]) * (int(c.get("clients", 1)) if c.get("threat") == "aggregate" else 1)
+        clients = int(c.get("clients", 1)) if c.get("threat") == "aggregate" else 1
+        total = int(c["batch_size"]) * clients
         if c.get("indices"):
             from ..data import batch_of
 
             return batch_of(source, list(c["indices"]), size, channels)
         return sample_batch(source, total, int(c["seed"]), image_size=size, channels=channels,
-                            allow_repeats=bool(c.get("allow_repeats")))
+                            allow_repeats=bool(c.get("allow_repeats")), clients=clients)
 
     def paired_images(self, truth: Any | None = None) -> "torch.Tensor":
         """The reconstruction reordered to pair the truth's images (as the evaluation pairs them:

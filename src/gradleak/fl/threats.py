@@ -6,7 +6,8 @@
                  Which samples went into which step stays private (the client shuffles with its
                  own generator, reshuffling every epoch).
 - ``aggregate``: the server sees only the average update of N clients (secure aggregation);
-                 each client runs ``fedsgd`` or ``fedavg`` on its own batch.
+                 each client runs ``fedsgd`` or ``fedavg`` on its own batch (labels distinct
+                 within a client unless repeats are allowed; two clients may hold the same class).
 
 Each records its public hyper-parameters in ``UpdateMeta.threat``. The local steps themselves are
 :func:`gradleak.fl.unroll.local_sgd`, which the attacker's simulations run too.
@@ -210,7 +211,8 @@ ClientFn = Callable[[Batch, int], SharedUpdate]
 def share(model: ModelSpec, batch: Batch, threat: ThreatModel, *, private_seed: int = 0,
           share_bn_statistics: bool = False, client_fn: ClientFn | None = None) -> SharedUpdate:
     """What the server receives for ``batch`` under ``threat`` (for ``aggregate``, ``batch`` holds
-    all N clients' samples, split evenly in order).
+    all N clients' samples, split evenly in order: ``sample_batch(..., clients=N)`` draws them
+    client by client, labels distinct within a client and free to repeat across clients).
 
     ``client_fn(batch, private_seed)`` computes one client's (possibly defended) update; by
     default :func:`client_share`. Defenses therefore act on each client before aggregation.

@@ -4,7 +4,7 @@ the restored labels and, optionally, GradInversion's paper metrics (FFT2D, RPSNR
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -132,7 +132,10 @@ def build_image_case(cfg: AttackConfig) -> "ImageCase":
                 raise ConfigError(f"--{name.replace('_', '-')} does not apply to an update file without --truth")
     if cfg.indices and cfg.allow_repeats:
         raise ConfigError("--allow-repeats applies to a draw by --seed, not to --indices (which names the items)")
-    return load_case(cfg) if cfg.update else simulate_client(cfg)
+    case = load_case(cfg) if cfg.update else simulate_client(cfg)
+    if cfg.paper_metrics and case.truth is not None:
+        case.load_iip_pool(cfg)   # decoded now: a broken image is an error before the attack, not after it
+    return case
 
 
 class PSNRObserver(Observer):
@@ -203,6 +206,10 @@ def attack_update(update: SharedUpdate, model: ModelSpec, attack: str, *, observ
 
 @dataclass
 class ImageCase(Case):
+    #: IIP's pool of other real images (:meth:`iip_pool`), once loaded (``iip_loaded``)
+    iip_images: torch.Tensor | None = field(default=None, repr=False)
+    iip_loaded: bool = False
+
     history_columns: ClassVar[tuple[str, ...]] = ("psnr",)
     spec = IMAGE
 
@@ -229,7 +236,8 @@ class ImageCase(Case):
                               "(the client's private shuffling, the other clients' data): run the attack on a "
                               "simulated client (no --update) to get one")
         update = fedsgd(self.model, self.truth, share_bn_statistics=meta.bn_statistics_shared)
-        return ImageCase(update=update, model=self.model, truth=self.truth, data=self.data)
+        return ImageCase(update=update, model=self.model, truth=self.truth, data=self.data,
+                         iip_images=self.iip_images, iip_loaded=self.iip_loaded)
 
     def recorded_config(self, cfg: AttackConfig) -> dict[str, Any]:
         if cfg.update:
@@ -257,7 +265,10 @@ class ImageCase(Case):
             if cfg.paper_metrics:
                 from ..metrics.summary import paper_metrics  # GradInversion Sec. 4: FFT2D, RPSNR, LPIPS, IIP
 
-                summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_pool(cfg))
+                if not self.iip_loaded:
+                    self.load_iip_pool(cfg)
+                summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_images)
+                metrics.update(summary)
                 metrics.update(summary)
                 for row, extra in zip(metrics["per_image"], per_image, strict=True):
                     row.update(extra)
@@ -286,6 +297,12 @@ class ImageCase(Case):
             row["zero_psnr"] = float(scores[row["index"]])
         return {"zero_psnr_mean": float(scores.double().mean()),
                 "above_zero_image": sum(1 for row in per_image if row["psnr"] > row["zero_psnr"])}
+
+    def load_iip_pool(self, cfg: AttackConfig) -> None:
+        """Decode IIP's pool (:meth:`iip_pool`) into ``iip_images``: the case builder does it
+        before the attack, so that a truncated or unreadable image of the source fails the run
+        before its first step (no state saved, nothing to resume) instead of after the attack."""
+        self.iip_images, self.iip_loaded = self.iip_pool(cfg), True
 
     def iip_pool(self, cfg: AttackConfig) -> torch.Tensor | None:
         """Other real images of the run's data source, at the batch's size, for IIP: up to

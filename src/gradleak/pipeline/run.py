@@ -28,7 +28,7 @@ from ..config import AttackConfig
 from ..errors import ConfigError
 from ..modalities import modality_named
 from ..outcome import evidence_from_metrics, judge, needs_control
-from ..paths import StagedDir, check_output_dir, name_max, one_line
+from ..paths import StagedDir, check_apart, check_output_dir, name_max, one_line, run_inputs
 from ..runtime import resolve_device
 from .case import Case, build_case
 from .record import RunResult, default_run_dir, write_run
@@ -79,6 +79,7 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
     state_dir = Path(resume) if resume is not None else state_dir_for(out)
     if write:
         check_output_dir(out)
+        check_apart([("--out", out)], run_inputs(cfg))   # a run folder never lands among the data it reads
         if not spread:  # runs over several processes save no resumable state
             check_state_name(out, state_dir)
         if resume is None and (state_dir / "state.json").exists():
