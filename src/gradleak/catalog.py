@@ -97,3 +97,120 @@ def check(kind: str, name: str, extra: str = "") -> str:
     if name not in known:
         raise unknown(kind, name, known, extra)
     return name
+
+
+# ---------------------------------------------------------------- defense specs, checked without torch
+# Each defense's parameters as defenses/ declares them (the dataclass fields and their bounds):
+# (field, kind, required, (minimum, inclusive) or None, (maximum, inclusive) or None, choices).
+# The CLI checks a --defense spec with them before torch loads; defenses/spec.py parses it again
+# (tests/reliability/test_reliability4_files.py holds the two to the same answers).
+Param = tuple[str, str, bool, "tuple[float, bool] | None", "tuple[float, bool] | None", tuple[str, ...]]
+DEFENSE_PARAMETERS: dict[str, tuple[str | None, tuple[Param, ...]]] = {
+    "dpsgd": (None, (("clip", "float", True, (0.0, False), None, ()),
+                     ("noise", "float", True, (0.0, True), None, ()),
+                     ("delta", "float", False, (0.0, False), (1.0, False), ()),
+                     ("sample_rate", "float", False, (0.0, False), (1.0, True), ()),
+                     ("steps", "int", False, (1.0, True), None, ()))),
+    "fp16": (None, ()),
+    "gaussian": ("sigma", (("sigma", "float", True, (0.0, True), None, ()),)),
+    "int8": (None, ()),
+    "laplace": ("b", (("b", "float", True, (0.0, True), None, ()),)),
+    "prune": ("fraction", (("fraction", "float", True, (0.0, True), (1.0, False), ()),
+                           ("scope", "str", False, None, None, ("layer", "global")))),
+}
+_EXAMPLES = {"gaussian": "gaussian:0.01", "laplace": "laplace:0.01", "prune": "prune:0.9", "dpsgd": "dpsgd:clip=1,noise=1"}
+
+
+def check_defense(spec: object) -> str:
+    """The name of a well-formed defense spec (``name[:value][,key=value...]``, its values within
+    their bounds), else the ConfigError (UnknownNameError for the name) that defenses/spec.py's
+    parse_defense gives, without importing torch."""
+    from .errors import ConfigError
+    from .paths import one_line
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"defense spec must be a non-empty string like 'gaussian:0.01', got {one_line(repr(spec), 80)}")
+    head, sep, rest = spec.strip().partition(":")
+    name = head.strip().lower()
+    if name not in DEFENSE_PARAMETERS:
+        raise unknown("defense", head.strip(), DEFENSES, f" (in {one_line(repr(spec), 80)})")
+    values = _defense_values(name, spec, rest) if sep else {}
+    params = {p[0]: p for p in DEFENSE_PARAMETERS[name][1]}
+    missing = [f for f, p in params.items() if p[2] and f not in values]
+    if missing:
+        raise ConfigError(f"defense {name}: missing value for {', '.join(missing)} (e.g. {_EXAMPLES.get(name, name)})")
+    for field, text in values.items():
+        _check_defense_value(name, params[field], text)
+    return name
+
+
+def _defense_values(name: str, spec: str, rest: str) -> dict[str, str]:
+    """The ``key=value`` texts after the ':' of a spec (a bare first value fills the positional one)."""
+    from .errors import ConfigError
+    from .paths import one_line
+
+    positional, params = DEFENSE_PARAMETERS[name]
+    fields = [p[0] for p in params]
+    if not rest.strip():
+        raise ConfigError(f"defense {name}: missing value after ':' in {one_line(repr(spec), 80)}")
+    if not fields:
+        raise ConfigError(f"defense {name} takes no parameters, got {one_line(repr(spec), 80)}")
+    values: dict[str, str] = {}
+    for i, token in enumerate(t.strip() for t in rest.split(",")):
+        if not token:
+            raise ConfigError(f"defense {name}: empty parameter in {one_line(repr(spec), 80)}")
+        key, eq, text = (s.strip() for s in token.partition("="))
+        if not eq:
+            if positional is None:
+                raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; write key=value pairs, e.g. "
+                                  f"{_EXAMPLES.get(name, name)}")
+            if i > 0:
+                raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; only the first parameter "
+                                  f"({positional}) may be given without its key")
+            key, text = positional, token
+        if key not in fields:
+            raise ConfigError(f"defense {name}: unknown parameter {key!r}; known: {', '.join(fields)}")
+        if not text:
+            raise ConfigError(f"defense {name}: missing value for {key}")
+        if key in values:
+            raise ConfigError(f"defense {name}: {key} given twice in {one_line(repr(spec), 80)}")
+        values[key] = text
+    return values
+
+
+def _check_defense_value(name: str, param: Param, text: str) -> None:
+    """One parameter's text: a number (an integer for ``int``) within its bounds, or one of its choices."""
+    import math
+
+    from .errors import ConfigError
+    from .paths import one_line
+
+    field, kind, _, low, high, choices = param
+    if kind == "str":
+        if choices and text not in choices:
+            raise ConfigError(f"defense {name}: {field} must be one of {', '.join(choices)}, got {text!r}")
+        return
+    try:
+        value = float(text)
+        if kind == "int" and (not math.isfinite(value) or value != int(value)):
+            raise ValueError
+    except ValueError:
+        want = "an integer" if kind == "int" else "a number"
+        raise ConfigError(f"defense {name}: {field} must be {want}, got {one_line(repr(text), 80)}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"defense {name}: {field} must be a finite number, got {one_line(repr(text), 80)}")
+    if kind == "int":
+        if low is not None and value < low[0]:
+            raise ConfigError(f"defense {name}: {field} must be an integer >= {int(low[0])}, got {int(value)!r}")
+        return
+    below = low is not None and (value < low[0] or (value == low[0] and not low[1]))
+    above = high is not None and (value > high[0] or (value == high[0] and not high[1]))
+    if below or above:
+        bounds = [f"{'>=' if b[1] else '>'} {_number(b[0])}" for b in (low,) if b is not None]
+        bounds += [f"{'<=' if b[1] else '<'} {_number(b[0])}" for b in (high,) if b is not None]
+        raise ConfigError(f"defense {name}: {field} must be a finite number {' and '.join(bounds)}, got {_number(value)}")
+
+
+def _number(value: float) -> str:
+    """A float as defenses/base.py's format_value writes it (1.0 -> "1")."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)

@@ -10,7 +10,8 @@ Outputs: :func:`check_output_file` and :func:`check_output_dir` refuse, before a
          place when complete; :func:`atomic_write_bytes` does the same for one file. Staging
          folders left by a process that was killed (SIGKILL) are removed by the next
          :class:`StagedDir` in the same parent folder. :func:`atomic_write_files` writes
-         several files all or none (an update and its truth file). Every name is checked
+         several files all or none (an update and its truth file). :func:`check_apart`
+         refuses an output that is, or lands inside, one of the run's inputs. Every name is checked
          against its file system's limit (:func:`check_name_lengths`); the hidden names made
          from it are cut to fit.
 """
@@ -29,7 +30,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from .errors import ConfigError, DataError, GradleakError, InputFileError
 
@@ -199,6 +200,102 @@ def check_distinct(*named: tuple[str, str | os.PathLike[str] | None]) -> None:
         if key in seen:
             raise ConfigError(f"{what} and {seen[key]} are the same file ({path}); give two different paths")
         seen[key] = what
+
+
+# Bound of the walk of an input folder (the image loader refuses a larger folder anyway).
+MAX_INPUT_ENTRIES = 2_000_000
+
+Identity = tuple[int, int]   # (st_dev, st_ino): the same file or folder whatever path reaches it
+
+
+def _identity(path: str | os.PathLike[str]) -> Identity | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _ancestors(path: str | os.PathLike[str]) -> list[Identity]:
+    """The identities of the existing folders above ``path`` (its real location, links resolved)."""
+    found = []
+    for folder in Path(os.path.realpath(path)).parents:
+        ident = _identity(folder)
+        if ident is not None:
+            found.append(ident)
+    return found
+
+
+def _input_identities(path: Path, *, with_files: bool) -> tuple[set[Identity], set[Identity]]:
+    """(folders, files) an input reaches: a file itself; a folder and every folder and file
+    below it, linked ones followed (each real folder entered once), bounded by
+    MAX_INPUT_ENTRIES. Files are stat'ed only when ``with_files`` (an output that exists)."""
+    ident = _identity(path)
+    if ident is None:
+        return set(), set()
+    if not path.is_dir():
+        return set(), {ident}
+    folders: set[Identity] = set()
+    files: set[Identity] = set()
+    entries = 0
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+        key = _identity(dirpath)
+        if key is None or key in folders:
+            dirnames[:] = []
+            continue
+        folders.add(key)
+        entries += len(dirnames) + len(filenames)
+        if entries > MAX_INPUT_ENTRIES:
+            break
+        if with_files:
+            files.update(k for k in (_identity(os.path.join(dirpath, f)) for f in filenames) if k is not None)
+    return folders, files
+
+
+def check_apart(outputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
+                inputs: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Refuse an output that is, or lands inside, something the run reads (ConfigError naming
+    both), before any work: the same file (compared by identity, so that a hard link or a
+    symbolic link on the way does not hide it), a path inside an input folder (or inside a folder
+    linked from it), or an output folder that holds an input. ``--force`` may replace an earlier
+    output, never an input. ``None`` paths and inputs that do not exist are skipped."""
+    outs = [(what, Path(p)) for what, p in outputs if p is not None]
+    ins = [(what, Path(p)) for what, p in inputs if p is not None and os.path.exists(p)]
+    if not outs or not ins:
+        return
+    out_ids = {what: _identity(p) for what, p in outs}
+    with_files = any(ident is not None for ident in out_ids.values())
+    for in_what, in_path in ins:
+        folders, files = _input_identities(in_path, with_files=with_files)
+        in_above = set(_ancestors(in_path))
+        for out_what, out_path in outs:
+            shown = f"{out_what} {one_line(str(out_path))}"
+            where = f"{in_what} {one_line(str(in_path))}"
+            ident = out_ids[out_what]
+            if ident is not None and (ident in files or ident in folders):
+                what = "itself" if ident == _identity(in_path) else "a file of" if ident in files else "a folder of"
+                what = f"{where} itself" if what == "itself" else f"{what} {where}"
+                raise ConfigError(f"{shown} is {what}, which the run reads; write the output elsewhere (--force "
+                                  "replaces an earlier output, never an input)")
+            if folders & set(_ancestors(out_path)):
+                raise ConfigError(f"{shown} is inside {where}, which the run reads; write the output elsewhere")
+            if ident is not None and ident in in_above:
+                raise ConfigError(f"{shown} holds {where}, which the run reads; write the output elsewhere")
+
+
+def run_inputs(cfg: Any, config: str | os.PathLike[str] | None = None) -> list[tuple[str, str | None]]:
+    """What a run of ``cfg`` (a config.AttackConfig) reads, by flag, for :func:`check_apart`:
+    its data folder or file (a named source is not a path), --data-root, the update, truth and
+    checkpoint files, and the --config file it came from."""
+    from .catalog import SOURCES
+
+    def user(path: str | None) -> str | None:
+        return os.path.expanduser(path) if path else None
+
+    data = None if str(cfg.data).strip().lower() in SOURCES else user(cfg.data)
+    return [("--data", data), ("--data-root", user(cfg.data_root)), ("--update", cfg.update),
+            ("--truth", cfg.truth), ("--checkpoint", cfg.checkpoint),
+            ("--config", os.fspath(config) if config else None)]
 
 
 def _temp_prefix(path: Path) -> str:
@@ -547,6 +644,17 @@ class StagedDir:
 
 
 __all__ = ["InputFileError", "check_input_file", "read_text_file", "check_output_file", "check_output_dir",
-           "check_distinct", "atomic_write_bytes", "atomic_write_files", "deferred_signals", "StagedDir",
+           "check_distinct", "check_apart", "run_inputs", "atomic_write_bytes", "atomic_write_files", "deferred_signals", "StagedDir",
            "OutputAppearedError", "remove_stale_partials", "check_name_lengths", "name_max", "short_name",
            "MAX_TEXT_FILE", "MAX_JSON_DEPTH", "one_line", "check_tree", "loads_json"]
+
+
+def printable(text: object) -> str:
+    """``text`` safe to echo to a terminal whatever a file put in it (a tensor's or a metadata
+    name): every non-printable character (escape, carriage return, newline, bidi control) and the
+    backslash written as Python escapes, so that a name can neither move the cursor nor pass for
+    another; nothing is cut, so two names stay distinct."""
+    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in str(text))
+
+
+__all__ += ["printable"]

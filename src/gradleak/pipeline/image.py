@@ -269,7 +269,6 @@ class ImageCase(Case):
                     self.load_iip_pool(cfg)
                 summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_images)
                 metrics.update(summary)
-                metrics.update(summary)
                 for row, extra in zip(metrics["per_image"], per_image, strict=True):
                     row.update(extra)
             # How well the true data explain the (defended) update, on the attacker's own measure:
