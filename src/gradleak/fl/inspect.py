@@ -37,6 +37,7 @@ is never used: a malicious server would not label its model.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
-from ..errors import InputFileError, ModelMismatchError, NonFiniteError, UpdateFileError
+from ..errors import GradleakError, InputFileError, ModelMismatchError, NonFiniteError, UpdateFileError
 from ..paths import atomic_write_files, check_input_file, one_line
 
 FORMAT = "gradleak.received-model"
@@ -64,6 +65,18 @@ MIN_VECTOR = 16      # rows (columns) shorter than this are not tested: a 3x3 fi
                      # Linear(1, n)'s rows are parallel by chance or by shape
 MIN_VECTORS = 3      # nor layers with fewer rows (columns): the two rows of a trained 2-class
                      # classifier become anti-parallel (softmax moves them by opposite steps)
+# Parallel groups: a block that fills only some of a layer's rows (48 imprint bins among an mlp's
+# 128 first-layer rows) leaves the median low. So the largest group of rows (columns) that are
+# (anti-)parallel to one of them, |cos| >= PARALLEL_THRESHOLD, is counted too; a group of
+# PARALLEL_MIN_GROUP or more is a finding, for the same reason as MIN_VECTORS (two anti-parallel
+# rows are what a 2-class classifier trains into). Honest layers: largest group 1 on every honest
+# model benchmarks/inspect_detection.py builds (random init, several seeds, and trained ones);
+# two random rows of m >= 16 entries reach |cos| 0.999 with probability below 1e-20.
+PARALLEL_MIN_GROUP = 3
+SKETCH_DIM = 32    # the group is searched on a fixed random projection of the unit rows (n m k work);
+HASH_TABLES = 8    # rows sharing a sign hash of HASH_BITS hyperplanes there are candidates, verified
+HASH_BITS = 62     # exactly: parallel rows always share it, a 0.999 pair in one table with
+GROUP_SEEDS = 8    # probability 0.41 (in one of 8: 0.986), rows 30 degrees apart with 1e-5
 # Trap rows, on a layer reading the image (ARCH's first weight layer, or an added one), in pixel
 # space; all four must hold:
 #   T = mean(z) sqrt(n) <= TRAP_T: one-sided p < 3e-7 under sign-symmetric rows (z-test; honest
@@ -96,6 +109,16 @@ SCALE_RATIO = 20.0
 BN_EPS = 1e-5
 
 MAX_MODEL_FILE = 4 * 1024 ** 3   # bytes of a received model file read at most
+# The cost of a check is bounded by what the tensors hold: every check is linear in a layer's
+# entries (the group search too: hashing, no pairs), and a file may hold ARCH's
+# tensors plus at most MAX_EXTRA_TENSORS more (a block in front of the network has a few: the
+# imprint and trap blocks 4), refused before any tensor is read.
+MAX_EXTRA_TENSORS = 256
+# Floating types the checks read (float8 has no arithmetic in torch); integer and bool tensors
+# (a BatchNorm's num_batches_tracked) are counted, not read.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_VALUE = 1e100   # |entry| at most: squared and summed over 10^9 entries it stays finite in float64
+                   # (float32 stops at 3.4e38: only a float64 file can go beyond)
 
 
 # ---------------------------------------------------------------- results
@@ -152,12 +175,32 @@ class Inspection:
                 "layers": [{"name": layer.name, "kind": layer.kind, "shape": layer.shape, "in_arch": layer.in_arch,
                             "reads_image": layer.reads_image, "stats": layer.stats,
                             "findings": [asdict(f) for f in layer.findings]} for layer in self.layers],
-                "thresholds": thresholds()}
+                "thresholds": thresholds(), "null": NULL_MEANS}
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as strict JSON (RFC 8259: no NaN or Infinity, which standard parsers
+        refuse); a statistic that is not finite is written null (``NULL_MEANS``)."""
+        return json.dumps(json_safe(self.to_dict()), indent=2, allow_nan=False)
+
+
+NULL_MEANS = ("a statistic written null could not be computed as a finite number: its layer's values overflow "
+              "float64 (a gain or norm beyond 1.8e308) or the ratio is undefined (0/0)")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (dicts, lists, numbers, strings) with every non-finite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def thresholds() -> dict[str, float]:
     """Every threshold of the checks, by name (the JSON report records them)."""
-    return {"parallel": PARALLEL_THRESHOLD, "trap_t": TRAP_T, "trap_mean_z": TRAP_MEAN_Z,
+    return {"parallel": PARALLEL_THRESHOLD, "parallel_min_group": PARALLEL_MIN_GROUP, "trap_t": TRAP_T, "trap_mean_z": TRAP_MEAN_Z,
             "trap_negative_fraction": TRAP_NEGATIVE, "trap_count_t": TRAP_COUNT_T,
             "trap_count_share": TRAP_COUNT_SHARE, "scale_ratio": SCALE_RATIO}
 
@@ -182,9 +225,11 @@ def save_received_model(state: Mapping[str, torch.Tensor], path: str | Path, *, 
 
 
 # ---------------------------------------------------------------- reading
-def read_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, checked: a readable regular file, a sane header, each
-    tensor readable, floating tensors finite. UpdateFileError / NonFiniteError otherwise."""
+def read_state(path: str | Path, *, max_tensors: int | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, checked: a readable regular file, a sane header, at
+    most ``max_tensors`` tensors (counted from the header, before any is read), each readable,
+    of a type the checks read, not empty, floating ones finite. UpdateFileError /
+    NonFiniteError otherwise."""
     from .files import open_safetensors
 
     try:
@@ -194,7 +239,11 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     handle = open_safetensors(p, "model")  # a sane header first; one UpdateFileError otherwise
     state: dict[str, torch.Tensor] = {}
     with handle as f:
-        for k in f.keys():
+        keys = list(f.keys())
+        if max_tensors is not None and len(keys) > max_tensors:
+            raise UpdateFileError(f"model file {p} holds {len(keys)} tensors, more than the {max_tensors} the "
+                                  f"model and a block in front of it can have; refusing to read them")
+        for k in keys:
             try:
                 state[k] = f.get_tensor(k)
             except Exception as exc:  # noqa: BLE001 - a truncated data section
@@ -202,10 +251,43 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
                                       f"{one_line(str(exc), 200)}") from None
     if not state:
         raise UpdateFileError(f"model file {p} holds no tensors")
-    for k, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise NonFiniteError(f"model file {p}: tensor {one_line(repr(k), 80)} holds NaN or Inf")
+    check_tensors(state, f"model file {p}: ", UpdateFileError)
     return state
+
+
+def check_tensors(state: Mapping[str, torch.Tensor], where: str = "",
+                  error: type[GradleakError] = ModelMismatchError) -> None:
+    """Refuse, before any statistic, a tensor the checks cannot read: a floating type other
+    than float16/bfloat16/float32/float64 (float8, complex), an empty one (a layer of no
+    values), NaN or Inf (NonFiniteError), values beyond MAX_VALUE (their squares would overflow
+    and the statistics read NaN as "nothing found"). ``where`` starts the message; ``error`` is
+    its type."""
+    for k, t in state.items():
+        name = one_line(repr(k), 80)
+        if (t.is_floating_point() and t.dtype not in FLOAT_DTYPES) or t.is_complex():
+            raise error(f"{where}tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; a model's "
+                        "floating tensors must be float16, bfloat16, float32 or float64")
+        if t.numel() == 0:
+            raise error(f"{where}tensor {name} is empty (shape {list(t.shape)}); a model's tensors hold values")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(f"{where}tensor {name} holds NaN or Inf")
+        if t.is_floating_point() and float(t.abs().max()) > MAX_VALUE:
+            raise error(f"{where}tensor {name} holds values up to {float(t.abs().max()):.3g}; the checks square a "
+                        f"model's values in float64, so they must stay within {MAX_VALUE:g}")
+
+
+def _check_layer(module: str, t: Mapping[str, torch.Tensor], arch_keys: set[str]) -> None:
+    """Refuse a bias or BatchNorm statistic whose shape does not fit its layer's weight (one
+    value per output: [weight.shape[0]]); ARCH's own tensors are already checked against ARCH."""
+    w = t.get("weight")
+    if w is None or w.dim() == 0:
+        return
+    for name in ("bias", "running_mean", "running_var"):
+        x = t.get(name)
+        key = f"{module}.{name}" if module else name
+        if x is not None and key not in arch_keys and list(x.shape) != [w.shape[0]]:
+            raise ModelMismatchError(f"tensor {one_line(repr(key), 80)} has shape {list(x.shape)}; its layer's "
+                                     f"weight {list(w.shape)} needs [{w.shape[0]}] (one value per output)")
 
 
 # ---------------------------------------------------------------- ARCH and the file
@@ -293,6 +375,70 @@ def _parallel(vectors: torch.Tensor) -> float | None:
     return float(cos.median())
 
 
+def _sketch(vectors: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The unit vectors ``vectors[rows]`` projected on SKETCH_DIM fixed random directions and
+    normalised again [len(rows), SKETCH_DIM]: parallel vectors keep |cos| 1 there. Built by
+    blocks of rows and columns, so memory stays bounded whatever the shape."""
+    n, m = len(rows), vectors.shape[1]
+    gen = torch.Generator().manual_seed(0)
+    out = torch.zeros(n, SKETCH_DIM, dtype=torch.float64)
+    width = min(m, 1 << 16)
+    step = max(1, CHUNK // width)
+    for j in range(0, m, width):
+        proj = torch.randn(min(width, m - j), SKETCH_DIM, generator=gen, dtype=torch.float64)
+        for i in range(0, n, step):
+            out[i:i + step] += vectors[rows[i:i + step], j:j + width].double() @ proj
+    return out / out.norm(dim=1, keepdim=True).clamp(min=1e-300)
+
+
+def _buckets(sketch: torch.Tensor) -> list[torch.Tensor]:
+    """Candidate groups: the rows (indices into ``sketch`` [n, k]) sharing a bucket of one of
+    HASH_TABLES sign hashes of HASH_BITS random hyperplanes each, a sign-flipped row hashed like
+    the row (the bits are inverted when the first is set), buckets of PARALLEL_MIN_GROUP rows
+    or more, each table's GROUP_SEEDS largest, largest first. Linear in n: no pair of rows is
+    compared."""
+    gen = torch.Generator().manual_seed(1)
+    planes = torch.randn(sketch.shape[1], HASH_TABLES * HASH_BITS, generator=gen, dtype=torch.float64)
+    half = 2.0 ** torch.arange(HASH_BITS // 2, dtype=torch.float64)   # 31 bits: exact in float64 and int64
+    found = []
+    for t in range(HASH_TABLES):   # each table's GROUP_SEEDS largest buckets
+        bits = sketch @ planes[:, t * HASH_BITS:(t + 1) * HASH_BITS] > 0
+        bits = (bits ^ bits[:, :1]).double()
+        lo, hi = (bits[:, :HASH_BITS // 2] @ half).long(), (bits[:, HASH_BITS // 2:] @ half).long()
+        table = hi * 2 ** (HASH_BITS // 2) + lo
+        _, inverse, counts = torch.unique(table, return_inverse=True, return_counts=True)
+        for bucket in torch.argsort(counts, descending=True, stable=True)[:GROUP_SEEDS].tolist():
+            if int(counts[bucket]) >= PARALLEL_MIN_GROUP:
+                found.append(torch.nonzero(inverse == bucket).flatten())
+    return sorted(found, key=len, reverse=True)
+
+
+def _parallel_group(vectors: torch.Tensor) -> torch.Tensor | None:
+    """The indices of the largest group of PARALLEL_MIN_GROUP or more rows of ``vectors`` [n, m]
+    (anti-)parallel to one of them (|cos| >= PARALLEL_THRESHOLD with it, verified on the rows
+    themselves), or of one row when there is none; None when too
+    few or too short rows. Candidates come from sign hashes of the sketch (:func:`_buckets`):
+    n m k work, then n m per candidate verified (at most 2 GROUP_SEEDS)."""
+    if vectors.shape[1] < MIN_VECTOR:
+        return None
+    norms = torch.cat([c.norm(dim=1) for c in _chunks(vectors)])
+    live = torch.nonzero(norms > 0).flatten()
+    if live.numel() < PARALLEL_MIN_GROUP:
+        return None
+    best = live[:0]
+    step = max(1, CHUNK // vectors.shape[1])
+    for bucket in _buckets(_sketch(vectors, live))[:2 * GROUP_SEEDS]:
+        seed = int(live[bucket[0]])
+        if bucket.numel() <= best.numel() or bool((best == seed).any()):
+            continue
+        ref = vectors[seed].double() / norms[seed]
+        cos = torch.cat([(vectors[live[i:i + step]].double() @ ref).abs() for i in range(0, live.numel(), step)])
+        members = live[cos / norms[live] >= PARALLEL_THRESHOLD]
+        if members.numel() > best.numel():
+            best = members
+    return best if best.numel() else live[:1]   # no group: each row alone
+
+
 def _trap(rows: torch.Tensor, scale: torch.Tensor | None = None) -> dict[str, float] | None:
     """The trap statistics of ``rows`` [n, d] times ``scale`` [d] (pixel space for a layer
     reading the image), over its non-zero rows."""
@@ -361,6 +507,64 @@ def _bias_order(bias: torch.Tensor | None) -> str | None:
 
 
 # ---------------------------------------------------------------- the checks
+def _group_stats(layer: LayerReport, vectors: torch.Tensor, what: str) -> torch.Tensor | None:
+    """Record the largest parallel group of ``vectors`` (``what``: rows, columns) in
+    ``layer.stats``; its indices when it is a finding (PARALLEL_MIN_GROUP or more)."""
+    group = _parallel_group(vectors)
+    if group is None:
+        return None
+    layer.stats[f"parallel_{what}_group"] = float(group.numel())
+    layer.stats[f"parallel_{what}_group_share"] = group.numel() / vectors.shape[0]
+    return group if group.numel() >= PARALLEL_MIN_GROUP else None
+
+
+def _row_findings(layer: LayerReport, rows: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """parallel-rows: the whole layer (median) or a group of its rows (the imprint's bins)."""
+    image = " (the image)" if layer.reads_image else ""
+    par = _parallel(rows)
+    if par is not None:
+        layer.stats["parallel_rows"] = par
+    group = _group_stats(layer, rows, "rows")
+    if par is not None and par >= PARALLEL_THRESHOLD:
+        order = _bias_order(bias)
+        bins = (f"; with {rows.shape[0]} distinct biases ({order} in row order) they cut that projection "
+                "into bins: Robbing the Fed's imprint layer, whose gradients hold single inputs"
+                if order else "")
+        layer.findings.append(Finding(
+            "parallel-rows", par, PARALLEL_THRESHOLD,
+            f"its {rows.shape[0]} rows are parallel (median |cos| {par:.4f}): every neuron measures the same "
+            f"projection of its input{image}{bins}"))
+    elif group is not None:
+        order = _bias_order(bias[group]) if bias is not None else None
+        bins = (f"; with {group.numel()} distinct biases ({order} in row order) they cut that projection into "
+                "bins: Robbing the Fed's imprint block hidden among honest rows" if order else "")
+        layer.findings.append(Finding(
+            "parallel-rows", float(group.numel()), float(PARALLEL_MIN_GROUP),
+            f"{group.numel()} of its {rows.shape[0]} rows (first: row {int(group[0])}) are parallel (|cos| >= "
+            f"{PARALLEL_THRESHOLD} with one of them): those neurons measure the same projection of their "
+            f"input{image}{bins}"))
+
+
+def _column_findings(layer: LayerReport, w: torch.Tensor) -> None:
+    """parallel-columns: the whole layer (median) or a group of its columns."""
+    cols = _parallel(w.T)
+    if cols is not None:
+        layer.stats["parallel_columns"] = cols
+    group = _group_stats(layer, w.T, "columns")
+    why = ("so the gradients of the neurons feeding it are one scalar per sample times the same vector (the "
+           "imprint block's second layer is built so)")
+    if cols is not None and cols >= PARALLEL_THRESHOLD:
+        layer.findings.append(Finding(
+            "parallel-columns", cols, PARALLEL_THRESHOLD,
+            f"its {w.shape[1]} columns are parallel (median |cos| {cols:.4f}): every input writes the same "
+            f"pattern to the outputs, {why}"))
+    elif group is not None:
+        layer.findings.append(Finding(
+            "parallel-columns", float(group.numel()), float(PARALLEL_MIN_GROUP),
+            f"{group.numel()} of its {w.shape[1]} columns (first: column {int(group[0])}) are parallel (|cos| >= "
+            f"{PARALLEL_THRESHOLD} with one of them): those inputs write the same pattern to the outputs, {why}"))
+
+
 def _findings(layer: LayerReport, t: Mapping[str, torch.Tensor], std: tuple[float, ...],
               input_shape: tuple[int, int, int]) -> None:
     """Fill ``layer.stats`` and ``layer.findings`` (all but the scale check)."""
@@ -368,28 +572,9 @@ def _findings(layer: LayerReport, t: Mapping[str, torch.Tensor], std: tuple[floa
         return
     w = t["weight"]
     rows = w.flatten(1)
-    par = _parallel(rows)
-    if par is not None:
-        layer.stats["parallel_rows"] = par
-        if par >= PARALLEL_THRESHOLD:
-            order = _bias_order(t.get("bias"))
-            bins = (f"; with {rows.shape[0]} distinct biases ({order} in row order) they cut that projection "
-                    "into bins: Robbing the Fed's imprint layer, whose gradients hold single inputs"
-                    if order else "")
-            layer.findings.append(Finding(
-                "parallel-rows", par, PARALLEL_THRESHOLD,
-                f"its {rows.shape[0]} rows are parallel (median |cos| {par:.4f}): every neuron measures the same "
-                f"projection of its input{' (the image)' if layer.reads_image else ''}{bins}"))
+    _row_findings(layer, rows, t.get("bias"))
     if layer.kind == "linear":
-        cols = _parallel(w.T)
-        if cols is not None:
-            layer.stats["parallel_columns"] = cols
-            if cols >= PARALLEL_THRESHOLD:
-                layer.findings.append(Finding(
-                    "parallel-columns", cols, PARALLEL_THRESHOLD,
-                    f"its {w.shape[1]} columns are parallel (median |cos| {cols:.4f}): every input writes the same "
-                    "pattern to the outputs, so the gradients of the neurons feeding it are one scalar per sample "
-                    "times the same vector (the imprint block's second layer is built so)"))
+        _column_findings(layer, w)
     if layer.reads_image:
         trap = _trap(rows, _pixel_scale(layer.kind, w, input_shape, std))
         if trap is not None:
@@ -429,53 +614,73 @@ def _scale_findings(layers: list[LayerReport], gains: dict[str, float]) -> None:
                     "it makes its gradients (and those behind it) loud"))
 
 
+def _arch_state(arch: str, num_classes: int, channels: int, image_size: int | None,
+                width: int | None) -> tuple[dict[str, torch.Tensor], int]:
+    """ARCH's state dict as meta tensors (shapes only) and its input size."""
+    from ..models import default_image_size, model_shapes
+
+    size = image_size or default_image_size(arch)
+    arch_state, _ = model_shapes(arch, num_classes=num_classes, channels=channels, image_size=size, width=width)
+    return arch_state, size
+
+
 def inspect_model(state: Mapping[str, torch.Tensor], arch: str, *, num_classes: int, channels: int = 3,
                   image_size: int | None = None, width: int | None = None, path: str | None = None) -> Inspection:
     """Check the received model ``state`` (name -> tensor) against architecture ``arch``.
 
     Raises UnknownNameError (unknown ``arch``), ModelMismatchError (the file does not hold ARCH's
-    tensors, or with other shapes), NonFiniteError (NaN/Inf)."""
-    from ..models import default_image_size, model_shapes
+    tensors, or with other shapes; more than MAX_EXTRA_TENSORS others; a tensor of an unread
+    type, empty, or whose shape does not fit its layer), NonFiniteError (NaN/Inf)."""
     from ..models.registry import normalisation
 
-    size = image_size or default_image_size(arch)
-    arch_state, _ = model_shapes(arch, num_classes=num_classes, channels=channels, image_size=size, width=width)
+    arch_state, size = _arch_state(arch, num_classes, channels, image_size, width)
+    if len(state) > len(arch_state) + MAX_EXTRA_TENSORS:
+        raise ModelMismatchError(f"the model holds {len(state)} tensors; model {arch} has {len(arch_state)}, and a "
+                                 f"block in front of it at most {MAX_EXTRA_TENSORS} more")
+    check_tensors(state)
     mean_std = normalisation(arch, channels)
-    for k, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise NonFiniteError(f"tensor {one_line(repr(k), 80)} holds NaN or Inf")
     prefix = _align(state, arch_state, arch)
     input_shape = (channels, size, size)
-    d = channels * size * size
     arch_keys = {prefix + k for k in arch_state}
     groups = _group(state)
     arch_modules = list(dict.fromkeys(_module(prefix + k) for k in arch_state))
-    extra = sorted(set(groups) - set(arch_modules))
-    order = extra + arch_modules
+    extra = set(groups) - set(arch_modules)
+    local = {m: _local(state, groups[m], m) for m in groups}
+    for m, t in local.items():
+        _check_layer(m, t, arch_keys)
     # ARCH's first weight layer reads the image; an added layer does when its input has the image's size
-    first = next((m for m in arch_modules if _kind(_local(state, groups[m], m)) in ("linear", "conv")), None)
+    first = next((m for m in arch_modules if _kind(local[m]) in ("linear", "conv")), None)
     layers, gains = [], {}
-    for m in order:
-        t = _local(state, groups[m], m)
-        kind = _kind(t)
-        w = t.get("weight") if kind != "other" else None
-        reads = (m in extra or m == first) and (
-            (kind == "linear" and w.shape[1] == d) or (kind == "conv" and w.shape[1] == channels))
-        layer = LayerReport(m, kind, list(w.shape) if w is not None else [], m not in extra, bool(reads))
-        added = sorted(k for k in groups[m] if k not in arch_keys)
-        if added:
-            n = sum(int(state[k].numel()) for k in added)
-            what = "no such layer" if m in extra else f"no tensor {', '.join(k[len(m) + 1:] for k in added)} in this layer"
-            layer.findings.append(Finding(
-                "extra", float(n), 0.0, f"model {arch} has {what} ("
-                + (", ".join(sorted(t)) + "; " if m in extra else "") + f"{n} values)" + (": a block in front of the network, reading the image" if reads else "")))
-        _findings(layer, t, mean_std[1], input_shape)
-        g = _gain(kind, t) if kind != "other" else None
+    for m in sorted(extra) + arch_modules:
+        layer = _layer(m, local[m], arch, in_arch=m not in extra, first=m == first, input_shape=input_shape,
+                       added=sorted(k for k in groups[m] if k not in arch_keys), state=state)
+        _findings(layer, local[m], mean_std[1], input_shape)
+        g = _gain(layer.kind, local[m]) if layer.kind != "other" else None
         if g is not None:
             gains[m] = g
         layers.append(layer)
     _scale_findings(layers, gains)
     return Inspection(arch=arch, prefix=prefix, input_shape=input_shape, layers=layers, path=path)
+
+
+def _layer(m: str, t: Mapping[str, torch.Tensor], arch: str, *, in_arch: bool, first: bool,
+           input_shape: tuple[int, int, int], added: list[str], state: Mapping[str, torch.Tensor]) -> LayerReport:
+    """The report of module ``m`` (its tensors ``t`` by local name), with its ``extra`` finding
+    when the file holds tensors ARCH lacks (``added``)."""
+    channels, h, w_ = input_shape
+    kind = _kind(t)
+    w = t.get("weight") if kind != "other" else None
+    reads = (not in_arch or first) and (
+        (kind == "linear" and w.shape[1] == channels * h * w_) or (kind == "conv" and w.shape[1] == channels))
+    layer = LayerReport(m, kind, list(w.shape) if w is not None else [], in_arch, bool(reads))
+    if added:
+        n = sum(int(state[k].numel()) for k in added)
+        what = "no such layer" if not in_arch else f"no tensor {', '.join(k[len(m) + 1:] for k in added)} in this layer"
+        layer.findings.append(Finding(
+            "extra", float(n), 0.0, f"model {arch} has {what} ("
+            + (", ".join(sorted(t)) + "; " if not in_arch else "") + f"{n} values)"
+            + (": a block in front of the network, reading the image" if reads else "")))
+    return layer
 
 
 def _local(state: Mapping[str, torch.Tensor], keys: list[str], module: str) -> dict[str, torch.Tensor]:
@@ -488,7 +693,8 @@ def inspect_file(path: str | Path, arch: str, *, num_classes: int, channels: int
     """:func:`inspect_model` on a safetensors file (:func:`read_state`). Raises UpdateFileError
     (missing, truncated, not safetensors), NonFiniteError, ModelMismatchError, UnknownNameError."""
     p = Path(path)
-    state = read_state(p)
+    arch_state, _ = _arch_state(arch, num_classes, channels, image_size, width)
+    state = read_state(p, max_tensors=len(arch_state) + MAX_EXTRA_TENSORS)
     try:
         return inspect_model(state, arch, num_classes=num_classes, channels=channels, image_size=image_size,
                              width=width, path=str(p))
@@ -496,5 +702,5 @@ def inspect_file(path: str | Path, arch: str, *, num_classes: int, channels: int
         raise ModelMismatchError(f"model file {p}: {exc}") from None
 
 
-__all__ = ["Finding", "Inspection", "LayerReport", "inspect_file", "inspect_model", "read_state",
-           "received_model_bytes", "save_received_model", "thresholds"]
+__all__ = ["Finding", "Inspection", "LayerReport", "check_tensors", "inspect_file", "inspect_model", "json_safe",
+           "read_state", "received_model_bytes", "save_received_model", "thresholds"]
