@@ -40,7 +40,7 @@ from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import DTYPES, initial_images, to_pixels
-from .labels import gradinversion_labels, idlg_label
+from .labels import effective_label_method, gradinversion_labels, idlg_label, restore_labels
 from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
 from ..engine.optimizers import check_optimizer_memory
 from .objectives import squared_l2
@@ -217,6 +217,10 @@ def _restored_labels(update: SharedUpdate, model: ModelSpec, victim: UpdateSimul
     """iDLG's hard labels read off the classifier gradient, as the label-to-slot assignments the
     trials go through, and the method that restored them."""
     fc = label_evidence(update, model.classifier_name)
+    if k > 1 and effective_label_method(update, "gradinversion") == "counts":
+        # an aggregate of several clients: labels may repeat across clients (labels.py)
+        labels = restore_labels(update, model, k, "counts")
+        return list(label_assignments(labels) if _order_matters(victim) else [labels]), "counts"
     if k > fc.shape[0]:
         raise ConfigError(f"{name}: the batch of {k} is larger than the model's {fc.shape[0]} classes; {name} "
                           "restores distinct labels (use dlg, whose soft labels may repeat)")

@@ -143,7 +143,7 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import DTYPES, initial_images, to_pixels
 from .group import GroupConsistency, group_penalty
-from .labels import restore_labels
+from .labels import effective_label_method, restore_labels
 from ..engine import AttackState, Engine, LoopHooks, LoopResult, LoopSettings, Observer, SeedShard
 from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
                      l2_norm, total_variation)
@@ -341,6 +341,7 @@ class _Candidates:
     shard: SeedShard
     noise_gens: list[torch.Generator]
     box: tuple[torch.Tensor, torch.Tensor] | None
+    label_method: str = "gradinversion"   # the rule restore_labels applied (labels.effective_label_method)
     last: dict[str, torch.Tensor] = field(default_factory=dict)   # the last step's terms
 
     @property
@@ -455,7 +456,7 @@ class _Candidates:
             images=to_pixels(self.model, chosen), labels=self.labels.cpu().long(),
             candidates=to_pixels(self.model, candidates) if candidates is not None else None,
             history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
-            label_method=cfg.labels,
+            label_method=self.label_method,
             extra={"gradient_distance": distance,
                    "candidate_gradient_distance": [float(v) for v in distances],
                    "candidate_score": [float(v) for v in score], "best_seed": best,
@@ -506,7 +507,8 @@ def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Rec
     group = GroupConsistency(cfg.group, tuple(x.shape), start=cfg.registration_start,
                              every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)
     run = _Candidates(cfg=cfg, model=model, victim=victim, labels=labels, targets=targets, x=x, group=group,
-                      shard=shard, noise_gens=noise_gens, box=_pixel_box(model, dtype, device) if cfg.box else None)
+                      shard=shard, noise_gens=noise_gens, box=_pixel_box(model, dtype, device) if cfg.box else None,
+                      label_method=effective_label_method(update, cfg.labels))
     state = SeedStreams(generators=gens, group=group, noise_generators=None if noise_gens is gens else noise_gens,
                         device=device, dtype=dtype)
     # answer() is collective: with sharded seeds every process takes part in the log

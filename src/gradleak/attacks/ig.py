@@ -71,7 +71,7 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .base import DTYPES, initial_images, to_pixels
 from .gradinversion import seed_generators
-from .labels import restore_labels
+from .labels import effective_label_method, restore_labels
 from ..engine import AttackState, Engine, LoopHooks, LoopSettings
 from .verdict import relative_distance
 from .priors import tv_l1_mean
@@ -146,7 +146,7 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     alpha_tv, restarts = float(s.alpha_tv), int(s.restarts)
     dtype, device = DTYPES[s.dtype], engine.device
     k = int(update.meta.batch_size)
-    method = s.labels
+    method = effective_label_method(update, s.labels)
     labels = restore_labels(update, model, k, method).to(device)
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     gens = seed_generators(s.seed, restarts)

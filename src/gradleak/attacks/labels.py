@@ -41,6 +41,19 @@ def gradinversion_labels(fc_grad: torch.Tensor, k: int) -> torch.Tensor:
 
 
 LABEL_METHODS = ("gradinversion", "sum", "counts", "llg", "idlg")
+#: The rules that return K distinct classes (Eq. 7, Eq. 8): exact only when no label repeats.
+DISTINCT_METHODS = ("gradinversion", "sum")
+
+
+def effective_label_method(update: "SharedUpdate", method: str) -> str:
+    """The rule restore_labels applies: a distinct-class rule becomes "counts" on an aggregate of
+    several clients, whose batches are drawn independently (two clients may hold the same class,
+    as in a real federation), so the averaged update's labels can repeat."""
+    from ..fl.threats import ThreatModel
+
+    if method in DISTINCT_METHODS and ThreatModel.from_record(update.meta.threat).clients > 1:
+        return "counts"
+    return method
 
 
 def label_gradients(update: "SharedUpdate", classifier_name: str) -> dict[str, torch.Tensor]:
@@ -64,7 +77,8 @@ def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = N
                    method: str = "gradinversion") -> torch.Tensor:
     """The batch's labels [K] (int64, sorted) from the shared classifier gradient, no optimisation.
 
-    method:
+    method (on an aggregate of several clients a distinct-class rule is read as "counts":
+    effective_label_method):
       "gradinversion"  Eq. 8, K distinct classes (the paper's rule; assumes no repeats)
       "sum"            Eq. 7, iDLG's sum rule extended to batches, K distinct classes
       "counts"         label multiset with repeats (label_counts.count_labels, bias-corrected
@@ -76,6 +90,7 @@ def restore_labels(update: "SharedUpdate", model: "ModelSpec", k: int | None = N
     from .label_counts import classifier_signal, count_labels, llg_counts
 
     k = int(update.meta.batch_size if k is None else k)
+    method = effective_label_method(update, method)
     if k < 1:
         raise ConfigError(f"labels: batch size must be >= 1, got {k}")
     gradients = label_gradients(update, model.classifier_name)
