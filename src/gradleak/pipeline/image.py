@@ -29,8 +29,9 @@ from .record import versions
 
 
 def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:
-    """The client's private batch (all N clients' samples under ``aggregate``): the items
-    ``--indices`` names, else a draw by ``--seed``; with the source's name and class count."""
+    """The client's private batch (all N clients' samples under ``aggregate``, client by client,
+    labels distinct within each one): the items ``--indices`` names, else a draw by ``--seed``;
+    with the source's name and class count."""
     threat = threat_model(cfg)
     source = open_source(cfg.data, root=cfg.data_root, split=cfg.split)
     size = cfg.image_size or default_image_size(cfg.model)
@@ -45,7 +46,7 @@ def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:
         batch = batch_of(source, list(cfg.indices), size, channels)
     else:
         batch = sample_batch(source, total, cfg.seed, image_size=size, channels=channels,
-                             allow_repeats=cfg.allow_repeats)
+                             allow_repeats=cfg.allow_repeats, clients=threat.clients)
     return batch, source.name, source.num_classes
 
 
@@ -196,13 +197,23 @@ def attack_update(update: SharedUpdate, model: ModelSpec, attack: str, *, observ
     (no files, no ground truth): ``flags`` are the attack's flat constants (``iterations=200``,
     ``seeds=2``, ...) and ``seed``, resolved on this update and model exactly as a run resolves
     them (unknown or inapplicable flags are a ConfigError), then run by an Engine with
-    ``observer`` (e.g. a PSNR observer holding a truth the attack never sees)."""
+    ``observer`` (e.g. a PSNR observer holding a truth the attack never sees). Threads: the CLI's
+    policy (runtime.threads_for_run): ``threads=N``, else fewer than torch's default on a CPU whose
+    cores other work keeps busy; the caller's torch threads are restored after."""
+    import logging
+
     from ..engine import Engine
     from ..config import make_config
+    from ..runtime import threads_for_run, torch_threads
 
     values = make_config(attack=attack, **flags).model_dump()  # the CLI's validation of every flag
     config = image_attack_config(values, update, model)
-    return Engine(device=device, observer=observer, log_every=log_every, progress=progress).run(config, update, model)
+    threads, note = threads_for_run(values["threads"], device)
+    if note:
+        logging.getLogger("gradleak").info("%s", note)
+    with torch_threads(threads):
+        return Engine(device=device, observer=observer, log_every=log_every, progress=progress).run(config, update,
+                                                                                                    model)
 
 @dataclass
 class ImageCase(Case):

@@ -13,6 +13,7 @@ worker, the multi-process path once per process); nothing else assembles a run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -29,7 +30,7 @@ from ..errors import ConfigError
 from ..modalities import modality_named
 from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_apart, check_output_dir, name_max, one_line, run_inputs
-from ..runtime import resolve_device
+from ..runtime import resolve_device, threads_for_run, torch_threads
 from .case import Case, build_case
 from .record import RunResult, default_run_dir, write_run
 
@@ -51,14 +52,23 @@ def run(cfg: AttackConfig, *, write: bool = True, resume: Path | str | None = No
 
     GradInversion over several processes (``cfg.nproc`` > 1, or launched by torchrun): see
     distributed.py, which calls :func:`run_shard` in every process; rank 0 writes the run folder
-    and returns the result, the others return a RunResult without metrics."""
+    and returns the result, the others return a RunResult without metrics.
+
+    Threads: without ``cfg.threads``, the CLI's policy (runtime.threads_for_run): on a CPU whose
+    cores other work keeps busy, only the idle ones (logged on the "gradleak" logger, recorded in
+    config.json, the caller's torch threads restored after)."""
     from .distributed import run_distributed, wanted
 
     if shard is not None:  # this process's part, in a process group the caller made
         return _run(cfg, write=write and shard.rank == 0, resume=resume, shard=shard)
     if wanted(cfg):
         return run_distributed(cfg, run_shard, write=write, resume=resume)
-    return _run(cfg, write=write, resume=resume, shard=None)
+    threads, note = threads_for_run(cfg.threads, cfg.device, cfg.nproc)
+    if threads == cfg.threads:
+        return _run(cfg, write=write, resume=resume, shard=None)
+    logging.getLogger("gradleak").info("%s", note)
+    with torch_threads(threads):
+        return _run(cfg.model_copy(update={"threads": threads}), write=write, resume=resume, shard=None)
 
 
 def run_shard(cfg: AttackConfig, shard: SeedShard, write: bool) -> RunResult:
