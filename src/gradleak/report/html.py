@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.errors import DataError
-from gradleak.paths import check_input_file, check_output_file, loads_json, read_text_file
+from gradleak.paths import check_input_file, check_output_file, loads_json, one_line, read_text_file
 from gradleak.report.figures import loss_plot_png
 from gradleak.report.page import figure, format_value, html_page, kv_table, page_css, value_cell, verdict_notice, write_page
 
@@ -112,14 +112,23 @@ def _check_run_dir(run_dir: Path) -> None:
     check_folder(run_dir, "run folder", "give the folder of a run")
 
 
+def check_not_link(path: Path) -> None:
+    """A run's file is read from the run folder itself, never through a symbolic link: a report
+    shows only what its folder holds (a link could bring any file of the machine into the page)."""
+    if path.is_symlink():
+        raise DataError(f"{one_line(str(path))} is a symbolic link, not a regular file of the run folder; a report "
+                        "shows only what its run folder holds and never follows a link")
+
+
 def read_json_file(path: Path, required: bool, what: str = "run file") -> Any:
     """Parsed JSON at ``path`` (a regular file of at most MAX_JSON_BYTES, nested at most
-    MAX_JSON_DEPTH levels); None if absent and not required. Present but unusable (a folder,
-    a device or FIFO, too large, not UTF-8, not JSON, too deep) is one DataError."""
+    MAX_JSON_DEPTH levels); None if absent and not required. Present but unusable (a link, a
+    folder, a device or FIFO, too large, not UTF-8, not JSON, too deep) is one DataError."""
     if not os.path.lexists(path):
         if required:
             raise DataError(f"{path} not found: a run folder needs {path.name} to be reported")
         return None
+    check_not_link(path)
     text = read_text_file(path, what, max_bytes=MAX_JSON_BYTES)
     return loads_json(text, str(path))
 
@@ -136,10 +145,11 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def read_csv_rows(path: Path, what: str = "run file") -> list[dict[str, Any]] | None:
     """Rows of a small CSV file as dicts of strings (empty cells kept as ""), None if absent.
-    A folder, device, too large a file, undecodable text or broken CSV is one DataError."""
+    A link, folder, device, too large a file, undecodable text or broken CSV is one DataError."""
 
     if not os.path.lexists(path):
         return None
+    check_not_link(path)
     text = read_text_file(path, what, max_bytes=MAX_HISTORY_BYTES)
     try:
         return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
@@ -152,10 +162,12 @@ def _read_history(path: Path) -> list[dict[str, Any]] | None:
 
 
 def _read_png(path: Path) -> bytes | None:
-    """PNG bytes at ``path``, None if absent or not a PNG (never embed something mislabelled)."""
+    """PNG bytes at ``path``, None if absent or not a PNG (never embed something mislabelled); a
+    link is one DataError."""
 
     if not os.path.lexists(path):
         return None
+    check_not_link(path)
     p = check_input_file(path, "run file", max_bytes=MAX_PNG_BYTES)
     try:
         data = p.read_bytes()

@@ -8,16 +8,25 @@ importing the sweeps. Audit indexes and run folders are plain files, read here.
 
 Everything read here comes from files a user may hand in: values are kept as read and judged by
 type (a string where a number belongs is not a number); nothing is trusted as HTML.
+
+A page shows only what its folder holds: no symbolic link below the folder is followed, inside
+or out (a linked run folder, metrics.json or config.json is skipped and counted, a linked picture
+or report.html is not shown, a linked store, audit.csv or audited metrics.json is refused); the
+folder named on the command line may itself be a link. A folder of runs is read within declared
+bounds (:data:`MAX_RUN_FOLDERS`, :data:`MAX_RUNS_BYTES`, :data:`MAX_RUNS_VALUES`: one DataError
+past them, before the files are parsed) and each file (inode) is parsed once.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +147,7 @@ class Source:
     experiment: str | None = None
     audit_columns: list[str] = field(default_factory=list)
     page_dir: Path | None = None  # where the page is written (links to the cells' report.html are relative to it)
+    links_skipped: list[str] = field(default_factory=list)   # symbolic links not followed (relative to folder)
 
     @property
     def runs_dir(self) -> Path:
@@ -292,7 +302,7 @@ def cell_item(r: Cell, root: Path, runs: str = "runs") -> Item:
     rel = conv.get("relative_gradient_distance", m.get("relative_gradient_distance"))
     v = cell_verdict(r)
     rel_image = f"{runs}/{r.cell_id}/{RUN_IMAGE}" if runs else f"{r.cell_id}/{RUN_IMAGE}"
-    image = rel_image if r.status == "ok" and (root / rel_image).is_file() else None
+    image = rel_image if r.status == "ok" and plain_file(root, rel_image) else None
     return Item(key=r.cell_id, verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None, rel=finite(rel),
                 status=r.status, fields=r.config, metrics=m, image=image,
                 error=shown_error(r.error))
@@ -423,10 +433,9 @@ def run_details(metrics: Mapping[str, Any]) -> dict[str, str]:
     return {k: _text(v) for k, v in values.items() if v is not None}
 
 
-def audit_item(row: dict[str, str], root: Path) -> Item:
-    """One index row; with a run folder (``run``), judged on its metrics.json as a cell is."""
-    from gradleak.report.html import read_metrics
-
+def audit_item(row: dict[str, str], root: Path, files: RunFiles | None = None) -> Item:
+    """One index row; with a run folder (``run``), judged on its metrics.json as a cell is (read by
+    ``files``: bounded, never through a link)."""
     status = row.get("status", "ok") or "ok"
     run = row.get("run") or None
     if run is None:   # not attacked, or an audit before run folders: the row is all there is
@@ -440,13 +449,15 @@ def audit_item(row: dict[str, str], root: Path) -> Item:
     if folder is None or folder.is_symlink() or not folder.is_dir():
         raise DataError(f"{root / 'audit.csv'}: the run folder of round {row['round']}, client "
                         f"{one_line(row['client'], 80)} ({run}) is missing or not a folder of {root}")
-    m = read_metrics(folder)
+    m = (files or RunFiles(root)).read(folder / "metrics.json", required=True)
+    if not isinstance(m, dict):
+        raise DataError(f"{one_line(str(folder / 'metrics.json'))} must hold a JSON object")
     fields = {**row, **run_details(m)}
     attack = m.get("attack") if isinstance(m.get("attack"), str) else row.get("attack")
     v = judge(status, m.get("psnr_mean"), converged_of(m), metrics={**m, "attack": attack}) if status == "ok" else \
         judge(status, None, None, attack=attack)
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
-    image = f"{run}/{RUN_IMAGE}" if (folder / RUN_IMAGE).is_file() else None
+    image = f"{run}/{RUN_IMAGE}" if plain_file(root, f"{run}/{RUN_IMAGE}") else None
     return Item(key=(int(row["round"]), row["client"]), verdict=v, psnr=psnr_of(m.get("psnr_mean")) if v.truth else None,
                 rel=finite(conv.get("relative_gradient_distance", m.get("relative_gradient_distance"))),
                 status=status, fields=fields, metrics=dict(fields), image=image, error=shown_error(row.get("error")),
@@ -455,53 +466,197 @@ def audit_item(row: dict[str, str], root: Path) -> Item:
 
 def load_audit(folder: Path) -> Source:
     header, rows = read_audit(folder / "audit.csv")
-    return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r, folder) for r in rows],
+    files = RunFiles(folder)
+    return Source(kind="audit", folder=folder, data=folder, items=[audit_item(r, folder, files) for r in rows],
                   audit_columns=header)
 
 
+# A folder of runs is read within these bounds, declared here and checked before anything is
+# parsed: the scan sums the sizes of every run's metrics.json and config.json (each run counted,
+# hard links too: the page's work grows with the runs it shows), and each file's text is bounded
+# in the values it can hold before it is parsed (JSON of empty objects costs ~25x its size in
+# memory). Past a bound the command stops with one line: a risk report that left runs out could
+# miss the one that leaked.
 MAX_RUN_FOLDERS = 10_000   # run folders a "runs" dashboard reads
+MAX_RUNS_BYTES = 64 * 1024 * 1024   # metrics.json + config.json text, all runs together
+MAX_RUNS_VALUES = 2_000_000   # JSON values parsed, all distinct files together
+RUN_FILES = ("metrics.json", "config.json")
+NO_LINKS = "a dashboard shows only what its folder holds and never follows a link"
 
 
-def run_folders(folder: Path) -> list[Path]:
+def json_values_bound(text: str) -> int:
+    """At most how many values (object keys aside) JSON ``text`` holds, without parsing it: every
+    value is the document, the first in an array or object, or follows a comma."""
+    return 1 + text.count(",") + text.count("[") + text.count("{")
+
+
+class RunFiles:
+    """Reads the JSON files of a folder's run folders within the folder's budget
+    (:data:`MAX_RUNS_BYTES`, :data:`MAX_RUNS_VALUES`), never through a symbolic link (the page
+    shows only what the folder holds), and each file (inode) parsed once: hard links of one
+    metrics.json share one parsed value."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.bytes = 0
+        self.values = 0
+        self._parsed: dict[tuple[int, int], tuple[tuple[int, int], Any]] = {}
+
+    def _over(self, what: str) -> DataError:
+        return DataError(f"{one_line(str(self.folder))}: its run folders hold more than {what}, more than a "
+                         "dashboard reads; give a folder with fewer runs (e.g. move some into a subfolder)")
+
+    def charge_bytes(self, n: int) -> None:
+        self.bytes += n
+        if self.bytes > MAX_RUNS_BYTES:
+            raise self._over(f"{MAX_RUNS_BYTES // 2**20} MiB of metrics.json and config.json")
+
+    def read(self, path: Path, *, required: bool) -> Any:
+        """The parsed JSON at ``path``; None when absent and not required. A link, a file that is
+        not a regular one, too large, not UTF-8 or not JSON is one DataError naming it."""
+        from gradleak.paths import loads_json
+        from gradleak.report.html import MAX_JSON_BYTES
+
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        shown = one_line(str(path))
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            if required:
+                raise DataError(f"{shown} not found: a run folder needs {path.name} to be shown") from None
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise DataError(f"{shown} is a symbolic link, not a regular file of the folder; {NO_LINKS}") from None
+            raise DataError(f"{shown} cannot be read: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise DataError(f"{shown} is not a regular file")
+            if st.st_size > MAX_JSON_BYTES:
+                raise DataError(f"{shown} is {st.st_size} bytes; at most {MAX_JSON_BYTES} are read")
+            self.charge_bytes(st.st_size)
+            version = (st.st_size, st.st_mtime_ns)
+            cached = self._parsed.get((st.st_dev, st.st_ino))
+            if cached is not None and cached[0] == version:
+                return cached[1]
+            try:
+                text = fh.read(MAX_JSON_BYTES + 1).decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{shown} is not UTF-8 text") from None
+            except OSError as exc:
+                raise DataError(f"{shown} cannot be read: {exc.strerror or exc}") from None
+        if len(text) > MAX_JSON_BYTES:
+            raise DataError(f"{shown} grew past {MAX_JSON_BYTES} bytes while it was read")
+        self.values += json_values_bound(text)
+        if self.values > MAX_RUNS_VALUES:
+            raise self._over(f"{MAX_RUNS_VALUES:,} JSON values")
+        value = loads_json(text, shown)
+        self._parsed[(st.st_dev, st.st_ino)] = (version, value)
+        return value
+
+
+def plain_file(root: Path, rel: str) -> bool:
+    """Whether ``root/rel`` is a regular file reached through no symbolic link below ``root``
+    (each folder on the way a real folder): what a page may show or link to."""
+    path = root
+    parts = Path(rel).parts
+    for i, part in enumerate(parts):
+        if part in ("", ".", "..") or "\x00" in part:
+            return False
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except (OSError, ValueError):
+            return False
+        if not (stat.S_ISREG(mode) if i == len(parts) - 1 else stat.S_ISDIR(mode)):
+            return False
+    return bool(parts)
+
+
+@dataclass
+class RunScan:
+    """The run folders of a folder of runs, and the symbolic links the scan did not follow."""
+
+    runs: list[Path]
+    links: list[str]   # relative to the folder: links to a run folder, a metrics.json or a config.json
+    bytes: int         # metrics.json + config.json, every run counted
+
+
+def _run_entry(e: os.DirEntry[str], links: list[str]) -> int | None:
+    """The size of a run folder's JSON files, or None when ``e`` is not a run folder to read (not a
+    folder, no metrics.json, or a link on the way: added to ``links``)."""
+    if e.is_symlink():
+        links.append(e.name)
+        return None
+    if not e.is_dir(follow_symlinks=False):
+        return None
+    size = 0
+    for name in RUN_FILES:
+        try:
+            st = os.lstat(os.path.join(e.path, name))
+        except OSError:
+            if name == "metrics.json":
+                return None
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links.append(f"{e.name}/{name}")
+            return None
+        if name == "metrics.json" and not stat.S_ISREG(st.st_mode):
+            return None
+        size += st.st_size
+    return size
+
+
+def scan_runs(folder: Path) -> RunScan:
     """The run folders in ``folder`` (gradleak attack's --out folders: a metrics.json inside), in
-    name order, hidden (staging) folders and links left out; at most MAX_RUN_FOLDERS."""
+    name order, hidden (staging) folders left out; a run folder that is a link, or whose
+    metrics.json or config.json is one, is never followed (counted in ``links``). At most
+    :data:`MAX_RUN_FOLDERS` runs and :data:`MAX_RUNS_BYTES` of their JSON, or one DataError before
+    anything is parsed."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
-        return []
-    found = []
+        return RunScan([], [], 0)
+    scan = RunScan([], [], 0)
+    budget = RunFiles(folder)
     for e in entries:
-        if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+        if e.name.startswith("."):
             continue
-        if os.path.isfile(os.path.join(e.path, "metrics.json")):
-            found.append(Path(e.path))
-            if len(found) > MAX_RUN_FOLDERS:
-                raise DataError(f"{folder} holds more than {MAX_RUN_FOLDERS} run folders")
-    return found
+        size = _run_entry(e, scan.links)
+        if size is None:
+            continue
+        scan.runs.append(Path(e.path))
+        if len(scan.runs) > MAX_RUN_FOLDERS:
+            raise DataError(f"{one_line(str(folder))} holds more than {MAX_RUN_FOLDERS} run folders, more than a "
+                            "dashboard reads; give a folder with fewer runs (e.g. move some into a subfolder)")
+        budget.charge_bytes(size)
+        scan.bytes += size
+    return scan
 
 
-def load_runs(folder: Path, runs: list[Path]) -> Source:
+def load_runs(folder: Path, scan: RunScan) -> Source:
     """A folder of single `gradleak attack` runs (runs/ by default) as a dashboard source: each run
     folder is one cell (its config.json the fields, its metrics.json the evidence; verdicts from
-    gradleak.outcome as everywhere)."""
+    gradleak.outcome as everywhere), read by :class:`RunFiles` (bounded, no link followed)."""
     from datetime import datetime, timezone
 
-    from gradleak.report.html import read_json_file
-
+    files = RunFiles(folder)
     records: list[Cell] = []
-    for run in runs:
-        metrics = read_json_file(run / "metrics.json", required=True)
-        config = read_json_file(run / "config.json", required=False)
+    for run in scan.runs:
+        metrics = files.read(run / "metrics.json", required=True)
+        config = files.read(run / "config.json", required=False)
         if isinstance(config, dict) and isinstance(config.get("config"), dict):
             config = config["config"]
         if not isinstance(metrics, dict):
             raise DataError(f"{run / 'metrics.json'} does not hold a JSON object")
         config = config if isinstance(config, dict) else {k: metrics.get(k) for k in ("attack", "model", "data")}
-        finished = datetime.fromtimestamp((run / "metrics.json").stat().st_mtime, timezone.utc)
+        finished = datetime.fromtimestamp(os.lstat(run / "metrics.json").st_mtime, timezone.utc)
         records.append(RunCell(cell_id=run.name, status="ok", grid={}, config=config, metrics=metrics, error=None,
                                wall_seconds=finite(metrics.get("wall_seconds")), worker=None,
                                finished_at=finished.strftime("%Y-%m-%dT%H:%M:%SZ")))
-    src = Source(kind="runs", folder=folder, data=folder, records=records, sweeps=len(records))
+    src = Source(kind="runs", folder=folder, data=folder, records=records, sweeps=len(records),
+                 links_skipped=list(scan.links))
     src.items = [cell_item(r, folder, runs="") for r in records]
     return src
 
@@ -512,14 +667,23 @@ def load_source(folder: Path, stores: StoreAccess) -> Source:
     with metrics.json); else one DataError."""
     found = store_folder(folder, stores)
     if found is not None:
+        _not_a_link(found[1] / stores.name)
         return load_store(found[0], folder, found[1], stores)
     if os.path.lexists(folder / "audit.csv"):
+        _not_a_link(folder / "audit.csv")
         return load_audit(folder)
-    runs = run_folders(folder)
-    if runs:
-        return load_runs(folder, runs)
+    scan = scan_runs(folder)
+    if scan.runs:
+        return load_runs(folder, scan)
+    links = f" ({len(scan.links)} symbolic links not followed)" if scan.links else ""
     raise DataError(f"{folder} holds no sweep results ({stores.name}), no experiment ({EXPERIMENT_CELLS}/"
-                    f"{stores.name}), no audit.csv and no run folders")
+                    f"{stores.name}), no audit.csv and no run folders{links}")
+
+
+def _not_a_link(path: Path) -> None:
+    """A folder's index (its store, audit.csv) is read only from the folder itself, never through a link."""
+    if path.is_symlink():
+        raise DataError(f"{one_line(str(path))} is a symbolic link, not a regular file of the folder; {NO_LINKS}")
 
 
 def client_order(clients: Iterable[str]) -> list[str]:

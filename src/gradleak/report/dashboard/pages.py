@@ -11,7 +11,8 @@ from typing import Any
 
 from gradleak.outcome import worst as worst_verdict
 from gradleak.report.dashboard.data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text,
-                                            is_numeric, num, separated_text, setting_label, varying_fields)
+                                            is_numeric, num, plain_file, separated_text, setting_label,
+                                            varying_fields)
 from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
 from gradleak.report.html import _fmt, display_name
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html,
@@ -407,7 +408,7 @@ def _report_links(src: Source, items: Sequence[Item]) -> dict[Any, str | None]:
     for it in items:
         path = runs / str(it.key) / "report.html"
         ok = (it.status == "ok" and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", str(it.key)) is not None
-              and path.is_file() and not path.is_symlink() and src.page_dir is not None)
+              and plain_file(src.data, os.path.relpath(path, src.data)) and src.page_dir is not None)
         links[it.key] = quote(os.path.relpath(path, src.page_dir)) if ok else None
     return links
 
@@ -599,7 +600,7 @@ def _run_reports(src: Source, items: Sequence[Item]) -> list[str | None]:
     links: list[str | None] = []
     for it in items:
         path = src.data / it.run / "report.html" if it.run else None
-        ok = path is not None and path.is_file() and not path.is_symlink() and src.page_dir is not None
+        ok = path is not None and plain_file(src.data, f"{it.run}/report.html") and src.page_dir is not None
         links.append(quote(os.path.relpath(path, src.page_dir)) if ok else None)
     return links
 

@@ -40,7 +40,7 @@ from gradleak.report.dashboard.data import (EXPERIMENT_CELLS, MAX_AUDIT_BYTES, C
 from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, audit_body, sweep_body
 from gradleak.report.html import check_folder, display_name
 from gradleak.report.page import html_page
-from gradleak.report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED
+from gradleak.report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED, notice
 
 # Written on every dashboard page, early: an existing --out file is replaced only if it holds it.
 GENERATOR = "gradleak dashboard"
@@ -164,6 +164,17 @@ def _title(src: Source, store_name: str) -> tuple[str, str]:
     return f"Sweep: {name}", f"gradleak dashboard · from {store_name}"
 
 
+def links_note(src: Source) -> str:
+    """A notice of the symbolic links the folder's scan did not follow ("" when none): a page shows
+    only what its folder holds, and says what it left out."""
+    if not src.links_skipped:
+        return ""
+    names = ", ".join(one_line(n, 80) for n in src.links_skipped[:5])
+    more = f" (+{len(src.links_skipped) - 5} more)" if len(src.links_skipped) > 5 else ""
+    return notice(f"{len(src.links_skipped)} symbolic link(s) in {display_name(src.folder)} not followed: {names}"
+                  f"{more}. A dashboard shows only what its folder holds and never follows a link.")
+
+
 def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                      compare: str | os.PathLike[str] | None = None, stores: StoreAccess) -> Path:
     """Write DIR/dashboard.html (or ``out``) from DIR's results.sqlite, cells/results.sqlite (an
@@ -188,9 +199,9 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     if other is None:
         title, subtitle = _title(src, stores.name)
         body = audit_body(src) if src.kind == "audit" else sweep_body(src)
-        return write_dashboard_page(target, _page(title, subtitle, body))
+        return write_dashboard_page(target, _page(title, subtitle, links_note(src) + body))
     b = load_source(other, stores)
-    body = compare_body(src, b)
+    body = links_note(src) + links_note(b) + compare_body(src, b)
     title = f"Comparison: {display_name(src.folder)} (A) vs {display_name(b.folder)} (B)"
     return write_dashboard_page(target, _page(title, "gradleak dashboard · A = DIR, B = --compare; Δ = B − A", body))
 
