@@ -60,7 +60,8 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     per run). ``session`` (the engine's, core.py; None: a private in-memory one, so divergence
     recovery still works and nothing is written): the loop saves a checkpoint every
     ``session.every`` steps, and after the step in progress when SIGINT/SIGTERM arrives (then
-    raises Interrupted); a pending state of this phase is restored before the first step.
+    raises Interrupted; also when it came during the last step); a pending state of this phase is
+    restored before the first step.
 
     Divergence (guard.py): a non-finite loss or variable after a step is caught at once; the loop
     goes back to its last good snapshot and continues with a smaller learning rate, a bounded
@@ -81,7 +82,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
     good = run.snapshot()
     every = max(0, int(session.every))
     start = time.perf_counter() - result.wall_seconds
-    with progress_bar(settings) as bar:
+    with session.stepping_block(), progress_bar(settings) as bar:
         task = bar.add_task(settings.description, total=settings.iterations, completed=result.iterations,
                             loss=result.final_loss)
         t = result.iterations
@@ -122,6 +123,10 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
                 good = run.snapshot()
                 if checkpoint:
                     session.save(good)
+    if session.interrupted is not None:
+        # the signal came during the last step (or the one that stopped the loop): the state is
+        # saved there, and a resumed run goes on from it
+        run.interrupt(result.iterations, start)
     result.wall_seconds = time.perf_counter() - start
     return result
 

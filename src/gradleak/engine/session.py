@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..errors import Terminated
 from .checkpoints import save_state
 from .state import Snapshot, StateFileError, StateHooks
 
@@ -72,6 +73,7 @@ class Session:
     resumed_at: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: int = 0
     scope: str = ""
+    stepping: bool = False
 
     def provide(self, name: str, hooks: StateHooks) -> None:
         self.providers[name] = hooks
@@ -107,9 +109,22 @@ class Session:
             self.checkpoints += 1
 
     @contextlib.contextmanager
+    def stepping_block(self) -> Iterator[None]:
+        """The loop's steps: a signal meanwhile only sets ``interrupted``; the loop stops after
+        the step it is in (saving its state) and checks once more when its last step is done."""
+        self.stepping = True
+        try:
+            yield
+        finally:
+            self.stepping = False
+
+    @contextlib.contextmanager
     def signals(self) -> Iterator["Session"]:
-        """SIGINT/SIGTERM set ``interrupted``; the loop then saves a checkpoint after the step it is
-        in and raises :class:`Interrupted`. A second signal acts as it would without gradleak
+        """SIGINT/SIGTERM during the loop's steps set ``interrupted``; the loop then saves a
+        checkpoint after the step it is in and raises :class:`Interrupted`. Anywhere else in the
+        block (an attack's closed form, between phases, the metrics) there is no step to finish:
+        :class:`~gradleak.errors.Terminated` is raised at once, so that no signal waits for the
+        end of the run and is lost there. A second signal acts as it would without gradleak
         (SIGINT: KeyboardInterrupt; SIGTERM: the process ends). No-op outside the main thread."""
         if threading.current_thread() is not threading.main_thread():
             yield self
@@ -118,9 +133,11 @@ class Session:
         previous = {s: signal.getsignal(s) for s in wanted}
 
         def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
-            self.interrupted = signum
             for s, h in previous.items():
                 signal.signal(s, h if h is not None else signal.SIG_DFL)
+            self.interrupted = signum
+            if not self.stepping:
+                raise Terminated(signum)
 
         for s in wanted:
             signal.signal(s, handler)
@@ -129,6 +146,5 @@ class Session:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h if h is not None else signal.SIG_DFL)
-
 
 __all__ = ["BACKOFF", "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_RETRIES", "Interrupted", "Session"]
