@@ -85,7 +85,29 @@ class Engine:
         if fn is None:
             raise UnknownNameError(f"no attack is registered for {type(config).__name__}")
         with ieee_float32(self.device):
-            return fn(config, update, model, self)
+            recon = fn(config, update, model, self)
+        if spec is not None and spec.optimisation:
+            no_step_evidence(recon)
+        return recon
+
+
+NO_STEP = "took no step"
+
+
+def no_step_evidence(recon: Any) -> None:
+    """An optimisation attack that took no step answers with its starting point: whatever
+    gradient distance that start scores (a random batch can score under the priors' 0.4 line)
+    is no evidence that the attack converged. Its distance is kept as ``start_relative_distance``
+    and none is recorded as the answer's, so that every verdict (attacks/verdict.py) calls it
+    "not converged"."""
+    extra = getattr(recon, "extra", None)
+    if getattr(recon, "iterations", None) != 0 or not isinstance(extra, dict):
+        return
+    rel = extra.get("relative_gradient_distance")
+    if rel is not None:
+        extra["start_relative_distance"] = rel
+    extra["relative_gradient_distance"] = None
+    extra["stop_reason"] = NO_STEP
 
 
 AttackRunner = Callable[[Any, SharedUpdate, Any, Engine], Any]
@@ -93,4 +115,4 @@ AttackRunner = Callable[[Any, SharedUpdate, Any, Engine], Any]
 ATTACK_RUNNERS: dict[type, AttackRunner] = {}
 
 
-__all__ = ["ATTACK_RUNNERS", "Engine"]
+__all__ = ["ATTACK_RUNNERS", "NO_STEP", "Engine", "no_step_evidence"]
