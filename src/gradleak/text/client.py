@@ -234,6 +234,10 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
                 else one_line(repr(seed), 40)
             raise UpdateFileError(f"{p}: metadata model_kwargs.seed {shown} is not an integer in 0..{MAX_SEED}")
         model = build_text_model(meta.model, num_classes=meta.num_classes, seed=seed)
+        if tuple(meta.input_shape) != (model.max_length, 1, 1):  # what a truth file's length is checked against
+            raise ModelMismatchError(f"{p}: metadata input_shape {list(meta.input_shape)} does not fit model "
+                                     f"{model.name} (sentences of at most {model.max_length} tokens: "
+                                     f"[{model.max_length}, 1, 1])")
         state = model.module.state_dict()
         params = trainable(model)
         check_update_header(f, p, meta.model, state, params)
@@ -249,8 +253,10 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
 
 
 def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_size: int | None = None) -> TextBatch:
-    """Load a text truth file; if ``meta`` is given, check that it fits that update; with
-    ``vocab_size`` (the update's model's tokenizer), every token id must be one of its ids."""
+    """Load a text truth file; if ``meta`` is given, check that it fits that update (its batch,
+    its classes, and sentences no longer than its model's ``input_shape[0]`` tokens, as --text
+    sentences are: checked on the header, before any tensor is read); with ``vocab_size`` (the
+    update's model's tokenizer), every token id must be one of its ids."""
     with open_truth(path, TEXT_TRUTH_FORMAT, {"input_ids", "attention_mask", "labels"}, kind="text truth",
                     holds="input_ids, attention_mask and labels") as (p, f, md):
         ishape, idt = _shape_dtype(f, "input_ids")
@@ -263,6 +269,9 @@ def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_s
             raise UpdateFileError(f"{p}: a text truth file holds at least one sentence of one token")
         if meta is not None and ishape[0] != meta.batch_size:
             raise ModelMismatchError(f"{p}: truth holds {ishape[0]} sentences but the update a batch of {meta.batch_size}")
+        if meta is not None and ishape[1] > meta.input_shape[0]:
+            raise ModelMismatchError(f"{p}: truth sentences of {ishape[1]} tokens; model {meta.model} takes at most "
+                                     f"{meta.input_shape[0]} ([CLS] and [SEP] included)")
         ids, mask, labels = (_get(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
         sentences = loads_json(md.get("sentences", "[]"), f"{p}: metadata sentences", error=UpdateFileError)
         if not isinstance(sentences, list):
