@@ -144,10 +144,18 @@ class _RunConfig(BaseModel):
             self.__dict__["attack"] = modality.default_attack
         # a preset's case (PRESET_CASES), for the fields not given; set like the modality's default
         # attack, so that they still count as not given
-        for name, value in PRESET_CASES.get(str(getattr(self, "preset", None)), {}).items():
+        for name, value in preset_case(getattr(self, "preset", None), update=bool(self.update)).items():
             if name not in self.model_fields_set:
                 self.__dict__[name] = value
         return self
+
+
+def preset_case(preset: Any, *, update: bool) -> dict[str, Any]:
+    """What preset ``preset`` fills in where the user gives nothing (PRESET_CASES). On an update
+    file only its attack: the file decides the model, batch and BN statistics, and no data is
+    read without --truth, so a recorded ``data: imagenet-samples`` would be refused on rerun."""
+    case = PRESET_CASES.get(str(preset), {})
+    return {k: v for k, v in case.items() if k == "attack"} if update else dict(case)
 
 
 
@@ -220,7 +228,7 @@ def config_from_record(record: dict[str, Any]) -> AttackConfig:
     Under a preset with a case (PRESET_CASES) the case's values are the defaults: a field the record
     holds at the plain default was given (e.g. batch 1 under --preset imagenet) and stays."""
     defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
-    defaults.update(PRESET_CASES.get(str(record.get("preset")), {}))
+    defaults.update(preset_case(record.get("preset"), update=bool(record.get("update"))))
     return make_config(**{k: v for k, v in record.items() if k not in defaults or v != defaults[k]})
 
 
