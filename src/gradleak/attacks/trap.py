@@ -37,7 +37,8 @@ SPEC = {
 }
 
 import copy
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 
@@ -45,7 +46,8 @@ from ..errors import ConfigError, ModelMismatchError, NonFiniteError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .analytic import _assign, analytic
+from .analytic import ACTIVE_ABOVE, _assign, analytic
+from .cpa import no_stop, stop_poll
 from .reconstruction import Reconstruction
 
 LAYER = "trap.linear0"
@@ -60,6 +62,11 @@ W0, B0, W2 = f"{LAYER}.weight", f"{LAYER}.bias", "trap.linear2.weight"
 # of the images (0.595) is refused: at that rate its rows rarely hold one sample of a batch anyway
 # (use the analytic attack on such a layer).
 NEGATIVE_ROWS_ABOVE = 0.6
+
+# The attack compares every active row's candidate with every other (analytic.py's clustering: a
+# rows x rows float64 distance matrix): more active rows than fit in this many bytes are refused
+# before it is allocated (1 GiB: 11585 rows; the server's default layer has at most 2000).
+MAX_PAIRWISE_BYTES = 1 << 30
 
 MISSING_LAYER = ("trap: the update was not computed on a model with the server's trap layer "
                  "(share with --server trap)")
@@ -108,7 +115,24 @@ def check_trap(update: SharedUpdate, model: ModelSpec) -> str:
     if negative <= NEGATIVE_ROWS_ABOVE:
         raise ModelMismatchError(f"trap: only {negative:.0%} of the layer's rows lean negative on pixels: "
                                  "not the server's trap weights")
+    check_active_rows(update.gradients[B0])
     return LAYER
+
+
+def check_active_rows(bias_grad: torch.Tensor) -> int:
+    """The number of active rows (|db_j| above analytic.ACTIVE_ABOVE of the largest), or a
+    ConfigError when comparing them pairwise would take more than MAX_PAIRWISE_BYTES: a layer
+    whose rows nearly all fire holds few inputs alone, and the comparison's cost is quadratic."""
+    db = bias_grad.detach().abs()
+    largest = float(db.max()) if db.numel() else 0.0
+    active = int((db > ACTIVE_ABOVE * largest).sum()) if largest > 0 else 0
+    limit = math.isqrt(MAX_PAIRWISE_BYTES // 8)
+    if active > limit:
+        raise ConfigError(f"trap: {active} of the trap layer's {db.numel()} rows are active: comparing them pairwise "
+                          f"needs {active * active * 8 / 2 ** 30:.1f} GiB (at most {limit} active rows); a trap "
+                          "layer whose rows fire this often holds few inputs alone (share with fewer rows or a lower "
+                          "rate)")
+    return active
 
 
 def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Tensor,
@@ -158,13 +182,24 @@ def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torc
     return _assign(misfit[:, column], multiset)
 
 
-def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu") -> Reconstruction:
+def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",
+                poll: Callable[[], None] = no_stop) -> Reconstruction:
     """Rebuild the client's images from the trap layer's gradient (see the module doc). ``model``:
     the trapped spec (gradleak.models.trap.trap_model), as the update file rebuilds it. extra:
     "separated" (inputs at least two rows agree on, at most K), "pure_clusters", "active_rows",
-    "trap_rows", "exact" (every slot separated and no defense recorded: the attacker's own claim)."""
+    "trap_rows", "exact" (every slot separated and no defense recorded: the attacker's own claim).
+    ``poll`` raises to stop the run (cpa.stop_poll): called between the attack's phases."""
     layer = check_trap(update, model)
-    rec = analytic(update, model, device=device, layer=layer, labeller=classifier_labels)
+    poll()
+
+    def labeller(*args: Any) -> torch.Tensor:  # the labels' forward pass between two polls
+        poll()
+        labels = classifier_labels(*args)
+        poll()
+        return labels
+
+    rec = analytic(update, model, device=device, layer=layer, labeller=labeller)
+    poll()
     k = int(update.meta.batch_size)
     rec.extra["trap_rows"] = int(update.global_weights[W0].shape[0])
     rec.extra["exact"] = rec.extra["separated"] == k and not update.meta.defenses
@@ -176,10 +211,10 @@ def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.d
 
 def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
     """The attack on the engine (a closed form: no constants, nothing to resume)."""
-    return trap_attack(update, model, device=engine.device)
+    return trap_attack(update, model, device=engine.device, poll=stop_poll(engine))
 
 
 check = check_trap  # auto's test of whether it applies (a typed GradleakError when it does not)
 
 
-__all__ = ["LAYER", "SPEC", "check", "check_trap", "run", "trap_attack"]
+__all__ = ["LAYER", "MAX_PAIRWISE_BYTES", "SPEC", "check", "check_active_rows", "check_trap", "run", "trap_attack"]

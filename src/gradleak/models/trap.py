@@ -145,16 +145,26 @@ def firing_rate(rows: torch.Tensor, images: torch.Tensor) -> float:
     return float((images.flatten(1).double() @ rows.T > 0).double().mean())
 
 
+def shapes_only() -> bool:
+    """Whether tensors are being made on torch's meta device (fl/files.py checks a file's tensor
+    shapes on a meta model before anything is built): no value is needed then, and none is
+    computed, so a file's record (rows, rate) cannot make the check allocate or calibrate."""
+    return torch.get_default_device().type == "meta"
+
+
 def calibrate_shrink(input_shape: Sequence[int], rate: float = DEFAULT_RATE) -> float:
     """The shrink whose trap rows fire at ``rate`` on the public crops (bisection to 1e-4 on
     CALIBRATION_ROWS rows drawn with CALIBRATION_SEED). The rate falls as the shrink grows
-    (a larger shrink pushes every product further below 0)."""
+    (a larger shrink pushes every product further below 0). Under the meta device
+    (:func:`shapes_only`) the rate is checked and 0 returned: the shrink changes no shape."""
     r = _finite("rate", rate)
     if not 0.0 < r < 0.5:
         raise ConfigError(f"trap: rate must be in (0, 0.5), got {rate!r}")
     c, h, w = (int(v) for v in input_shape)
     if h != w:
         raise ConfigError(f"trap: calibration needs square images, got {h}x{w}")
+    if shapes_only():
+        return 0.0
     images = public_crops(c, h)
     g = torch.Generator(device="cpu").manual_seed(CALIBRATION_SEED)
     base = torch.randn(CALIBRATION_ROWS, c * h * w, generator=g, dtype=torch.float64, device="cpu")
@@ -175,7 +185,8 @@ class TrapBlock(nn.Module):
     ``linear0`` (d -> rows): the pixel-space trap rows w_j (:func:`trap_rows`), unit-normalised,
     folded into the normalised input and scaled by s = TRAP_SHIFT / gain: weight s (w_j * std),
     bias s (w_j . mean); so the row fires exactly when w_j . x_pix > 0. ``linear2`` (rows -> d):
-    gain times N(0, 1 / rows) entries (seed + 1), bias 0."""
+    gain times N(0, 1 / rows) entries (seed + 1), bias 0. Under the meta device (:func:`shapes_only`)
+    only the shapes are made: the rows are not drawn."""
 
     def __init__(self, input_shape: Sequence[int], mean: Sequence[float], std: Sequence[float], *,
                  rows: int = DEFAULT_ROWS, shrink: float, seed: int = DEFAULT_SEED, gain: float = TRAP_GAIN):
@@ -198,12 +209,14 @@ class TrapBlock(nn.Module):
         self.linear0 = nn.Linear(d, n)
         self.relu = nn.ReLU()
         self.linear2 = nn.Linear(n, d)
+        if len(std) != shape[0] or len(mean) != shape[0]:
+            raise ConfigError(f"trap: {len(std)} normalisation channels for {shape[0]}-channel images")
+        if self.linear0.weight.is_meta:  # shapes only (shapes_only): the d x rows draw is skipped
+            return
         hw = shape[1] * shape[2]
-        # on the CPU even under a meta-device context (an update file's shapes are checked on meta)
+        # drawn on the CPU whatever the default device (the same numbers everywhere)
         std_flat = torch.tensor([float(v) for v in std], dtype=torch.float64, device="cpu").repeat_interleave(hw)
         mean_flat = torch.tensor([float(v) for v in mean], dtype=torch.float64, device="cpu").repeat_interleave(hw)
-        if std_flat.numel() != d:
-            raise ConfigError(f"trap: {len(std)} normalisation channels for {shape[0]}-channel images")
         w = trap_rows(n, d, a, seed)
         w = w / w.norm(dim=1, keepdim=True)
         s = TRAP_SHIFT / g
@@ -251,4 +264,4 @@ def trap_model(spec: ModelSpec, *, rows: int = DEFAULT_ROWS, shrink: float, seed
 
 
 __all__ = ["DEFAULT_RATE", "DEFAULT_ROWS", "TRAP_GAIN", "TrapBlock", "TrappedNet", "calibrate_shrink",
-           "default_rows", "firing_rate", "public_crops", "trap_model", "trap_rows"]
+           "default_rows", "firing_rate", "public_crops", "shapes_only", "trap_model", "trap_rows"]
