@@ -326,18 +326,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _threads_for_busy_cpu(threads: int | None, device: str, nproc: int = 1) -> tuple[int | None, str | None]:
-    """(threads, note): ``threads`` as given; else, on the CPU in one process, fewer torch threads
-    than cores when other work keeps cores busy (runtime.threads_on_busy_machine), with the note
-    the command prints after its results (never before: a bad input still ends in one error
-    line). None: torch's own choice."""
-    if threads is not None or nproc > 1 or device not in ("cpu", "auto"):
-        return threads, None
-    from .runtime import resolve_device, threads_on_busy_machine
+    """(threads, note) by the thread policy the Python API applies too (runtime.threads_for_run);
+    the command prints the note after its results (never before: a bad input still ends in one
+    error line). None: torch's own choice."""
+    from .runtime import threads_for_run
 
-    if resolve_device(device).type != "cpu":
-        return None, None
-    busy = threads_on_busy_machine()
-    return (None, None) if busy is None else busy
+    return threads_for_run(threads, device, nproc)
 
 
 def _say(note: str | None) -> None:
