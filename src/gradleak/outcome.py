@@ -3,10 +3,12 @@
 Vocabulary, worst first:
 
 ``leaked``           the client's data came back: with ground truth, the answer rebuilds the images
-                     (mean PSNR >= LEAK_PSNR_DB) or shows them recognisably (an image whose SSIM
-                     against the client's is >= RECOGNISABLE_SSIM), or, for
-                     text, a sentence comes back exactly or TEXT_LEAK_TOKEN_ACCURACY of the tokens
-                     in place; or, for ``auto``, any other attack of its portfolio leaked on the same
+                     (mean PSNR >= LEAK_PSNR_DB) or shows one recognisably whatever the pixel noise
+                     (:func:`recognisable_row`: SSIM >= RECOGNISABLE_SSIM, or coarse SSIM or an
+                     identification among public decoys, beating the zero and public prior images),
+                     or, for text, a sentence comes back exactly, TEXT_LEAK_TOKEN_ACCURACY of the
+                     tokens in place, or the set of words (token-set precision and recall); or, for
+                     ``auto``, any other attack of its portfolio leaked on the same
                      update (the worst case over the attacks run). A leak is never hidden, whatever
                      the attack's own convergence line.
 ``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
@@ -28,7 +30,7 @@ Vocabulary, worst first:
                      only models the noise, while the truth measures it; under a defense the floor
                      does not model, only when the truth sits on the modelled floor); a finite PSNR;
                      the answer identifies nothing (no image identified among at least MIN_IIP_POOL
-                     candidates, every image's SSIM under its line; text: nothing recovered);
+                     candidates, no image recognisable; text: nothing recovered);
                      without the truth the same answer would not be presumed a leak; and the
                      positive control, the same attack (auto: the member it used) on the same model
                      and data without the defense, leaked.
@@ -66,8 +68,23 @@ RECOGNISABLE_SSIM = 0.5
 #: Identification is evidence only among at least this many candidate photos (IIP's pool): among 3
 #: photos (a user's folder of three) a noise answer is "identified" by chance one time in three.
 MIN_IIP_POOL = 10
+#: Recognisable whatever the pixel noise: an image whose coarse SSIM (metrics/recognisable.py: SSIM
+#: of the images block-averaged 4 x 4, where pixel noise shrinks 4-fold) against the client's is at
+#: least this, or that IIP identifies among at least MIN_DECOY_POOL candidates, and that beats
+#: both the zero image and the public prior image on coarse SSIM by BEAT_MARGIN. Calibrated by
+#: benchmarks/recognisable.py (its JSON: every case, every image): see COARSE_SSIM_LINE's numbers there.
+COARSE_SSIM_LINE = 0.5
+#: Identification counts toward "recognisable" only among this many candidates (the originals,
+#: the client's source and the public decoys): a chance hit is then at most 1 in 50.
+MIN_DECOY_POOL = 50
+#: How far above the zero image's and the public prior image's coarse SSIM an answer must be.
+BEAT_MARGIN = 0.1
 #: Text: this share of tokens in place (position-wise) is a leak, and so is any exact sentence.
 TEXT_LEAK_TOKEN_ACCURACY = 0.5
+#: Text: a leaked set of words: token-set precision and recall (distinct content tokens, against
+#: the batch's) both at least these. Calibrated by benchmarks/recognisable.py's text cases.
+TEXT_SET_PRECISION = 0.8
+TEXT_SET_RECALL = 0.4
 #: "Explains the defended update at least as well as the true data": the answer's relative
 #: gradient distance at most the truth's x (1 + TRUTH_FIT_SLACK) + the noise floor's tolerance
 #: (defenses/floor.py: 3 standard deviations of the truth's own distance over the noise's draws;
@@ -104,8 +121,11 @@ class Evidence:
     has_truth:       the metrics were scored against the client's true data.
     psnr, ssim:      mean over the batch (images).
     identified:      images the IIP search identified; None: not measured.
-    recognisable:    images identified with SSIM >= RECOGNISABLE_SSIM; None: not measured.
+    recognisable:    images :func:`recognisable_row` calls recognisable; None: not measured.
+    recognised:      for each of them, why (name, coarse SSIM against the zero and prior images').
     token_accuracy:  text, position-wise; exact_sentences: sentences rebuilt exactly.
+    token_set_precision, token_set_recall: text, distinct content tokens; words: the recovered
+                     words that are in the client's sentences.
     converged:       the attack's own verdict (attacks/verdict.py); None: none recorded.
     answer_distance: the answer's relative gradient distance to the shared update.
     truth_distance:  the true data's relative distance to the same (defended) update.
@@ -125,8 +145,12 @@ class Evidence:
     ssim: float | None = None
     identified: int | None = None
     recognisable: int | None = None
+    recognised: tuple[str, ...] = ()
     token_accuracy: float | None = None
     exact_sentences: int | None = None
+    token_set_precision: float | None = None
+    token_set_recall: float | None = None
+    words: tuple[str, ...] = ()
     converged: bool | None = None
     answer_distance: float | None = None
     truth_distance: float | None = None
@@ -263,21 +287,50 @@ def needs_control(ev: Evidence) -> bool:
 
 def _leak(ev: Evidence) -> str:
     """Why the answer is a leak ("" when it is not), from the scores against the truth in what
-    the modality measures: sentences and tokens, or PSNR and recognisable images."""
+    the modality measures: sentences, tokens and sets of words, or PSNR and recognisable images."""
     if recorded_modality(ev.modality).measures == "tokens":
         if (ev.exact_sentences or 0) > 0:
             return f"{ev.exact_sentences} sentence(s) recovered exactly"
         acc = number(ev.token_accuracy)
         if acc is not None and acc >= TEXT_LEAK_TOKEN_ACCURACY:
             return f"{acc:.0%} of the tokens recovered in place (>= {TEXT_LEAK_TOKEN_ACCURACY:.0%})"
+        precision, recall = number(ev.token_set_precision), number(ev.token_set_recall)
+        if precision is not None and recall is not None and precision >= TEXT_SET_PRECISION \
+                and recall >= TEXT_SET_RECALL:
+            shown = ", ".join(ev.words[:20]) + (", ..." if len(ev.words) > 20 else "")
+            return (f"the client's words came back (token-set precision {precision:.2f} >= {TEXT_SET_PRECISION:g}, "
+                    f"recall {recall:.2f} >= {TEXT_SET_RECALL:g}): {shown or 'n/a'}")
         return ""
     psnr = number(ev.psnr)
     if psnr is not None and psnr >= LEAK_PSNR_DB:
         return f"rebuilt: PSNR {psnr:.1f} dB >= {LEAK_PSNR_DB:g} dB"
     if (ev.recognisable or 0) > 0:
-        return (f"{ev.recognisable} image(s) recognisable: SSIM >= {RECOGNISABLE_SSIM:g} against the client's image "
-                f"(PSNR {_fmt(psnr)} dB)")
+        why = f": {'; '.join(ev.recognised)}" if ev.recognised else ""
+        return f"{ev.recognisable} image(s) recognisable (mean PSNR {_fmt(psnr)} dB){why}"
     return ""
+
+
+def recognisable_row(row: Mapping[str, Any]) -> str:
+    """Why one image's answer is recognisable ("" when it is not), from its per-image row: full
+    SSIM >= RECOGNISABLE_SSIM, or coarse SSIM >= COARSE_SSIM_LINE or an identification among
+    >= MIN_DECOY_POOL candidates, beating the zero and public prior images' coarse SSIM by
+    BEAT_MARGIN (a flat or noise answer does not). Rows without coarse SSIM (older runs): SSIM."""
+    full, own = number(row.get("ssim")), number(row.get("coarse_ssim"))
+    name = str(row.get("name") or row.get("index", "?"))
+    if full is not None and full >= RECOGNISABLE_SSIM:
+        return f"{name}: SSIM {full:.2f} >= {RECOGNISABLE_SSIM:g}"
+    if own is None:
+        return ""
+    bar = max(number(row.get("zero_coarse_ssim")) or 0.0, number(row.get("prior_coarse_ssim")) or 0.0) + BEAT_MARGIN
+    among = number(row.get("identified_among")) or 0
+    identified = row.get("identified") is True and among >= MIN_DECOY_POOL
+    if own < bar or not (own >= COARSE_SSIM_LINE or identified):
+        return ""
+    how = [f"coarse SSIM {own:.2f}" + (f" >= {COARSE_SSIM_LINE:g}" if own >= COARSE_SSIM_LINE else "")]
+    if identified:
+        how.append(f"identified among {among:.0f}")
+    return (f"{name}: {', '.join(how)}, above the zero image's {_fmt(row.get('zero_coarse_ssim'))} and the "
+            f"public prior image's {_fmt(row.get('prior_coarse_ssim'))}")
 
 
 def _without_truth(ev: Evidence, out: Any) -> Outcome:
@@ -350,8 +403,9 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
     identified = recognisable = None
     pool = number(metrics.get("iip_pool_size"))
     rows = [r for r in per if isinstance(r, Mapping)]
-    if rows:   # recognisable: an image whose SSIM against the client's passes the line, identified or not
-        recognisable = sum(1 for r in rows if (number(r.get("ssim")) or 0.0) >= RECOGNISABLE_SSIM)
+    recognised = tuple(why for why in (recognisable_row(r) for r in rows) if why)
+    if rows:   # recognisable whatever the pixel noise, and more than a flat or public answer shows
+        recognisable = len(recognised)
     if any("identified" in r for r in rows) and (pool is None or pool >= MIN_IIP_POOL):
         identified = sum(1 for r in rows if r.get("identified") is True)
     exact = sum(1 for s in sentences if isinstance(s, Mapping) and number(s.get("token_accuracy")) == 1.0) \
@@ -372,7 +426,9 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
     return Evidence(
         status=status, modality=modality.name, has_truth=has_truth,
         psnr=number(metrics.get("psnr_mean")), ssim=number(metrics.get("ssim_mean")), identified=identified,
-        recognisable=recognisable, token_accuracy=number(metrics.get("token_accuracy")), exact_sentences=exact,
+        recognisable=recognisable, recognised=recognised, token_accuracy=number(metrics.get("token_accuracy")),
+        exact_sentences=exact, token_set_precision=number(metrics.get("token_set_precision")),
+        token_set_recall=number(metrics.get("token_set_recall")), words=recovered_words(metrics),
         converged=converged if isinstance(converged, bool) else None,
         answer_distance=number(metrics.get("relative_gradient_distance", conv.get("relative_gradient_distance"))),
         truth_distance=number(metrics.get("truth_relative_distance")),
@@ -382,6 +438,19 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         noise_floor=number(floor) if floor is not None else None,
         unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
         control=control, others_leaked=others if has_truth else ())
+
+
+def recovered_words(metrics: Mapping[str, Any]) -> tuple[str, ...]:
+    """The distinct recovered words (word pieces) that are in the client's sentences, in order:
+    from each sentence's recovered tokens, or the bag of words for an attack without order."""
+    rows = [r for r in metrics.get("per_sentence") or [] if isinstance(r, Mapping)]
+    truth = {str(t) for r in rows for t in (r.get("tokens_true") or [])}
+    bag = metrics.get("bag_of_words") if isinstance(metrics.get("bag_of_words"), Mapping) else {}
+    if metrics.get("attack") == "bow":
+        recovered = [str(t) for t in bag.get("tokens") or []]
+    else:
+        recovered = [str(t) for r in rows for t in (r.get("tokens_recovered") or [])]
+    return tuple(dict.fromkeys(t for t in recovered if t in truth))
 
 
 def worst(verdicts: Iterable[str]) -> str:
@@ -401,5 +470,6 @@ def console_line(outcome: Outcome) -> str:
 
 
 __all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
-           "MIN_IIP_POOL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
-           "evidence_from_metrics", "judge", "needs_control", "number", "worst"]
+           "MIN_IIP_POOL", "MIN_DECOY_POOL", "COARSE_SSIM_LINE", "BEAT_MARGIN", "TEXT_SET_PRECISION",
+           "TEXT_SET_RECALL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
+           "evidence_from_metrics", "judge", "recognisable_row", "recovered_words", "needs_control", "number", "worst"]

@@ -134,7 +134,7 @@ def build_image_case(cfg: AttackConfig) -> "ImageCase":
     if cfg.indices and cfg.allow_repeats:
         raise ConfigError("--allow-repeats applies to a draw by --seed, not to --indices (which names the items)")
     case = load_case(cfg) if cfg.update else simulate_client(cfg)
-    if cfg.paper_metrics and case.truth is not None:
+    if case.truth is not None:   # the verdict's identification searches it, with or without --paper-metrics
         case.load_iip_pool(cfg)   # decoded now: a broken image is an error before the attack, not after it
     return case
 
@@ -273,11 +273,12 @@ class ImageCase(Case):
             ev = evaluate(recon, self.truth)
             metrics.update(ev.to_dict())
             metrics.update(self.zero_image_scores(metrics["per_image"]))
+            if not self.iip_loaded:
+                self.load_iip_pool(cfg)
+            self.recognisability_scores(ev.paired_images, metrics["per_image"])
             if cfg.paper_metrics:
                 from ..metrics.summary import paper_metrics  # GradInversion Sec. 4: FFT2D, RPSNR, LPIPS, IIP
 
-                if not self.iip_loaded:
-                    self.load_iip_pool(cfg)
                 summary, per_image = paper_metrics(ev.paired_images, self.truth.images, self.iip_images)
                 metrics.update(summary)
                 for row, extra in zip(metrics["per_image"], per_image, strict=True):
@@ -308,17 +309,36 @@ class ImageCase(Case):
         return {"zero_psnr_mean": float(scores.double().mean()),
                 "above_zero_image": sum(1 for row in per_image if row["psnr"] > row["zero_psnr"])}
 
+    def recognisability_scores(self, paired: torch.Tensor, per_image: list[dict[str, Any]]) -> None:
+        """Adds to each row what says whether its image is recognisable whatever the pixel noise
+        (metrics/recognisable.py: coarse SSIM of the answer, the zero image and the public prior
+        image; identification among the IIP pool with its public decoys) and the judgement
+        (outcome.recognisable_row: ``recognisable`` and ``recognisable_reason``)."""
+        from ..metrics.recognisable import recognisability
+        from ..outcome import recognisable_row
+
+        assert self.truth is not None
+        truth = self.truth.images.detach().to("cpu", torch.float32)
+        zero = self.model.denormalize(torch.zeros_like(truth[:1])).clamp(0.0, 1.0)
+        for row, extra in zip(per_image, recognisability(paired, truth, zero, self.iip_images), strict=True):
+            row.update(extra)
+            why = recognisable_row(row)
+            row["recognisable"], row["recognisable_reason"] = bool(why), why
+
     def load_iip_pool(self, cfg: AttackConfig) -> None:
         """Decode IIP's pool (:meth:`iip_pool`) into ``iip_images``: the case builder does it
         before the attack, so that a truncated or unreadable image of the source fails the run
         before its first step (no state saved, nothing to resume) instead of after the attack."""
-        self.iip_images, self.iip_loaded = self.iip_pool(cfg), True
+        from ..metrics.recognisable import candidate_pool
+
+        assert self.truth is not None
+        self.iip_images, self.iip_loaded = candidate_pool(self.iip_pool(cfg), self.truth.images), True
 
     def iip_pool(self, cfg: AttackConfig) -> torch.Tensor | None:
         """Other real images of the run's data source, at the batch's size, for IIP: up to
         IIP_POOL, evenly spaced over the source (deterministic). None when the source cannot be
         opened (e.g. an update file whose truth came from elsewhere): IIP then searches the
-        originals only.
+        originals and the public decoys (load_iip_pool adds those in every case).
 
         For an update/truth file, only a *named* source recorded in the truth file is opened: a
         folder path written in a file is never walked (a file could name ``/``)."""
