@@ -771,7 +771,10 @@ def sweep_command(args: argparse.Namespace) -> str:
 
 def _summary_rows(metrics: dict[str, Any], modality: Any) -> list[tuple[str, str]]:
     """The summary table's rows: the modality's keys (modalities.Modality), then the defenses,
-    epsilon, the inputs a closed form separated and the attack's own convergence."""
+    epsilon, the inputs a closed form separated and the attack's own convergence; the worst
+    image's PSNR beside the mean."""
+    from .report.html import convergence_text, inputs_exact, worst_image
+
     rows: list[tuple[str, str]] = []
 
     def fmt(v: Any) -> str:
@@ -791,17 +794,19 @@ def _summary_rows(metrics: dict[str, Any], modality: Any) -> list[tuple[str, str
                          + (f", {starts} start{'s' if starts != 1 else ''})" if isinstance(starts, int) else ")")))
         elif key in metrics:
             rows.append((key, fmt(metrics[key])))
+        if key == "psnr_mean" and len(metrics.get("per_image") or ()) > 1 and worst_image(metrics):
+            low, name = worst_image(metrics)  # the mean hides the image that failed
+            rows.append(("psnr_min", f"{low:.3f} (worst image: {name})"))
     if metrics.get("defenses"):
         rows.append(("defenses", ", ".join(metrics["defenses"])))
     if isinstance(metrics.get("dp_epsilon"), (int, float)):
         rows.append(("DP-SGD epsilon", f"{metrics['dp_epsilon']:.3g} (this one update, delta {metrics.get('dp_delta')})"))
-    if isinstance(metrics.get("separated"), int):  # the closed-form attacks on a batch
+    if inputs_exact(metrics):  # a closed form on an undefended update: the inputs it read off exactly
+        rows.append(("inputs separated", f"{inputs_exact(metrics)} inputs exact (read off the update)"))
+    elif isinstance(metrics.get("separated"), int):  # the closed-form attacks on a batch
         rows.append(("inputs separated", f"{metrics['separated']} of {metrics['batch_size']}"))
-    conv = metrics.get("convergence") or {}
     if "converged" in metrics:
-        rel = conv.get("relative_gradient_distance")
-        rows.append(("attack converged", ("yes" if metrics["converged"] else "no")
-                     + (f" (relative distance {rel:.2e})" if isinstance(rel, float) else "")))
+        rows.append(("attack converged", convergence_text(metrics)))
     return rows
 
 

@@ -264,8 +264,11 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
         answer = victim.normalize(images.double().to(sim.target[0].device))
         rel = relative_distance(sim(answer, labels.to(answer.device), create_graph=False), sim.target)
     wall = time.perf_counter() - start
-    extra = {"relative_gradient_distance": rel, "plateau": False, "restarts_used": 0, "separated": separated,
+    extra = {"relative_gradient_distance": rel, "closed_form": True, "plateau": False, "restarts_used": 0,
+             "separated": separated,
              "pure_clusters": clusters, "active_rows": int(len(rows)), "layer": name}
+    if separated < k:  # what the closed form could not read off (the verdict's reason)
+        extra["why_not_exact"] = f"{separated} of {k} inputs were read off alone; the other slots are mixtures"
     return Reconstruction(images=images.cpu(), labels=labels.cpu().long(), history=[{"iteration": 0, "loss": rel}],
                           iterations=0, wall_seconds=wall, label_method=method, extra=extra)
 

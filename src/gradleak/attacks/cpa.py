@@ -433,7 +433,8 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
     with torch.enable_grad():
         answer = victim.normalize(images.double().to(sim.target[0].device))
         rel = relative_distance(sim(answer, labels.to(answer.device), create_graph=False), sim.target)
-    extra = {"relative_gradient_distance": rel, "plateau": False, "restarts_used": 0, "layer": name,
+    extra = {"relative_gradient_distance": rel, "closed_form": True, "plateau": False, "restarts_used": 0,
+             "layer": name,
              "components": k, "rank": rank, "ica": "sklearn FastICA (logcosh)", "ica_iterations": iterations,
              "ica_converged": converged, "exact_inputs": len(found), "exact_by_rows": by_rows,
              "scale_from_bias": int(from_bias.sum()), "scale": "bias" if db is not None else "box prior (no bias)"}

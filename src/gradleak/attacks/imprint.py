@@ -281,6 +281,7 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     defended = bool(update.meta.defenses)
     extra = {
         "analytic": True,
+        "closed_form": True,
         "exact": n_nonempty == k and not defended and not bool(mixed.any()),
         "separated": separated,
         "bins": n,

@@ -627,7 +627,8 @@ def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device =
         rel = relative_distance(sim(answer, labels.to(dev), create_graph=False), sim.target)
     wall = time.perf_counter() - start
     determined = sum(1 for e in analysis if e["determined"])
-    extra = {"relative_gradient_distance": rel, "analytic": False, "plateau": False, "restarts_used": 0,
+    extra = {"relative_gradient_distance": rel, "analytic": False, "closed_form": True, "plateau": False,
+             "restarts_used": 0,
              "rank_analysis": analysis, "layers_determined": determined, "layers": len(analysis),
              "label_check": label_check, "eps": eps}
     return Reconstruction(images=images.cpu(), labels=labels, history=[{"iteration": 0, "loss": rel}],

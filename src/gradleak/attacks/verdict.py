@@ -151,6 +151,9 @@ def _verdict(attack_family: str, extra: dict[str, Any], threshold: float) -> Con
     stop = extra.get("stop_reason")
     why = ("stalled on a plateau" if plateau else f"{stop} without getting close enough" if isinstance(stop, str) and stop
            else "did not get close enough within its budget")
+    if extra.get("closed_form"):  # solved, not searched: no budget to run out of
+        why = "computed its answer in closed form (no iterations), and the answer does not explain the whole update" + (
+            f" ({extra['why_not_exact']})" if isinstance(extra.get("why_not_exact"), str) else "")
     return Convergence(False, float(rel), threshold, plateau, restarts,
                        f"the attack {why}: relative distance {rel:.2e} > {threshold:g}; a low PSNR here is "
                        f"inconclusive, not evidence that the client is safe")
