@@ -72,7 +72,7 @@ from ..specs import attack_specs
 from .configs import CLOSED_FORM, CONFIGS, AutoConfig
 from ..engine import Engine, StateFileError
 from .reconstruction import Reconstruction
-from .verdict import converged_below, verdict
+from .verdict import Convergence, converged_below, verdict
 
 
 # Which optimisation attacks the portfolio runs is declared by each (its SPEC's "auto": one image
@@ -172,29 +172,56 @@ def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine)
         if _better(name, rec, conv.converged, best):
             best = (name, rec, conv.converged)
         if closed and conv.converged:
-            why = f"{name} applies and its answer explains the update"
+            why = f"{name} applies and its answer {fit_words(conv)}"
             break
         if not closed and several and conv.relative_gradient_distance is not None \
                 and conv.relative_gradient_distance <= converged_below("dlg", floor):
-            why = (f"{name}'s answer explains the update exactly (within DLG's line): the rest of the portfolio "
+            why = (f"{name}'s answer {fit_words(conv, exactly=True)} (within DLG's line): the rest of the portfolio "
                    "was not needed")
             break
     if best is None:
         assert error is not None  # every member raised or refused, the portfolio's last one with an error
         raise error
-    name, rec, converged = best
+    name, rec, _ = best
     _observed(engine, observed.get(name, {}))  # the history shows the kept answer's own observations
     if not why:
-        if name in CLOSED_FORM:
-            why = f"no attack converged; {name} is kept (" + (
-                "it reads the separated inputs off the update" if name == "imprint" else "it explains the update best") + ")"
-        else:
-            ran = any(t["applies"] for t in tried if t["attack"] in CLOSED_FORM)
-            why = (("no closed-form attack explained the update" if ran else "no closed-form attack applies")
-                   + f"; fell back to optimisation ({', '.join(cfg.members)}): {name}'s answer explains the update "
-                   + ("best " if len(answers) > 1 else "") + f"(relative distance {_score(rec):.2e}"
-                   + (", within its line)" if converged else ", not within its line)"))
+        why = _why_kept(name, rec, verdict(name, rec.extra, floor), tried, len(answers), cfg)
     return _chosen(name, rec, tried, why, spent, cfg, [a for a in answers if a[1] is not rec])
+
+
+def _why_kept(name: str, rec: Reconstruction, conv: Convergence, tried: list[dict[str, Any]], answered: int,
+              cfg: AutoConfig) -> str:
+    """Why auto kept this answer when none stopped it early, worded by the answer's own evidence."""
+    if name in CLOSED_FORM:
+        return f"no attack converged; {name} is kept (" + (
+            "it reads the separated inputs off the update" if name == "imprint" else "it explains the update best") + ")"
+    ran = any(t["applies"] for t in tried if t["attack"] in CLOSED_FORM)
+    head = (("no closed-form attack explained the update" if ran else "no closed-form attack applies")
+            + f"; fell back to optimisation ({', '.join(cfg.members)}): ")
+    if floor_only(conv):
+        return head + f"{name}'s answer is kept: it {fit_words(conv)}"
+    return (head + f"{name}'s answer explains the update " + ("best " if answered > 1 else "")
+            + f"(relative distance {_score(rec):.2e}" + (", within its line)" if conv.converged else ", not within its line)"))
+
+
+def floor_only(conv: Convergence) -> bool:
+    """Whether a converged answer fits the defended update no better than the true data do: its
+    distance is within the noise floor's spread (defenses/floor.py), so the update no longer tells
+    this answer from the client's data, and converging is no sign of a rebuilt input."""
+    rel = conv.relative_gradient_distance
+    return conv.converged and conv.noise_floor > 0 and rel is not None and rel >= conv.noise_floor - conv.floor_tolerance
+
+
+def fit_words(conv: Convergence, exactly: bool = False) -> str:
+    """How a converged member's answer fits the update, in the words its evidence allows: it
+    "explains" the update only when it fits better than the defenses' noise lets the truth."""
+    rel = conv.relative_gradient_distance
+    dist = f"relative distance {rel:.2e}" if rel is not None else "no finite distance"
+    if floor_only(conv):
+        return (f"fits the defended update only as well as the true data would ({dist}; the truth's "
+                f"{conv.noise_floor:.2e} +- {conv.floor_tolerance:.2e}): under this noise the update no longer tells "
+                "the data apart, so the fit is no sign of a rebuilt input")
+    return f"explains the update{' exactly' if exactly else ''} ({dist})"
 
 
 def _observed(engine: Engine, replace: dict[int, float] | None = None) -> dict[int, float]:
