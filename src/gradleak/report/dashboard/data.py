@@ -36,6 +36,7 @@ from gradleak.errors import DataError
 from gradleak.paths import one_line
 from gradleak.report.figures import MAX_PLOTTED
 from gradleak.report.risk import Verdict, converged_of, finite, inside, judge, psnr_of
+from gradleak.specs import flat_flags
 
 # audit.csv, a Flower audit's index, is read whole (one row per audited update, ~150 bytes each).
 # Its "run" column names each attacked update's run folder, whose metrics.json holds the details;
@@ -61,6 +62,15 @@ ERROR_CHARS = 300
 # runs are matched.
 RUN_ONLY_FIELDS = frozenset({"out", "progress", "threads", "log_every", "checkpoint_every", "paper_metrics", "device",
                              "nproc", "divergence_retries"})
+# Fields that configure the attacker, not the client: settings that differ only in these are the
+# same client attacked several ways (judged by the worst case over the attacks). Every attack
+# constant its SPEC declares (specs.flat_flags) is one; the model, the modality, the data, the
+# defenses and the threat are the client's.
+ATTACK_SIDE = frozenset({
+    "attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels", "restarts",
+    "fallback", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n",
+    "warmup", "registration_start", "registration_every", "registration_steps", "final", "box", "search_evaluations",
+    *RUN_ONLY_FIELDS, *flat_flags()})
 # Fields whose values are repetitions of one setting (another batch drawn, another start): cells
 # that differ only there form one setting, and no chart is drawn along them.
 REPLICATE_FIELDS = ("seed", "indices")
@@ -222,6 +232,40 @@ def server_text(metrics: Mapping[str, Any]) -> str | None:
     return one_line(server, 120) if isinstance(server, str) and server else "honest"
 
 
+def attacked_fields(metrics: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run attacked, from its own record (metrics.json: the update's model, modality,
+    defenses, threat and classes, and the data it was scored on), in config.json's field names.
+    config.json keeps the defaults of the fields a run did not use (a text run's
+    data=cifar10-samples, an update file's defense=none): these replace them. Empty for a run of
+    an older version, which holds no update record."""
+    update = metrics.get("update")
+    if not isinstance(update, Mapping):
+        return {}
+    kwargs = update.get("model_kwargs") if isinstance(update.get("model_kwargs"), Mapping) else {}
+    threat = update.get("threat") if isinstance(update.get("threat"), Mapping) else {}
+    modality = metrics.get("modality") or kwargs.get("modality") or "image"
+    out: dict[str, Any] = {"modality": modality, "server": server_text(metrics)}
+    for name, value in (("model", update.get("model")), ("data", metrics.get("data")), ("threat", threat.get("name"))):
+        if isinstance(value, str):
+            out[name] = value
+    if isinstance(update.get("defenses"), list):
+        out["defense"] = [str(d) for d in update["defenses"]]
+    # the file decides the classes and the model's width; its batch too when the run read one
+    wanted = [("num_classes", update), ("width", kwargs), *((("batch_size", update),) if config.get("update") else ())]
+    for name, where in wanted:
+        if isinstance(where.get(name), int) and not isinstance(where.get(name), bool):
+            out[name] = where[name]
+    for name in ("local_steps", "local_batch_size", "local_lr", "clients", "inner"):
+        if name in threat:
+            out[name] = threat[name]
+    shape = update.get("input_shape")
+    if modality != "image":
+        out["image_size"] = None  # config.json's image default: a text run has no image
+    elif isinstance(shape, list) and len(shape) == 3 and isinstance(shape[-1], int):
+        out["image_size"] = shape[-1]
+    return out
+
+
 def is_numeric(values: Iterable[Any]) -> bool:
     vals = list(values)
     return bool(vals) and all(num(v) is not None for v in vals)
@@ -250,13 +294,17 @@ def derived_fields(records: Sequence[Cell], fields: Sequence[str]) -> dict[str, 
     of the field ``f`` follows): ``{field: the field it follows}``. An experiment's cells give each
     attack its own constants (dtype, init, iterations, ...): those vary with the attack and are
     not axes of their own. A field follows another that has more values, or as many and comes
-    first; a full grid has no such field."""
+    first; a full grid has no such field. Only the attacker's fields (ATTACK_SIDE) follow one
+    another: a client's field (the model, the modality, the defenses) is always shown, and a text
+    TAG run and an image R-GAP run are two clients, not one client attacked two ways."""
     texts = {f: [field_text(f, r.config.get(f)) for r in records] for f in fields}
     distinct = {f: len(set(v)) for f, v in texts.items()}
     out: dict[str, str] = {}
     for i, f in enumerate(fields):
         for j, g in enumerate(fields):
             if g == f or g in out or not (distinct[g] > distinct[f] or (distinct[g] == distinct[f] and j < i)):
+                continue
+            if f not in ATTACK_SIDE or g not in ATTACK_SIDE:
                 continue
             seen: dict[str, str] = {}
             if all(seen.setdefault(b, a) == a for a, b in zip(texts[f], texts[g], strict=True)):
@@ -651,6 +699,7 @@ def load_runs(folder: Path, scan: RunScan) -> Source:
         if not isinstance(metrics, dict):
             raise DataError(f"{run / 'metrics.json'} does not hold a JSON object")
         config = config if isinstance(config, dict) else {k: metrics.get(k) for k in ("attack", "model", "data")}
+        config = {**config, **attacked_fields(metrics, config)}  # what the run attacked, not config's defaults
         finished = datetime.fromtimestamp(os.lstat(run / "metrics.json").st_mtime, timezone.utc)
         records.append(RunCell(cell_id=run.name, status="ok", grid={}, config=config, metrics=metrics, error=None,
                                wall_seconds=finite(metrics.get("wall_seconds")), worker=None,

@@ -10,11 +10,11 @@ from html import escape
 from typing import Any
 
 from gradleak.outcome import worst as worst_verdict
-from gradleak.report.dashboard.data import (RUN_IMAGE, Item, Source, client_order, derived_fields, field_text,
+from gradleak.report.dashboard.data import (ATTACK_SIDE, RUN_IMAGE, Item, Source, client_order, derived_fields, field_text,
                                             is_numeric, num, plain_file, separated_text, setting_label,
                                             varying_fields)
 from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
-from gradleak.report.html import _fmt, display_name
+from gradleak.report.html import _fmt, display_name, worst_image
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html,
                                   ImageBudget, badge, card, chart, count, finite, headline, notice, rules,
                                   setting_verdict, table, worst_first)
@@ -289,15 +289,6 @@ def _settings(src: Source, axes: Sequence[str]) -> tuple[str, list[tuple[str, st
     return html, summary
 
 
-# Fields that configure the attacker, not the client: settings that differ only in these are the
-# same client attacked several ways, judged by the worst case over the attacks.
-ATTACK_SIDE = frozenset({
-    "attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels", "restarts",
-    "fallback", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n",
-    "warmup", "registration_start", "registration_every", "registration_steps", "final", "box", "search_evaluations",
-    "nproc", "threads", "device", "log_every", "checkpoint_every", "divergence_retries", "paper_metrics"})
-
-
 def _worst_over_attacks(src: Source, axes: Sequence[str]) -> str:
     """Per client setting (the varying fields that are not the attacker's), the worst verdict over
     the attacks run on it (gradleak.outcome.worst over each attack's setting verdict): a client one
@@ -354,13 +345,18 @@ def _gallery_cells(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str
 def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     items = sorted(src.items, key=lambda it: worst_first(it.label, it.psnr, it.rel))
     metrics = ["psnr_mean", "ssim_mean", "label_accuracy"]
+    # the worst image's PSNR beside the mean (a mean of 86 dB hides an image at 17 dB), for batches
+    lowest = {it.key: worst_image(it.metrics) if it.status == "ok" and len(it.metrics.get("per_image") or ()) > 1
+              else None for it in items}
+    if any(lowest.values()):
+        metrics.insert(1, "psnr_min")
     if any(it.metrics.get("iip") is not None for it in items):
         metrics.append("iip")
     # a closed form's inputs read off the update ("S of K"), when a cell records them
     separated = {it.key: separated_text(it.metrics) if it.status == "ok" else None for it in items}
     if any(separated.values()):
         metrics.append("separated")
-    names = {"psnr_mean": "PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP",
+    names = {"psnr_mean": "PSNR", "psnr_min": "min PSNR", "ssim_mean": "SSIM", "label_accuracy": "label acc.", "iip": "IIP",
              "separated": "separated"}
     cols = ["verdict", "cell", *axes, *reps, *[names[m] for m in metrics], "rel. distance", "why"]
     keys = ["verdict", "cell_id", *axes, *reps, *metrics, "rel", "why"]
@@ -376,7 +372,7 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
         why = it.verdict.reason if it.status == "ok" else (
             "failed: error under Failed cells" if it.key in listed else (it.error or it.verdict.reason))
         rows.append([badge(it.verdict), it.key, *[field_text(a, it.fields.get(a)) for a in [*axes, *reps]],
-                     *[separated[it.key] if k == "separated" else it.metrics.get(k) for k in metrics], it.rel, why])
+                     *[_metric_cell(it, k, separated, lowest) for k in metrics], it.rel, why])
         if "report" in keys:
             link = reports.get(it.key)
             rows[-1].append(Html(f'<a href="{escape(link, quote=True)}">report.html</a>') if link else "")
@@ -393,6 +389,18 @@ def _cells_table(src: Source, axes: Sequence[str], reps: Sequence[str]) -> str:
     return ("<h2>All cells (worst first)</h2>" + table(cols, rows, keys=keys, row_verdicts=[it.label for it in items],
                                                        cls="cells")
             + more + fail_html)
+
+
+def _metric_cell(it: Item, key: str, separated: Mapping[Any, str | None],
+                 lowest: Mapping[Any, tuple[float, str] | None]) -> Any:
+    """One measured cell of the cells table: a closed form's "S of K", the worst image's PSNR, or
+    the metric as recorded."""
+    if key == "separated":
+        return separated[it.key]
+    if key == "psnr_min":
+        worst = lowest.get(it.key)
+        return worst[0] if worst else None
+    return it.metrics.get(key)
 
 
 def _report_links(src: Source, items: Sequence[Item]) -> dict[Any, str | None]:
