@@ -92,19 +92,19 @@ def test_unrolled_fedavg_attack_recovers_a_real_photo_from_a_two_step_update_wit
 
 
 # --------------------------------------------------------------------------- experiments
-def _readme_states_the_defenses_smoke(rows) -> None:
-    """The README's sentence on the defenses smoke run says what this run measured (issue 43: it
-    said four settings "defend" while a fresh smoke run had none defended; issue 37: "defended"
-    needs positive evidence, which DP-SGD's cell has)."""
-    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+def _docs_state_the_defenses_smoke(rows) -> None:
+    """The docs' sentence on the defenses smoke run (docs/reference/experiments.md) says what this
+    run measured (issue 43: it said four settings "defend" while a fresh smoke run had none
+    defended; issue 37: "defended" needs positive evidence, which DP-SGD's cell has)."""
+    readme = " ".join((Path(__file__).parents[2] / "docs" / "reference" / "experiments.md").read_text().split())
     cell = {(r["attack"], r["spec"]): r for r in rows}
     def stated(before: str, after: str, attack: str, *specs: str) -> None:
-        """The README states these settings' PSNRs between ``before`` and ``after``: within 0.1 dB,
+        """The page states these settings' PSNRs between ``before`` and ``after``: within 0.1 dB,
         or within 6 dB where the run measured 35 dB or more (a near-perfect rebuild, whose last
         digits follow the CPU's floating-point paths: 49.8 against 53.3 dB on two machines of
         this project's kind, both far above any leak threshold)."""
         m = re.search(re.escape(before) + r"((?:[0-9.]+, )*[0-9.]+)" + re.escape(after), readme)
-        assert m, f"the README does not say {before!r} ... {after!r}"
+        assert m, f"docs/reference/experiments.md does not say {before!r} ... {after!r}"
         said = [float(v) for v in m.group(1).split(", ")]
         got = [cell[attack, s]["psnr"] for s in specs]
         assert len(said) == len(got) and all(abs(a - b) <= (6.0 if b >= 35 else 0.1) for a, b in zip(said, got, strict=True)), \
@@ -208,7 +208,7 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     # 63.2 and 58.3 dB: its gradients are loud, IMPRINT_GAIN); pruning 0.9 and DP-SGD stop both
     imprint = {r["spec"]: r for r in result.rows if r["attack"] == "imprint"}
     assert imprint[""]["psnr"] >= 60 and imprint[""]["converged"] is True
-    _readme_states_the_defenses_smoke(result.rows)
+    _docs_state_the_defenses_smoke(result.rows)
     for spec in ("gaussian:0.1", "laplace:0.1"):
         assert imprint[spec]["verdict"] == "leaked" and imprint[spec]["psnr"] >= 40, imprint[spec]
     for spec in ("prune:0.9", "dpsgd:clip=1,noise=1"):
