@@ -773,7 +773,8 @@ def _summary_rows(metrics: dict[str, Any], modality: Any) -> list[tuple[str, str
     """The summary table's rows: the modality's keys (modalities.Modality), then the defenses,
     epsilon, the inputs a closed form separated and the attack's own convergence; the worst
     image's PSNR beside the mean."""
-    from .report.html import convergence_text, inputs_exact, worst_image
+    from .report.html import convergence_text, worst_image
+    from .report.page import inputs_exact
 
     rows: list[tuple[str, str]] = []
 

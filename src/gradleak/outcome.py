@@ -366,7 +366,8 @@ def tried_summary(auto: Mapping[str, Any]) -> str:
         if not t.get("applies"):
             parts.append(f"{t.get('attack')} (does not apply)")
             continue
-        bits = ["converged" if t.get("converged") else "not converged"]
+        bits = ["fits only as well as the truth would (noise floor)" if t.get("converged") and t.get("floor_only")
+                else "converged" if t.get("converged") else "not converged"]
         rel, secs, psnr = number(t.get("relative_gradient_distance")), number(t.get("seconds")), number(t.get("psnr_mean"))
         if rel is not None:
             bits.append(f"distance {rel:.2e}")

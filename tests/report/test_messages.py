@@ -150,3 +150,19 @@ def test_dashboard_over_runs_labels_what_was_attacked(tmp_path, capsys):
     # two clients: the text run and the image run are not one client attacked two ways
     worst = page[page.index("Worst case over the attacks, per client setting"):page.index("Verdict per setting")]
     assert worst.count("<tr") - 1 == 2 and ">text<" in worst and ">image<" in worst, worst
+
+
+def test_the_text_report_uses_the_same_boxes():
+    """text/report.py and report.html share page.verdict_notice: a leaked text run shows no "not
+    safe" box, an inconclusive one says it once (the text page had kept the old, doubling notice)."""
+    from gradleak.report.page import verdict_notice
+
+    reason = "the relative distance 0.5 is above its line 0.1; low scores here are not evidence that the client is safe"
+    leaked = {"converged": False, "verdict": "leaked", "verdict_reason": "1 sentence(s) recovered exactly",
+              "convergence": {"reason": reason, "relative_gradient_distance": 0.5, "threshold": 0.1}}
+    assert SAFE not in verdict_notice(leaked) and "did not converge" not in verdict_notice(leaked)
+    inconclusive = {**leaked, "verdict": "inconclusive", "verdict_reason": "no text recovered"}
+    assert verdict_notice(inconclusive).lower().count(SAFE.lower()) == 1
+    import gradleak.text.report as text_report
+
+    assert text_report.verdict_notice is verdict_notice

@@ -167,6 +167,8 @@ def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine)
                  "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)}
         if not closed:
             entry["iterations"] = rec.iterations
+        if floor_only(conv):   # converged only onto the noise floor: no sign of a rebuilt input
+            entry["floor_only"] = True
         tried.append(entry)
         answers.append((name, rec))
         if _better(name, rec, conv.converged, best):

@@ -33,8 +33,8 @@ from typing import Any
 from gradleak.errors import DataError
 from gradleak.paths import check_input_file, check_output_file, loads_json, one_line, read_text_file
 from gradleak.report.figures import loss_plot_png
-from gradleak.outcome import LEAKED, tried_summary
-from gradleak.report.page import figure, format_value, html_page, kv_table, outcome_notice, page_css, value_cell, write_page
+from gradleak.report.page import (figure, format_value, html_page, inputs_exact, kv_table, page_css, value_cell, verdict_notice,
+                                  write_page)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Bounds on the run folder's files, which are read whole: metrics.json and config.json are a few
@@ -246,7 +246,7 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
     exact = inputs_exact(metrics)
     if exact:
         rows += f"<tr><th>Inputs read off exactly (closed form)</th><td>{escape(exact)}</td></tr>"
-    out = f"<h2>Summary</h2>{run_notice(metrics)}<table>{rows}</table>"
+    out = f"<h2>Summary</h2>{verdict_notice(metrics)}<table>{rows}</table>"
     if metrics.get("iip_feature_space"):
         out += (f'<p class="sub">IIP: nearest neighbour in {escape(str(metrics["iip_feature_space"]))} among '
                 f'{escape(str(metrics.get("iip_pool_size")))} real images.</p>')
@@ -276,18 +276,6 @@ def worst_image(metrics: Mapping[str, Any]) -> tuple[float, str] | None:
     return (float(low), "?") if isinstance(low, (int, float)) and not isinstance(low, bool) else None
 
 
-def inputs_exact(metrics: Mapping[str, Any]) -> str | None:
-    """A closed form's inputs read off the update exactly, as "k of K" (``separated``, CPA's
-    ``exact_inputs``; K the batch); None for an optimisation attack or a defended update, whose
-    separated inputs are read off noise and are not exact."""
-    if not metrics.get("closed_form") or metrics.get("defenses"):
-        return None
-    k, n = metrics.get("separated", metrics.get("exact_inputs")), metrics.get("batch_size")
-    if isinstance(k, bool) or not isinstance(k, int) or isinstance(n, bool) or not isinstance(n, int):
-        return None
-    return f"{k} of {n}"
-
-
 def convergence_text(metrics: Mapping[str, Any]) -> str:
     """The attack's own convergence in a few words, as every summary states it: a converged
     answer under a noise floor fits the update only as well as the true data would (it does not
@@ -309,41 +297,6 @@ def _worst_row(metrics: Mapping[str, Any]) -> str:
     if worst is None:
         return ""
     return f"<tr><th>PSNR (worst image: {escape(worst[1])})</th>{_cell('psnr_min', worst[0])}</tr>"
-
-
-def run_notice(metrics: Mapping[str, Any]) -> str:
-    """The verdict on the client (page.outcome_notice), what ``auto`` tried, and the attack's own
-    convergence, worded so that the boxes agree with the verdict: under "leaked" the attack's fit
-    is a plain line (the scores against the truth decide; "not evidence that the client is safe"
-    would contradict the badge), elsewhere a non-converged attack gets one notice, said once."""
-    if "converged" not in metrics:
-        return ""
-    conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
-    reason = str(conv.get("reason", "")).rstrip(". ")
-    auto = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else None
-    chosen = ""
-    if auto is not None:  # --attack auto: which attack it used, and why
-        chosen = (f'<p class="sub"><b>auto</b> used {escape(str(auto.get("used")))}: {escape(str(auto.get("why")))}. '
-                  f"Tried: {escape(tried_summary(auto))}.</p>")
-    head = outcome_notice(metrics) + chosen
-    if metrics.get("converged") is True:
-        return f'{head}<p class="sub"><b>Converged</b>: {escape(reason)}.</p>'
-    if metrics.get("verdict") == LEAKED:
-        return f'{head}<p class="sub"><b>The attack\'s own fit</b>: {escape(_fit_line(metrics, conv))}.</p>'
-    safe = "" if "not evidence that the client is safe" in reason else \
-        " Low scores here are not evidence that the client is safe."
-    return f'{head}<p class="notice"><b>The attack did not converge.</b> {escape(reason)}.{safe}</p>'
-
-
-def _fit_line(metrics: Mapping[str, Any], conv: Mapping[str, Any]) -> str:
-    """A leaked run's convergence, in numbers: the verdict rests on the scores against the truth."""
-    rel, line = conv.get("relative_gradient_distance"), conv.get("threshold")
-    fit = (f"relative distance {rel:.2e} > its line {line:g}" if isinstance(rel, (int, float))
-           and isinstance(line, (int, float)) else "no finite distance recorded")
-    exact = inputs_exact(metrics)
-    how = f"a closed form that read {exact} inputs off the update exactly; " if exact else ""
-    return (f"{how}not converged ({fit}); the verdict rests on what was rebuilt, measured against the client's "
-            "data")
 
 
 def _attacked(metrics: Mapping[str, Any]) -> str:

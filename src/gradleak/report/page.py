@@ -20,7 +20,7 @@ from typing import Any
 
 from gradleak.errors import DataError
 from gradleak.paths import atomic_write_bytes
-from gradleak.outcome import tried_summary
+from gradleak.outcome import LEAKED, tried_summary
 
 #: No script, font, stylesheet, frame or image from anywhere; images only as data: URIs.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -149,24 +149,51 @@ def figure(png: bytes, alt: str, caption: str) -> str:
             f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
+def inputs_exact(metrics: Mapping[str, Any]) -> str | None:
+    """A closed form's inputs read off the update exactly, as "k of K" (``separated``, CPA's
+    ``exact_inputs``; K the batch); None for an optimisation attack or a defended update, whose
+    separated inputs are read off noise and are not exact."""
+    if not metrics.get("closed_form") or metrics.get("defenses"):
+        return None
+    k, n = metrics.get("separated", metrics.get("exact_inputs")), metrics.get("batch_size")
+    if isinstance(k, bool) or not isinstance(k, int) or isinstance(n, bool) or not isinstance(n, int):
+        return None
+    return f"{k} of {n}"
+
+
 def verdict_notice(metrics: Mapping[str, Any]) -> str:
-    """The verdict on the client (outcome.py, :func:`outcome_notice`), then the attack's own
-    convergence (attacks/verdict.py) as a paragraph, and what ``auto`` tried."""
+    """The verdict on the client (:func:`outcome_notice`), what ``auto`` tried, and the attack's own
+    convergence, worded so that the boxes agree with the verdict: under "leaked" the attack's fit
+    is a plain line (the scores against the truth decide; "not evidence that the client is safe"
+    would contradict the badge), elsewhere a non-converged attack gets one notice, said once."""
     if "converged" not in metrics:
         return ""
     conv = metrics.get("convergence") if isinstance(metrics.get("convergence"), Mapping) else {}
-    reason = escape(str(conv.get("reason", "")))
+    reason = str(conv.get("reason", "")).rstrip(". ")
     auto = metrics.get("auto") if isinstance(metrics.get("auto"), Mapping) else None
     chosen = ""
     if auto is not None:  # --attack auto: which attack it used, and why
-        tried = escape(tried_summary(auto))
         chosen = (f'<p class="sub"><b>auto</b> used {escape(str(auto.get("used")))}: {escape(str(auto.get("why")))}. '
-                  f"Tried: {tried}.</p>")
-    outcome = outcome_notice(metrics)
+                  f"Tried: {escape(tried_summary(auto))}.</p>")
+    head = outcome_notice(metrics) + chosen
     if metrics.get("converged") is True:
-        return f'{outcome}{chosen}<p class="sub"><b>Converged</b>: {reason}.</p>'
-    return (f'{outcome}{chosen}<p class="notice"><b>The attack did not converge.</b> {reason}. Low scores here '
-            f"are not evidence that the client is safe.</p>")
+        return f'{head}<p class="sub"><b>Converged</b>: {escape(reason)}.</p>'
+    if metrics.get("verdict") == LEAKED:
+        return f'{head}<p class="sub"><b>The attack\'s own fit</b>: {escape(_fit_line(metrics, conv))}.</p>'
+    safe = "" if "not evidence that the client is safe" in reason else \
+        " Low scores here are not evidence that the client is safe."
+    return f'{head}<p class="notice"><b>The attack did not converge.</b> {escape(reason)}.{safe}</p>'
+
+
+def _fit_line(metrics: Mapping[str, Any], conv: Mapping[str, Any]) -> str:
+    """A leaked run's convergence, in numbers: the verdict rests on the scores against the truth."""
+    rel, line = conv.get("relative_gradient_distance"), conv.get("threshold")
+    fit = (f"relative distance {rel:.2e} > its line {line:g}" if isinstance(rel, (int, float))
+           and isinstance(line, (int, float)) else "no finite distance recorded")
+    exact = inputs_exact(metrics)
+    how = f"a closed form that read {exact} inputs off the update exactly; " if exact else ""
+    return (f"{how}not converged ({fit}); the verdict rests on what was rebuilt, measured against the client's "
+            "data")
 
 
 def outcome_notice(metrics: Mapping[str, Any]) -> str:
