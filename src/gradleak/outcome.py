@@ -13,22 +13,31 @@ Vocabulary, worst first:
                      the attack's own convergence line.
 ``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
                      an undefended update (converged; the defenses' modelled noise floor at most the
-                     attack's own line, nothing unmodelled): on this project's measurements such
-                     answers rebuilt the data.
+                     attack's own line, nothing unmodelled) and far better than batches nobody
+                     optimised (at most PRESUME_RATIO of the best distance of the attacks' starts
+                     and of public decoy batches with the restored labels, where measured): on this
+                     project's measurements such answers rebuilt the data.
 ``inconclusive``     everything that is no evidence either way: an answer the true data fit better
                      (an optimisation failure) or, where the truth's fit was not recorded, an attack
                      that did not converge; an update without a defense (a failed attack is not a
-                     protection); a defense the attacker's simulation does not reproduce (DP-SGD's
-                     clipping, pruning) with the truth above the modelled floor; a defended update
-                     with no positive control, or one whose control did not leak or could not run.
+                     protection); a defended update that still tells the true batch from decoy
+                     batches (DECOY_TEST: an attack could single the truth out); without a decoy
+                     test, a defense the attacker's simulation does not reproduce (DP-SGD's
+                     clipping, pruning) with the truth above the modelled floor; without truth, a
+                     converged answer that fits no better than PRESUME_RATIO x the starts' and
+                     decoys' best; a defended update with no positive control, or one whose
+                     control did not leak or could not run.
 ``failed``           the attack raised; ``skipped``: the update was not attacked.
 ``defended``         positive evidence that a defense, not the optimiser, stopped a capable attack,
-                     all of: ground truth; the update carries a defense; the attack's answer
-                     explains the defended update at least as well as the true data do (relative
+                     all of: ground truth; the update carries a defense; the defended update does
+                     not tell the true batch from decoy batches (public photos with its labels:
+                     DECOY_TEST, which no optimiser's reach affects; where no decoy test was
+                     recorded: the attack's answer explains the defended update at least as well
+                     as the true data do (relative
                      gradient distance within TRUTH_FIT_SLACK of the truth's, plus the noise
                      floor's tolerance: this replaces the attack's own convergence line, which
                      only models the noise, while the truth measures it; under a defense the floor
-                     does not model, only when the truth sits on the modelled floor); a finite PSNR;
+                     does not model, only when the truth sits on the modelled floor)); a finite PSNR;
                      the answer identifies nothing (no image identified among at least MIN_IIP_POOL
                      candidates, no image recognisable; text: nothing recovered);
                      without the truth the same answer would not be presumed a leak; and the
@@ -92,6 +101,22 @@ TEXT_SET_RECALL = 0.4
 #: cannot tell the answer from the truth; beyond it the truth fits better: an optimisation failure.
 #: 1 % absorbs rounding between the attack's and the evaluation's computation.
 TRUTH_FIT_SLACK = 0.01
+#: The decoy test (pipeline/decoys.py): the defended update "tells the true batch from decoy
+#: batches" (public photos carrying the truth's labels, scored as the attacks score answers) when
+#: the truth's relative distance is below the best decoy's by more than the noise's spread (the
+#: floor's tolerance: how far a redraw of the noise alone moves the truth's own distance). Under a
+#: defense the floor does not model (DP-SGD's clipping) both are taken after the best scale of the
+#: simulated update (1 - cos^2), so that a decoy of smaller gradient norm cannot pass for a match.
+#: Not separated: no attack on that objective can single the truth out, whatever its optimiser.
+#: Measured (benchmarks/defended_evidence.py, DLG LeNet, 12 photos): Gaussian 0.01-0.1 separated
+#: on 12 of 12 (0.1: by 1.5-12 x the spread), Gaussian 1 and DP-SGD noise 1 on none.
+DECOY_TEST = "separated: truth < min(decoys) - spread (spread: the noise floor's tolerance)"
+#: Without truth, "presumed leaked" needs the answer's relative distance at most this share of the
+#: best distance that batches nobody optimised score on the same update (the attacks' starts and
+#: decoy batches with the restored labels): measured by benchmarks/defended_evidence.py, converged
+#: iDLG answers (batch 1, 2) sit at 1.5e-9 and 4.9e-5 of it, GradInversion's and IG's 5-step answers
+#: (inside their 0.4 line) at 2.9-5.3 x it, a coarse line between, stated as such.
+PRESUME_RATIO = 0.1
 #: The relative gradient distance at or below which an attack's answer explains the update
 #: (its convergence line; attacks/verdict.py says how each was measured and applies it).
 #: Each attack declares its line in its SPEC (gradleak/specs.py). A modality whose attacks are one
@@ -136,6 +161,12 @@ class Evidence:
     control:         the verdict of the same attack without the defenses (None: not run).
     others_leaked:   ``auto``'s other attacks on the same update whose answers leaked, as
                      "attack: why" (the verdict is the worst case over every attack that ran).
+    decoy_truth, decoy_distances: with truth, the true batch's and decoy batches' (public photos
+                     with the truth's labels) distances to the defended update, as the decoy test
+                     measured them (pipeline/decoys.py); decoy_spread: the noise's spread it allows.
+    references:      without truth, the distances of the attacks' starts and of decoy batches
+                     with the restored labels (pipeline/decoys.py); () where not measured.
+    auto:            the run was ``auto`` (it already tried several attacks: the advice differs).
     """
 
     status: str = "ok"
@@ -161,6 +192,11 @@ class Evidence:
     unmodelled: tuple[str, ...] = ()
     control: str | None = None
     others_leaked: tuple[str, ...] = ()
+    decoy_truth: float | None = None
+    decoy_distances: tuple[float, ...] = ()
+    decoy_spread: float | None = None
+    references: tuple[float, ...] = ()
+    auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -211,7 +247,7 @@ def judge(ev: Evidence) -> Outcome:
                            "answer shown is the one that explains the update best")
     modality = recorded_modality(ev.modality)
     nothing, images = modality.nothing, modality.measures == "images"
-    retry = "run more iterations, another attack (--attack auto tries several), or another seed"
+    retry = _retry(ev)
     if not ev.defenses:
         how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
         return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
@@ -230,11 +266,11 @@ def judge(ev: Evidence) -> Outcome:
         return out(INCONCLUSIVE, f"the answer explains the update as closely as on an undefended update (the "
                                  f"defenses' noise floor is at most the attack's line) yet {nothing}: the update does "
                                  "not pin the data down here, which is no evidence that the defense did it",
-                   "try another attack or seed")
+                   "look at reconstruction.png: the verdict cannot decide this answer")
     if ev.control is None:
-        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)} and its answer fits the "
-                                 "update as well as the truth, but no positive control (the same attack without "
-                                 "the defense) was run", "run the same attack without --defense as a control")
+        return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)} and {fit}, but no positive "
+                                 "control (the same attack without the defense) was run",
+                   "run the same attack without --defense as a control")
     if ev.control == FAILED:
         return out(INCONCLUSIVE, "the positive control (the same attack without the defense) could not run, so "
                                  "nothing shows that this attack rebuilds the undefended update",
@@ -242,18 +278,58 @@ def judge(ev: Evidence) -> Outcome:
     if ev.control != LEAKED:
         return out(INCONCLUSIVE, f"the same attack without the defense did not leak either ({ev.control}): this "
                                  "attack cannot rebuild this setting, so its failure says nothing about the defense",
-                   "try an attack that rebuilds the undefended update (--attack auto)")
+                   "try an attack that rebuilds the undefended update" + ("" if ev.auto else " (--attack auto)"))
     return out(DEFENDED, f"{', '.join(ev.defenses)} stopped an attack that rebuilds the undefended update: {fit}, and "
                          f"it {nothing}")
 
 
+def _retry(ev: Evidence) -> str:
+    """What an auditor can try after an optimisation failure, given what was run (``auto``
+    already tried every attack that applies: another seed or a larger budget, not auto again)."""
+    if ev.auto:
+        return "rerun with another --seed (new starts for every attack auto tries)"
+    return "run --attack auto (it tries several attacks), or another --seed"
+
+
+def decoy_separated(truth: float, decoys: Iterable[float], spread: float | None) -> bool:
+    """The decoy test (DECOY_TEST): is the true batch's distance below the best decoy batch's by
+    more than the noise's spread? True also when no finite decoy distance is given (untested)."""
+    finite_decoys = [d for d in (finite(v) for v in decoys) if d is not None]
+    return not finite_decoys or truth < min(finite_decoys) - (finite(spread) or 0.0)
+
+
+def _decoy_fit(ev: Evidence, out: Any, own: float | None, truth: float | None, answer: float | None,
+               retry: str) -> "Outcome | str":
+    """The decoy test decides the fit: separated, the update still singles the truth out (an
+    attack could in principle find it; inconclusive); not, no attack on that objective can."""
+    decoys = [d for d in (finite(v) for v in ev.decoy_distances) if d is not None]
+    spread = finite(ev.decoy_spread) or 0.0
+    if own is None or not decoys:
+        return out(INCONCLUSIVE, "the decoy test recorded no finite distances", "rerun the attack")
+    seen = (f"the true batch at distance {own:.4g}, the best of {len(decoys)} decoy batches (public photos "
+            f"with its labels) at {min(decoys):.4g}, noise spread {spread:.2g}")
+    if decoy_separated(own, decoys, spread):
+        fits = answer is not None and truth is not None and \
+            answer <= truth * (1 + TRUTH_FIT_SLACK) + (finite(ev.tolerance) or 0.0)
+        worse = f"the true data explain the defended update better than the attack's answer ({truth:.3g} vs " \
+                f"{answer:.3g}): an optimisation failure, not evidence of protection; and " \
+            if answer is not None and truth is not None and not fits else ""
+        return out(INCONCLUSIVE, f"{worse}the defended update still tells the true batch from decoy batches ({seen}): "
+                                 "an attack on this objective can single the truth out", retry)
+    return (f"the defended update does not tell the true batch from decoy batches ({seen}; decoys up to "
+            f"{max(decoys):.4g}): no attack on this objective can single the truth out")
+
+
 def _truth_fit(ev: Evidence, out: Any, nothing: str, retry: str) -> "Outcome | str":
-    """Does the answer explain the defended update as well as the client's true data do? With the
-    truth's own distance recorded, that is the test (the attack's convergence line only models
-    the defenses' noise; the truth measures it); without it, the attack's own verdict. Returns
-    the inconclusive Outcome when it does not, else the sentence that says it does."""
+    """Does the defended update leave the truth indistinguishable? With decoy distances recorded,
+    the decoy test decides (it does not depend on the optimiser's reach); else, with the truth's
+    own distance, whether the answer explains the update as well as the truth does (the attack's
+    convergence line only models the noise; the truth measures it); without either, the attack's
+    own verdict. Returns the inconclusive Outcome when not, else the sentence that says so."""
     answer, truth, tol = finite(ev.answer_distance), finite(ev.truth_distance), finite(ev.tolerance)
     floor = finite(ev.noise_floor)
+    if ev.decoy_distances:
+        return _decoy_fit(ev, out, finite(ev.decoy_truth), truth, answer, retry)
     if answer is not None and truth is not None and tol is not None:
         if ev.unmodelled and (floor is None or truth > floor * (1 + TRUTH_FIT_SLACK) + tol):
             # The attacker's simulation does not apply what the floor does not model (DP-SGD's
@@ -262,7 +338,9 @@ def _truth_fit(ev: Evidence, out: Any, nothing: str, retry: str) -> "Outcome | s
             return out(INCONCLUSIVE, f"under {', '.join(ev.unmodelled)} the attacker's simulation does not reproduce "
                                      f"the client's update (the true data sit at relative distance {truth:.3g}, the "
                                      f"modelled noise floor at {_fmt(floor)}): the truth's fit is no yardstick here",
-                       "attack with a defense the floor models, or judge by the PSNR alone")
+                       "rerun with this version of gradleak, which tests the truth against decoy batches"
+                       if recorded_modality(ev.modality).measures == "images" else
+                       "judge by what the answer shows: no attack's fit can be held to the truth's here")
         if answer > truth * (1 + TRUTH_FIT_SLACK) + tol:
             return out(INCONCLUSIVE, f"the true data explain the defended update better than the attack's answer "
                                      f"(relative distance {truth:.3g} vs {answer:.3g}): an optimisation failure, not "
@@ -339,7 +417,7 @@ def _without_truth(ev: Evidence, out: Any) -> Outcome:
     decide = "attack with --truth (the client's true batch) to score it"
     if ev.converged is not True:
         why = "did not converge" if ev.converged is False else "recorded no convergence verdict"
-        return out(INCONCLUSIVE, f"no ground truth, and the attack {why}", "run more iterations or another attack")
+        return out(INCONCLUSIVE, f"no ground truth, and the attack {why}", _retry(ev))
     if ev.unmodelled:
         return out(INCONCLUSIVE, f"no ground truth: converged, but under {', '.join(ev.unmodelled)}, which the "
                                  "convergence line does not model", decide)
@@ -352,8 +430,20 @@ def _without_truth(ev: Evidence, out: Any) -> Outcome:
     if floor > line:
         return out(INCONCLUSIVE, f"no ground truth: converged, but the defenses' noise floor {floor:.2g} exceeds the "
                                  f"attack's line {line:g}: any answer may fit", decide)
+    refs = [r for r in (finite(v) for v in ev.references) if r is not None]
+    answer = finite(ev.answer_distance)
+    if refs and answer is not None and answer > PRESUME_RATIO * min(refs):
+        # a prior-regularised attack's line can hold its own random start: the answer must fit
+        # the update far better than batches nobody optimised (starts, public decoys) do
+        return out(INCONCLUSIVE, f"no ground truth: converged by the attack's line, but its answer (relative distance "
+                                 f"{_fmt(answer)}) is not below {PRESUME_RATIO:g} x the best of {len(refs)} batches "
+                                 f"nobody optimised (the attacks' starts, public decoy batches with the restored "
+                                 f"labels: {min(refs):.3g}): a random or public batch fits the update about as well",
+                   decide)
+    beat = f"; {_fmt(answer)} <= {PRESUME_RATIO:g} x {min(refs):.3g}, the best of {len(refs)} starts and decoy " \
+           "batches" if refs and answer is not None else ""
     return out(PRESUMED_LEAKED, f"no ground truth: presumed rebuilt (the attack's answer explains the update; noise "
-                                f"floor {floor:.2g} <= its line {line:g})", decide)
+                                f"floor {floor:.2g} <= its line {line:g}{beat})", decide)
 
 
 def tried_summary(auto: Mapping[str, Any]) -> str:
@@ -438,7 +528,25 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         attack_line=CONVERGED_BELOW.get(modality.verdict_family or attack),
         noise_floor=number(floor) if floor is not None else None,
         unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
-        control=control, others_leaked=others if has_truth else ())
+        control=control, others_leaked=others if has_truth else (), **decoy_evidence(metrics, has_truth))
+
+
+def decoy_evidence(metrics: Mapping[str, Any], has_truth: bool) -> dict[str, Any]:
+    """The Evidence fields the decoy yardsticks give (pipeline/decoys.py): with truth the decoy
+    test's distances and spread (``decoy_test``), without it the starts' and decoys' distances
+    with the restored labels (``reference_distances``); and whether the run was ``auto``."""
+    test = metrics.get("decoy_test") if isinstance(metrics.get("decoy_test"), Mapping) else {}
+    refs = metrics.get("reference_distances") if isinstance(metrics.get("reference_distances"), Mapping) else {}
+
+    def numbers(values: Any) -> tuple[float, ...]:
+        return tuple(f for f in (number(v) for v in values) if f is not None) if isinstance(values, list) else ()
+
+    same = has_truth and number(test.get("truth")) is not None   # a decoy test needs the truth's own distance
+    return {"decoy_truth": number(test.get("truth")) if same else None,
+            "decoy_distances": numbers(test.get("decoys")) if same else (),
+            "decoy_spread": number(test.get("spread")) if same else None,
+            "references": numbers(refs.get("starts")) + numbers(refs.get("decoys")),
+            "auto": isinstance(metrics.get("auto"), Mapping)}
 
 
 def recovered_words(metrics: Mapping[str, Any]) -> tuple[str, ...]:
@@ -473,4 +581,4 @@ def console_line(outcome: Outcome) -> str:
 __all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
            "MIN_IIP_POOL", "MIN_DECOY_POOL", "COARSE_SSIM_LINE", "BEAT_MARGIN", "TEXT_SET_PRECISION",
            "TEXT_SET_RECALL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
-           "evidence_from_metrics", "judge", "recognisable_row", "recovered_words", "needs_control", "number", "worst"]
+           "evidence_from_metrics", "judge", "DECOY_TEST", "PRESUME_RATIO", "decoy_evidence", "decoy_separated", "recognisable_row", "recovered_words", "needs_control", "number", "worst"]

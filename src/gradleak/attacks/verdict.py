@@ -30,7 +30,10 @@ from explaining the update exactly, so it is held to DLG's line, not the priors'
 the ablation, convnet width 16, batch 4, 600 Adam steps: L_grad alone ended at 0.18-0.21 and
 8 dB, which the 0.4 line called converged and so "not rebuilt"; with the priors, 0.13-0.28 and
 19-21 dB).
-A run that did not converge is "inconclusive": its low PSNR says nothing about the client.
+A run that did not converge is "inconclusive": its low PSNR says nothing about the client. A
+converged run is not thereby a presumed leak: without truth, outcome.py also asks that the answer
+fit far better than the attacks' own starts and public decoy batches (outcome.PRESUME_RATIO),
+since a prior-regularised attack's start can already sit under its line.
 
 Defended updates (defenses/floor.py): noise and rounding move the shared update away from what
 the data produce, so even the truth scores a relative distance f (the floor, from the public

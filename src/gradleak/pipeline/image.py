@@ -220,6 +220,8 @@ class ImageCase(Case):
     #: IIP's pool of other real images (:meth:`iip_pool`), once loaded (``iip_loaded``)
     iip_images: torch.Tensor | None = field(default=None, repr=False)
     iip_loaded: bool = False
+    #: the decoy test's record (:meth:`decoy_record`), once measured
+    decoys: dict[str, Any] | None = field(default=None, repr=False)
 
     history_columns: ClassVar[tuple[str, ...]] = ("psnr",)
     spec = IMAGE
@@ -286,6 +288,8 @@ class ImageCase(Case):
             # How well the true data explain the (defended) update, on the attacker's own measure:
             # an answer that fits worse than the truth is an optimisation failure (outcome.py)
             metrics["truth_relative_distance"] = truth_distance(self.model, self.update, self.truth, device)
+            if meta.defenses:   # can the defended update tell the true batch from public decoys? (outcome.py)
+                metrics["decoy_test"] = self.decoy_record(metrics["truth_relative_distance"], device)
             metrics["class_names"] = list(self.truth.class_names)
             names = self.truth.names
             for row in metrics["per_image"]:
@@ -293,6 +297,25 @@ class ImageCase(Case):
                     row["name"] = names[row["index"]]
         metrics["versions"] = versions(device)
         return metrics
+
+    def decoy_record(self, truth_relative: float | None, device: torch.device) -> dict[str, Any] | None:
+        """The decoy test of this defended update (pipeline/decoys.py), once per case: it depends
+        on the update and the truth only, not on the answer (auto's members share it)."""
+        from ..defenses.floor import noise_floor
+        from .decoys import decoy_test
+
+        if self.decoys is None:
+            floor = noise_floor(self.update)
+            self.decoys = {} if truth_relative is None else decoy_test(
+                self.model, self.update, self.truth, floor.tolerance, device, scaled=bool(floor.unmodelled)) or {}
+        return self.decoys or None
+
+    def reference_distances(self, recon: Reconstruction, device: torch.device) -> dict[str, list[float]] | None:
+        """Without truth, the yardsticks of a converged answer (pipeline/decoys.py): the attacks'
+        starts and public decoy batches with the answer's restored labels, on this update."""
+        from .decoys import reference_distances
+
+        return reference_distances(self.model, self.update, recon.images.shape, recon.labels, device)
 
     def zero_image_scores(self, per_image: list[dict[str, Any]]) -> dict[str, Any]:
         """The zero image of the model's input space (a flat image of its normalisation mean),

@@ -211,6 +211,7 @@ def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session:
     epsilon = dp_epsilon_of(case.update.meta.defenses)
     if epsilon is not None:
         metrics["dp_epsilon"], metrics["dp_delta"] = epsilon
+    add_references(case, recon, metrics, device)
     if getattr(recon, "alternatives", None) and case.truth is not None:
         score_portfolio(cfg, case, recon, metrics, device)
     # the verdict on the client (outcome.py): the same rules for every surface
@@ -230,12 +231,25 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
         conv = verdict(case.spec.verdict_family or name, alt.extra, floor).to_dict()
         m.update(attack=name, relative_gradient_distance=alt.extra.get("relative_gradient_distance"),
                  converged=conv["converged"], convergence=conv)
+        add_references(case, alt, m, device)
         judged = judge(evidence_from_metrics(m))
         entries[name].update(**{k: m.get(k) for k in case.spec.portfolio_keys}, verdict=judged.verdict,
                              verdict_reason=judged.reason)
     own = judge(evidence_from_metrics({k: v for k, v in metrics.items() if k != "auto"}))   # the kept answer alone
     entries[metrics["attack"]].update(**{k: metrics.get(k) for k in case.spec.portfolio_keys}, verdict=own.verdict,
                                       verdict_reason=own.reason)
+
+
+def add_references(case: Case, recon: Any, metrics: dict[str, Any], device: torch.device) -> None:
+    """A converged answer's yardsticks without truth (``reference_distances``: the attacks' starts
+    and public decoy batches with its restored labels, pipeline/decoys.py), where the modality
+    measures them: "presumed leaked" needs the answer far below them (outcome.PRESUME_RATIO)."""
+    measure = getattr(case, "reference_distances", None)
+    if metrics.get("converged") is not True or measure is None:
+        return
+    refs = measure(recon, device)
+    if refs is not None:
+        metrics["reference_distances"] = refs
 
 
 def dp_epsilon_of(defenses: Any) -> tuple[float, float] | None:
@@ -287,5 +301,5 @@ def observed_history(case: Case, recon: Any, observer: Any) -> list[dict[str, An
     return history
 
 
-__all__ = ["attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name",
+__all__ = ["add_references", "attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name",
            "run_shard", "score_portfolio"]
