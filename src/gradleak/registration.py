@@ -1,45 +1,5 @@
-"""Image registration: one batched fit of a geometric transform per image pair.
-
-GradInversion (Yin et al., CVPR 2021) registers images twice, and both uses run this module:
-
-* the registered group consistency (Sec. 3.4, Eq. 12): every seed's candidate image x_g is
-  registered onto the pixel-wise mean of the G candidates, F_{x_g -> mean}(x_g), before the
-  consensus E is averaged (``gradleak.attacks.group``, B = G*K pairs at once);
-* the post-registration PSNR metric (Sec. 4, "to account for pixel-wise mismatch, we compute ...
-  (ii) post-registration PSNR"): every reconstruction is registered onto its original before the
-  PSNR is taken (``gradleak.metrics.paper.registered_psnr``, B = K pairs at once).
-
-The paper registers with RANSAC-flow (a large pretrained network we cannot ship). Here F is a
-parametric transform fitted by Adam on the per-image MSE between the warped source and its
-target, all B pairs as one batched tensor program:
-
-    theta_b = argmin_theta  mean_pixels (warp(src_b, T(theta)) - dst_b)^2          (one per b)
-
-What differs between the two uses is a parameter of this one implementation, not a copy:
-
-* :class:`Transform` -- which transform (translation, similarity = shift + rotation +
-  isotropic scale, homography) and how a raw parameter maps to it (its unit, and whether it is
-  tanh-bounded). Eq. 12 uses an unbounded similarity in small units; the metric bounds the
-  similarity (+-30 degrees, scale in [0.8, 1.25], shift up to a quarter of the side) so that
-  registration undoes a misalignment but cannot turn an unrelated image into the original by
-  zooming into a patch.
-* :class:`Schedule` -- Adam steps and lr, the number of Gaussian-pyramid levels (coarse to
-  fine), a linear lr decay within a level, and an lr scaled to the level's pixel size. Eq. 12
-  re-fits every few attack steps, single level, constant lr; the metric fits once,
-  coarse-to-fine with decaying, pixel-sized steps.
-
-Conventions (one for every use): the transform maps SOURCE pixels to DESTINATION pixels
-(kornia's ``warp_affine`` / ``warp_perspective`` convention), pixel centres at integers,
-rotation and scale about the image centre ((W-1)/2, (H-1)/2), ``align_corners=True``,
-bilinear sampling with border padding (a warped image is penalised only mildly for the strip it
-cannot cover). Shifts are in fractions of the image side, so one parameter vector means the same
-motion at every pyramid level. A fit that does not lower an image's MSE below the identity's
-falls back to the identity (all-zero parameters) for that image.
-
-kornia (a dependency already) provides the differentiable warps and the pyramid; its
-``ImageRegistrator`` is not used: it fits ONE transform per call (loops over pairs), is slow
-(seconds per 64 px pair on CPU) and its similarity model did not converge where this fit does.
-"""
+"""Image registration: one batched fit of a geometric transform per image pair, for GradInversion's
+registered group consistency (Eq. 12) and its post-registration PSNR."""
 
 from __future__ import annotations
 

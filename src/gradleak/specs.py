@@ -1,57 +1,5 @@
 """Attack specs: each attack declares itself once, in its own module, and everything else is
-derived from those declarations.
-
-An attack module under ``gradleak/attacks/`` (image) or ``gradleak/text/attacks/`` (text) holds, at
-its top, one literal ``SPEC = {...}``
-(Python literals only: strings, numbers, booleans, None, lists, tuples and dicts), then its
-science and ``run(config, update, model, engine)``. This module reads the literal from the
-module's source (``ast.literal_eval``) without importing it, so that the names, the flags, the
-``--help`` defaults and the verdict lines are known before torch is imported (the CLI answers a
-misspelt name, and ``gradleak list`` and ``gradleak attack --help`` run, without it). Derived
-from the specs:
-
-* catalog.IMAGE_ATTACKS and TEXT_ATTACKS (the names) and the one-line descriptions of
-  ``gradleak list``;
-* the flat flags of config.AttackConfig (the CLI), their help texts and ``--help`` defaults;
-* the typed config of each attack (attacks/configs.py, text/configs.py: pydantic, every default
-  filled);
-* outcome.CONVERGED_BELOW (the verdict line of each image attack, and the text attacks' one line);
-* ``auto``'s closed forms (in their declared order) and its portfolio's candidates;
-* the sweep's record of changed defaults (sweep/spec.py CHANGED_DEFAULTS).
-
-A SPEC's keys (KEYS says which are required):
-
-name           the attack's name (``--attack NAME``), unique within its modality
-modality       (optional) "image" (the default) or "text": which runs it attacks (``--modality``)
-summary        one line for ``gradleak list``
-kind           "optimisation" (an optimiser searches the inputs), "closed-form" (solved from the
-               update; image ones are run by ``auto`` before any optimisation) or "chooser"
-               (auto itself)
-converged_below  the relative gradient distance at or below which its answer explains the
-               update (attacks/verdict.py says how each line was measured); None for the chooser
-               and the text bag of words (judged on whether its rows were exactly non-zero)
-needs          what it needs of the update and the model, in words (README's attacks table)
-flags          its constants: flag name -> default, or -> [type, default, help] for a constant
-               no other attack declares (COMMON_FLAGS has the shared ones' types and help, per
-               modality). A default of None is resolved at run time: from ``model_defaults``, or
-               by the module's ``resolve`` (e.g. from the attacked model's depth), and the help
-               names the rule (``default_note``)
-model_defaults (optional) model name -> {flag: default}: defaults that depend on the attacked model
-               (the first model's for a model not named; the text attacks')
-default_note   flag -> how a default left None is resolved, for ``--help``
-presets        (optional) preset name -> every flag's value; ``preset`` picks one (the first
-               is the default); the preset's values are the flags' defaults
-auto           (optional) how ``auto`` uses it: {"order": N} for a closed form (tried in order),
-               {"order": N, "one_image": bool, "batch": bool, "max_side": px | None} for a
-               member of its optimisation portfolio
-resolve        (optional) True: the module's ``resolve(values, context)`` fills the defaults
-               that depend on the case (attacks/configs.py, text/configs.py)
-changed_defaults  flag -> a tag, for defaults changed after sweep stores were written (each tag
-               is hashed into the identity of the cells it applies to: keep it word for word)
-
-Types of a flag: "int[LOW,HIGH]" (an integer in that range), "int>=0", "float>0", "float>=0" (finite),
-"bool", "str", a list of the allowed strings, or "optimisation attack" (the name of one).
-"""
+derived from those declarations."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Attacks: from a SharedUpdate and the model to a Reconstruction (never seeing ground truth).
-
-One attack, one module: each declares itself in its ``SPEC`` (gradleak/specs.py) and runs as
-``run(config, update, model, engine)``; its typed config comes from :func:`resolve_attack`
-(configs.py) and :class:`Engine` runs it. The pipeline (gradleak.pipeline.attack_update, or a
-whole run through gradleak.pipeline.run) is the way in.
-"""
+One attack, one module, declared in its ``SPEC`` (gradleak/specs.py); the pipeline is the way in."""
 
 from __future__ import annotations
 

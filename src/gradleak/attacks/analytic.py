@@ -1,36 +1,6 @@
 """Analytic recovery through a fully connected first layer (Phong et al., "Privacy-Preserving Deep
 Learning via Additively Homomorphic Encryption", IEEE TIFS 2018 / ATIS 2017, Sec. 3.2; the same
-observation as breaching's "analytic" attack): no optimisation.
-
-For a first layer y = W x + b that sees the (normalised, flattened) image x, the gradient of the
-mean loss over a batch of K is, row by row,
-
-    dL/dW_i = (1/K) sum_k delta_ik x_k^T,    dL/db_i = (1/K) sum_k delta_ik,   delta_ik = dL/dy_ik.
-
-* Batch 1: every row with dL/db_i != 0 gives x = (dL/dW_i) / (dL/db_i) exactly; the answer is
-  the least-squares combination of all rows, x = sum_i db_i dW_i / sum_i db_i^2 (Phong et al.'s
-  Eq. for one sample, over every row at once).
-* Batch K > 1: a row active (delta_ik != 0) for exactly one sample k still gives x_k exactly; a
-  row active for several gives a weighted mixture. Behind a ReLU a row is active for a sample only
-  when its pre-activation is positive, so for small K many rows are "pure". The rows of one
-  sample give the same vector, while mixtures differ from row to row (their weights do), so the
-  attack clusters the rows' candidates: a cluster of at least MIN_ROWS rows that agree to
-  AGREE_BELOW is one separated input. ``separated`` counts them (at most K). With fewer than K
-  clusters, the remaining slots take the strongest remaining rows (mixtures), and the run says
-  how many inputs were separated.
-
-The update may be a FedSGD gradient, an aggregate of several FedSGD clients (the mean is again a
-sum over the samples) or a one-step FedAvg update (W_1 - W_0 = -lr grad: the ratio is
-unchanged). Several local steps move W between the steps: refused.
-
-Labels: iDLG's sign rule for one sample, the label multiset ("counts") for a batch, each label then
-given to the image it belongs to: the pure rows of sample k hold K db_i = dL_k/dy_ik, which the
-attacker recomputes for the recovered x_k and each class c of the multiset (one forward pass per
-slot, the classes' backward passes batched: the cost does not grow with the model's classes); the
-multiset is assigned to the slots by the Hungarian solver (scipy) on the misfit. The verdict's
-evidence is the attacker's own: the relative distance between the update the answer would
-produce and the shared one (verdict.py), so a noised update is judged against its noise floor.
-"""
+observation as breaching's "analytic" attack): no optimisation."""
 
 from __future__ import annotations
 
@@ -210,7 +180,7 @@ def _assign(cost_matrix: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
 
 def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",
              layer: str | None = None, labeller: Any = None) -> Reconstruction:
-    """The inputs read off the first fully connected layer's gradient (see the module doc).
+    """The inputs read off the first fully connected layer's gradient (see the module's notes in docs/).
     ``layer``: the name of that layer when the caller has checked it (the trap attack reads the
     server's trap layer); by default the model's first layer, checked by :func:`check_analytic`.
     ``labeller``: a function with :func:`_slot_labels`'s signature that assigns the restored

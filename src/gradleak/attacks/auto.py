@@ -1,44 +1,6 @@
-"""The closed-form attacks on the engine, and the chooser ``--attack auto``.
-
-``auto`` is what an auditor runs first: the worst case. It tries the closed-form attacks that
-apply to the model and the threat, in their declared order (configs.CLOSED_FORM):
-
-1. imprint: the model carries a malicious server's imprint block (attacks/imprint.py);
-   trap: the model carries a malicious server's trap layer (attacks/trap.py);
-2. analytic: the first layer is fully connected and sees the image (attacks/analytic.py);
-3. cpa: the same layer, a batch unmixed by independent component analysis (attacks/cpa.py);
-4. rgap: a chain of layers with invertible activations, batch 1 (attacks/rgap.py);
-
-and keeps the first whose answer explains the update (the convergence verdict, verdict.py, with
-the defenses' noise floor). When none applies or none converges, it runs its portfolio of
-optimisation attacks (:func:`auto_portfolio`), in order, each with its own default budget (or the
-``--iterations`` given):
-
-* one image (FedSGD or FedAvg, one client): iDLG, which restores the label exactly and rebuilds
-  single photos to 50 dB and more on this project's models;
-* a batch, several local steps or an aggregate of clients: DLG (where the images are at most
-  64 pixels a side: its SPEC's max_side), GradInversion, then Inverting Gradients (at most 64). On a
-  batch of 4 CIFAR photos on the DLG LeNet, GradInversion's answer explains the update within its
-  line (2.4e-3) at 11.7 dB while DLG rebuilds the batch at 23.9 dB: no one attack is the worst
-  case, so auto runs several.
-
-The portfolio stops early when an answer explains the update exactly (within DLG's line, 1e-5,
-plus the defenses' noise floor): no other answer can explain it better. Otherwise every member
-runs, and auto keeps, from the attacker's side only (never the ground truth), the answer that
-best explains the update: the smallest relative gradient distance (not each attack's own
-convergence line: the priors' 0.4 is far looser than DLG's 1e-5); an imprint answer before one
-that did not converge, since the inputs it separated are read off the update. ``extra["auto"]`` records the portfolio
-and its budget, every attack tried (why the others did not apply, each member's distance and
-seconds) and which answer was kept and why. The other members' answers travel with the kept one
-(``Reconstruction.alternatives``) so that, with ground truth, the run's verdict is the worst case
-over every attack that ran (pipeline: a leak by any member is a leak of the client).
-
-A member that refuses the update (any typed GradleakError: its check, a cost over its stated
-bound such as R-GAP's ``MAX_SOLVE_BYTES``, or an error while it runs, e.g. the analytic attack on
-a zero bias gradient, imprint on NaN/Inf) is recorded as not applicable with the error's one-line
-reason, and the next member is tried; a run ends on an error only when no member left an answer
-to keep (the last error is raised).
-"""
+"""The closed-form attacks on the engine, and the chooser ``--attack auto``: the worst case, the
+first closed form whose answer explains the update, else the best answer of a portfolio of
+optimisation attacks."""
 
 from __future__ import annotations
 

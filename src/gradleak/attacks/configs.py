@@ -1,18 +1,6 @@
 """Typed attack configs: one per attack, derived from the attack's own declaration (its module's
 ``SPEC``, gradleak/specs.py), a discriminated union on ``attack``, every field resolved before the
-attack starts.
-
-A run's flat config (gradleak.config.AttackConfig, the CLI flags) names the attack and, where the
-user gave them, its constants; :func:`resolve_attack` turns that into the attack's own config with
-every default filled: the SPEC's defaults (a preset's values where the attack has presets), then
-what the attack's ``resolve(values, context)`` derives from the case (GradInversion's preset per
-layer of the attacked model and its schedule scaled to the iterations asked for, its BN prior;
-Inverting Gradients' alpha_TV per layer). What ran is that config: config.json and metrics.json
-record it field by field, so ``gradleak attack --config RUN/config.json`` reruns the run with
-identical numbers. A flag that the chosen attack does not read is an error, never ignored.
-
-This module imports no attack (and no torch) until an attack with a ``resolve`` is resolved.
-"""
+attack starts."""
 
 from __future__ import annotations
 

@@ -1,83 +1,6 @@
 """The Cocktail Party Attack (Kariyappa et al., "Cocktail Party Attack: Breaking Aggregation-Based
 Privacy in Federated Learning using Independent Component Analysis", ICML 2023): the batch is
-unmixed from the gradient of a fully connected first layer by blind source separation.
-
-The science (paper Sec. 3-4). For a first layer y = W x + b that sees the (normalised, flattened)
-images x_k of a batch of K (the sum of every client's samples in an aggregate), the shared
-gradient of the mean loss is
-
-    dW = sum_k a_k x_k^T   [out, in],        db = sum_k a_k   [out],        a_k = (1/K) dL_k/dy_k
-
-(Eq. 2: X = A S with the "sources" S = [x_1 .. x_K]^T [K, in], the mixing A = [a_1 .. a_K]
-[out, K]; an aggregate averages clients, a one-step FedAvg update is -lr dW: common factors). Every
-row of dW is a linear mixture of the K inputs: the cocktail-party problem, which ICA solves when
-the sources are independent and non-Gaussian.
-
-0. Exact peel (this project's addition, before the paper's unmixing; without it ICA leaves blends:
-   on Fashion-MNIST the images are strongly correlated, shared black backgrounds, mean
-   |correlation| ~0.4, and FastICA's components have more negentropy than the true images; batch
-   16-64 gave 2-19 % of the slots at >= 20 dB). Two exact facts of a ReLU layer with a bias:
-   (a) a row i active for one remaining input only gives it, x_k = dW_i / db_i (Phong et al.'s
-   ratio, attacks/analytic.py), and (b) a candidate x is one of the inputs exactly when A's
-   column for it can vanish on the units x leaves inactive (W_i x + b_i <= 0) and nowhere else:
-   U_K (the K leading left singular vectors of dW, the span of A) restricted to those units has
-   a null vector alpha (smallest singular value <= CERTIFY_BELOW of the largest), and U_K alpha
-   is non-zero on every unit x activates. A certified input is removed from the update by a
-   rank-one deflation (in the K-dimensional bases, dW_r = U_K m V_K: m - t alpha beta^T with
-   beta = V_K x and the one t that drops the rank, t = 1 / (beta^T m^+ alpha); db_r likewise),
-   which turns rows active for it and one other input into pure rows of that one: the peel
-   cascades. When no row gives a certified input, the darkest vertex of the remaining inputs'
-   box polytope (an LP, scipy's HiGHS: an input with a small support is such a vertex) is tried.
-   ``exact_inputs`` counts the inputs so read off (the last one is the rank-one rest);
-   the rest go to the unmixing below. It needs the bias, a ReLU (exact zeros) and rows active for
-   few inputs: measured, it reads every input off on Fashion-MNIST up to batch 64 and on 8 CIFAR-10
-   photos, and stalls at batch 128-256 (17 and 10 inputs) and on 16 CIFAR-10 photos (no row
-   active for one photo alone).
-1. Reduction and whitening (Sec. 4.1): the SVD dW = U diag(s) V^T; the K leading right singular
-   vectors V_K [K, in] span the sources (rank K; ``rank`` counts the singular values above
-   RANK_ABOVE of the largest). ConfigError when the layer is narrower than K (its rows cannot
-   span K sources), the image has fewer pixels than K, or the rank is below K (the update holds
-   fewer distinct inputs than its metadata claims: checked before the work, which grows with K).
-2. Unmixing (Sec. 4.2, Eq. 5-6): each pixel is one observation of the K mixtures; the unmixing
-   that maximises the non-Gaussianity of every component, negentropy approximated with
-   G(u) = log cosh(u) (Eq. 6, the paper's contrast), is found by scikit-learn's FastICA
-   (``fun="logcosh"``, whitening to unit variance, seeded with the run's seed; a maintained
-   implementation of the fixed-point iteration). FastICA's symmetric decorrelation keeps the
-   components mutually independent: it plays the part of the paper's mutual-independence penalty
-   (Eq. 7); the paper's TV prior (Eq. 8) is not used. The unmixed sources S_hat = B V_K [K, in] are
-   computed from the uncentred V_K (FastICA centres its input: B (V_K - mean) unmixes the centred
-   sources, so B V_K gives each source with its own mean).
-3. Sign and scale (ICA cannot fix them; here the bias does, exactly). With S_hat_k = d_k x_k the
-   estimated mixing A_hat = dW S_hat^+ [out, K] has columns a_k / d_k, so
-   db = sum_k a_k = A_hat d, d = lstsq(A_hat, db), and x_k = S_hat_k / d_k. (Equivalently: every
-   source's coefficient c_k in V_K satisfies g^T c_k = 1 with g = diag(s)^-1 U^T db, an exact
-   affine constraint.) ``scale_from_bias`` counts the slots scaled so. Without a bias (or where
-   |d_k| is below SCALE_ABOVE of the largest), a natural-image prior: the largest scale that
-   keeps the slot's pixels in the valid box [0, 1] (photos touch its bounds), and of the two
-   signs the one that leaves the image inside the box at the larger scale, a tie (a symmetric
-   box: mlp's mean 0.5, std 0.5) going to the image with more pixels at black than its negative
-   has (Fashion-MNIST's black backgrounds, photos' clipped shadows), then to a darker majority.
-
-Labels: each slot's estimated per-sample gradient K a_k (a_k = d_k A_hat[:, k], or the peeled
-column) is compared with the one its image and each class would produce (analytic._slot_labels).
-When every input was read off exactly, each slot takes its best class (any class of the model:
-the exact column decides it); otherwise the label multiset from the classifier's bias gradient
-(restore_labels "counts") is given to the slots by the Hungarian solver on that misfit. Pixels
-are clamped to [0, 1] after denormalising.
-
-Threats: FedSGD, an aggregate of FedSGD clients (the aggregate is again a sum over every client's
-samples: the attack unmixes all K = clients x batch of them, the paper's point that aggregation
-does not help), FedAvg with one local step (W_1 - W_0 = -lr dW: the same mixtures). Several
-local steps move W between the steps: refused.
-
-Measured (benchmarks/cpa_batch.json, mlp, one thread): Fashion-MNIST test split, batches 16, 32,
-64 and an aggregate of 4 x 16 clients: every image at 100 dB (the PSNR cap), labels exact, 2-5 s;
-batch 128: 12 %, batch 256: 3.5 % of the images at >= 20 dB (the peel stalls after 17 and 10
-inputs; ICA's blends for the rest; 49 and 58 s). CIFAR-10 photos at 32 px: batch 8 exact; batch
-16: no row pure for one photo, ICA alone, 9.6 dB mean, none at 20 dB. The verdict's evidence is
-the attacker's own (relative gradient distance, verdict.py): an exact answer explains the update
-to 1e-13, a blend does not ("inconclusive").
-"""
+unmixed from the gradient of a fully connected first layer by blind source separation."""
 
 from __future__ import annotations
 
@@ -174,7 +97,7 @@ def check_cpa(update: SharedUpdate, model: ModelSpec) -> str:
 
 
 class _Peel:
-    """Exact inputs read off before the unmixing (module doc, step 0). The state is the residual
+    """Exact inputs read off before the unmixing (docs notes, step 0). The state is the residual
     update in the K-dimensional bases of dW: dW_r = U_K m V_K, db_r = U_K d (``base_u`` [out, K],
     ``base_v`` [K, in]); ``weight``/``bias`` are the layer's own W, b (which units an input leaves
     inactive)."""
@@ -252,7 +175,7 @@ class _Peel:
 
     def _remaining(self) -> tuple[np.ndarray, np.ndarray]:
         """The remaining inputs' span [left, in] and g [left]: each input's coefficients c satisfy
-        g^T c = 1 (the bias's affine constraint, module doc step 3)."""
+        g^T c = 1 (the bias's affine constraint, docs notes step 3)."""
         left = self.k - len(self.found)
         um, sm, vmt = torch.linalg.svd(self.m)
         um, sm, vm = um[:, :left], sm[:left], vmt[:left].T
@@ -307,6 +230,7 @@ def _unmix(v: torch.Tensor, k: int, seed: int, iterations: int) -> tuple[torch.T
     photos: 92 iterations in one call, not converged in 400 restarted every 10 or 30)."""
     if k == 1:
         return v.clone(), 0, True
+    # Sec. 4.2, Eq. 5-6: negentropy with G(u) = log cosh(u); the symmetric decorrelation plays Eq. 7
     ica = FastICA(n_components=k, whiten="unit-variance", fun="logcosh", max_iter=iterations, tol=ICA_TOL,
                   random_state=seed)
     x = v.T.numpy()  # [in, K]: each pixel one observation of the K mixtures
@@ -348,9 +272,10 @@ def _box_scale(s: torch.Tensor, model: ModelSpec) -> torch.Tensor:
 def _scale(dw: torch.Tensor, db: torch.Tensor | None, sources: torch.Tensor,
            model: ModelSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inputs x [K, in] from the unmixed sources, the estimated mixing columns a_k [out, K]
-    of x_k (dW = sum_k a_k x_k^T), and which slots the bias scaled [K] (module doc, step 3)."""
+    of x_k (dW = sum_k a_k x_k^T), and which slots the bias scaled [K] (docs notes, step 3)."""
     k = sources.shape[0]
     mixing = dw @ torch.linalg.pinv(sources)  # A_hat [out, K]: the columns of S_hat
+    # sign and scale from the bias: db = sum_k a_k = A_hat d, x_k = S_hat_k / d_k
     d = torch.zeros(k, dtype=dw.dtype)
     if db is not None:
         d = torch.linalg.lstsq(mixing, db[:, None]).solution[:, 0]
@@ -367,7 +292,7 @@ def _scale(dw: torch.Tensor, db: torch.Tensor | None, sources: torch.Tensor,
 
 def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations: int = 400,
         peel: bool = True, device: str | torch.device = "cpu", poll: Callable[[], None] = no_stop) -> Reconstruction:
-    """The batch unmixed from the first fully connected layer's gradient (see the module doc).
+    """The batch unmixed from the first fully connected layer's gradient (see the module's notes in docs/).
     Returns K = update.meta.batch_size slots, pixels in [0, 1], the labels assigned to them.
     ``peel`` False: the paper's unmixing alone (steps 1-3), without step 0. ``poll`` raises to
     stop the run (:func:`stop_poll`); it is called between the phases and the peel's candidates.
@@ -383,6 +308,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
     db = bias.detach().double().cpu() if bias is not None else None
     if not bool(torch.isfinite(dw).all()) or (db is not None and not bool(torch.isfinite(db).all())):
         raise NonFiniteError(f"cpa: the gradient of the first layer {name} holds NaN or Inf")
+    # Eq. 2: dW = A S, every row a mixture of the K inputs; Sec. 4.1: V_K spans the sources
     u, s, vt = torch.linalg.svd(dw, full_matrices=False)  # the one SVD of dW (the peel reuses it)
     if float(s[0]) == 0:
         raise ConfigError("cpa: the first layer's gradient is zero: the update reveals no input")

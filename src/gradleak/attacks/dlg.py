@@ -1,10 +1,4 @@
-"""DLG and iDLG: the two original gradient-matching attacks.
-
-DLG (Zhu, Liu, Han, NeurIPS 2019, Algorithm 1): optimise dummy inputs x' and dummy soft labels y'
-jointly so that the model's gradient on (x', y') matches the shared one in squared L2, with L-BFGS.
-iDLG (Zhao, Mopuri, Bilen 2020): restore the label analytically from the sign of the classifier's
-weight gradient first, then optimise the image alone.
-"""
+"""DLG (Zhu et al. 2019) and iDLG (Zhao et al. 2020): the two original gradient-matching attacks."""
 
 from __future__ import annotations
 

@@ -1,58 +1,6 @@
 """GradInversion (Yin et al., "See through Gradients: Image Batch Recovery via GradInversion",
 CVPR 2021): batch labels from the classifier gradient, then images by gradient matching with
-fidelity priors and group consistency over several seeds, optimised with Adam + Langevin noise.
-
-    min_x  L_grad(x) + R_fidelity(x) + R_group(x)                                   (Eq. 1-2)
-    L_grad     = alpha_G sum_l ||grad_l(x, y_hat) - dW_l||_2                        (Eq. 3)
-    y_hat      = argsort(min_m dW^FC_{m,n})[:K]                                     (Eq. 8)
-    R_fidelity = alpha_TV R_TV + alpha_l2 R_l2 + alpha_BN R_BN                      (Eq. 9-10)
-    R_group    = alpha_group ||x_g - E(x_{g in G})||_2                             (Eq. 11-12)
-    x <- x + lambda(t) Adam(...) + lambda(t) alpha_n eta,  eta ~ N(0, I)            (Sec. 3.5)
-
-with lambda(t) a linear warm-up then cosine decay. (Sec. 3.5 writes x + lambda Delta with Delta the
-gradient of the objective, which read literally ascends it; we take Delta as Adam's descent
-direction, as the paper's "We use Adam for optimization" implies.) The G seeds are ONE batched computation
-(candidates [G, K, C, H, W], each with its own batch gradient and BN statistics via vmap; see
-victim.py); seed g draws its initial N(0, I) pixels (Sec. 4) and its Langevin noise from its own
-generator, seeded ``settings.seed + g``, so G seeds optimised together with group "none" give the
-same images as G single-seed runs with seeds seed, seed+1, ...
-
-Choices where the paper is ambiguous (see also priors.py and group.py):
-
-* Eq. 3's norm is the plain (not squared) L2 norm per parameter tensor ("layer" = every
-  parameter tensor, weights and biases separately), summed. ``distance`` = "cosine" replaces it
-  by 1 - cosine similarity of the whole gradient (Appendix C, Table 5: the paper found it converge
-  worse); alpha_G and every other constant stay as they are.
-* Labels: Eq. 8 by default (``labels`` = "gradinversion"); "counts" restores a multiset for
-  batches with repeated labels (label_counts.py), "sum" is Eq. 7.
-* The final answer is the group's consensus E (Eq. 12's registered mean, or the pixel mean for
-  group "lazy") when a group term is used, and the best seed otherwise (``final`` = "best"
-  forces the best seed: the candidate batch with the lowest final L_grad + R_fidelity; the group
-  term and noise are left out of that score, and no ground truth is used). Why consensus: on our
-  CPU runs (convnet, 4 CIFAR-10 images, 300 steps, 4 seeds) the registered consensus scored
-  0.3-0.8 dB PSNR above the best seed (averaging the seeds removes seed-specific noise), e.g.
-  19.4 vs 18.7 dB.
-* When ``iterations`` is overridden, registration start/every are scaled by the same factor
-  (they are fractions of the schedule: 5k/20k and 100/20k in the paper) and the warm-up is
-  capped at a tenth of the run.
-* No pixel box by default: the paper does not mention one, so the iterate may leave the valid
-  pixel range and only the final answer is clamped. ``box`` = True projects the candidates onto
-  the box (the normalised images of [0, 1] per channel) after every step and its Langevin
-  noise, as DeepInversion's code (the same authors' earlier work) and breaching's
-  seethroughgradients (``boxed``) do. Measured: on EfficientNet-Lite0 at 224 px (8 ImageNet
-  photos, paper preset, 600 iterations, one seed) it lifts every image, 7.28 -> 8.39 dB; on the
-  convnet at 32 px (cpu preset, 3 CIFAR-10 batches of 4) it costs 0.35-1.2 dB
-  (reproduction/gradinversion-imagenet/box-600/reading.md). Off in the cpu and paper presets, on in imagenet; ``--box``.
-* Presets: "paper" = the paper's values (Sec. 4, implementation details) for ResNet-50 at 224 px;
-  "cpu" = values tuned so that a batch of 4 CIFAR-10 images on ``convnet`` (width 16-32, random
-  init) at 32 px is reconstructed in a few minutes on 2 CPU cores; the alphas differ because the
-  gradient and prior scales of a small 32 px network differ from ResNet-50's (see PRESETS);
-  "imagenet" = the paper's alphas on the 224 px schedule that scored highest in ~105 min on 2
-  cores (two seeds, the registered group, the pixel box, 600 iterations: reproduction/
-  gradinversion-imagenet/seeds2-box-600, 10.23 dB, below the photos' zero images, 13.66: issue
-  39's goal is not reached), and with it the case (config.PRESET_CASES: efficientnet-lite0,
-  imagenet-samples, batch 8, the client's BN statistics shared) for what the user does not give.
-"""
+fidelity priors and group consistency over several seeds, optimised with Adam + Langevin noise."""
 
 from __future__ import annotations
 

@@ -1,47 +1,4 @@
-"""GradInversion's group consistency regularisation (Eq. 11-12).
-
-G candidate batches, one per seed, x [G, K, C, H, W], are optimised JOINTLY as one batched
-computation (``DummyGradient.batched`` maps the G axis with torch.func.vmap, so each candidate
-keeps its own batch gradient and its own BN statistics). They interact only through
-
-    R_group(x_g) = alpha_group * ||x_g - E(x_{g in G})||_2                          (Eq. 11)
-
-with the norm over candidate g's whole batch, and the consensus E either
-
-* "lazy":        the pixel-wise mean (1/G) sum_g x_g, or
-* "registered":  (1/G) sum_g F_{x_g -> mean}(x_g)                                  (Eq. 12)
-                 every candidate image warped by its registration onto the pixel-wise mean,
-                 then averaged.
-
-Choices (the paper leaves these open):
-
-* E is a *target*: it is computed from the detached candidates (no gradient flows through the
-  consensus), as DeepInversion-style regularisation targets are. With group "none" the G
-  candidates are therefore exactly independent, which is what lets G batched seeds reproduce G
-  separate runs.
-* F is not RANSAC-flow (the paper's choice, a large pretrained network we cannot ship) but a
-  similarity transform per image (translation, rotation, isotropic scale; 4 parameters) fitted
-  by a few Adam steps on the MSE between the warped candidate and the pixel-wise mean, batched
-  over all G*K images at once: ``gradleak.registration.fit``, the one registration the RPSNR
-  metric uses too (here: unbounded, in small units, one level, constant lr; see
-  :data:`TRANSFORM`). Why: the drift the paper describes between seeds is mostly "images shift
-  around the ground truth" (Sec. 3.4); a similarity captures shifts and small rotations/zooms,
-  runs as one batched tensor program (kornia's ``ImageRegistrator`` loops over image pairs with
-  its own pyramid and is far slower), and cannot hallucinate content the way a dense flow can.
-  An image whose fit does not lower its MSE to the mean keeps the identity.
-* Schedule: the consensus is recomputed at EVERY step from the current candidates; the
-  registration transforms are re-estimated (from the identity) only every
-  ``registration_every`` steps from ``registration_start`` on (paper: after 5k, every 100) and
-  reused in between. Before ``registration_start`` the registered mode uses the lazy mean
-  (identity transforms).
-* With repeated labels two slots of a seed may hold the same class and swap between seeds;
-  slots are not re-paired across seeds (the consensus assumes slot k is the same image in every
-  candidate, which holds for distinct restored labels).
-* Seeds over processes (``shard``, see engine/shard.py; ``gradleak attack --nproc P``): ``x`` holds
-  this process's seeds only; the pixel-wise mean is the all-reduced sum of every process's
-  candidates / G, each process registers its own images to that global mean (the fits are per
-  image), and Eq. 12's consensus is the all-reduced sum of the registered candidates / G.
-"""
+"""GradInversion's group consistency regularisation (Eq. 11-12)."""
 
 from __future__ import annotations
 

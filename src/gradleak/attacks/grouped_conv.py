@@ -1,28 +1,5 @@
-"""Grouped (depthwise) 2-d convolutions with a double backward that does not loop over groups.
-
-Gradient matching differentiates the model's weight gradient w.r.t. the dummy input (DLG Eq. 2,
-GradInversion Eq. 3): a double backward. For a grouped convolution, torch's
-``_convolution_double_backward`` computes the term conv(ggI, gO) (the weight's second-order
-gradient) ONE CONVOLUTION PER GROUP, and it does so whenever the input's second-order gradient
-is defined, whether or not the weight's is asked for. A depthwise convolution has as many groups
-as channels: EfficientNet-Lite0's 16 depthwise layers (32 to 1152 channels) cost ~9 000
-convolution calls and 18 000 slices per step, 47 % of a GradInversion step on this CPU and
-~95 % of it on an H200 (1.1 s per step, launch-bound; benchmarks/grouped_conv.json).
-
-Here the first-order backward of such a convolution is itself an autograd Function
-(``_GroupedConvBackward``) whose backward writes out the three terms of the double backward with
-torch's native grouped kernels (``aten.convolution_backward`` and ``F.conv2d``: one call each):
-with gx = conv_transpose(gy; w) and gw = corr(x; gy), for the incoming (ggx, ggw)
-
-    d/d gy = conv(ggx; w) + conv(x; ggw)
-    d/d x  = conv_transpose(gy; ggw)          (the input gradient of a conv with weight ggw)
-    d/d w  = corr(ggx; gy)                    (the weight gradient of a conv with input ggx)
-
-The same numbers as torch's path (float64: to rounding; tests/attacks/test_grouped_conv.py),
-under plain autograd and under torch.func.vmap over torch.func.grad (GradInversion's G seeds).
-The attacker's copy of the victim (victim.DummyGradient) routes every ``F.conv2d`` with groups > 1
-through it (``grouped_convolutions``); ungrouped convolutions keep torch's path.
-"""
+"""Grouped (depthwise) 2-d convolutions with a double backward that does not loop over groups
+(torch's does, one convolution per group: most of a step on depthwise networks)."""
 
 from __future__ import annotations
 

@@ -1,40 +1,4 @@
-"""Inverting Gradients (Geiping, Bauermeister, Droege, Moeller, NeurIPS 2020), the baseline.
-
-    min_x  1 - <grad(x, y), dW> / (||grad(x, y)|| ||dW||)  +  alpha_TV TV(x)       (IG Eq. 4)
-    subject to x in the valid pixel box
-
-* cosine similarity over all layers together (one flattened gradient vector), Eq. 4;
-* TV: the authors' anisotropic L1 total variation, mean |dx| + mean |dy| (priors.tv_l1_mean);
-  alpha_TV defaults to 1e-1 (``IG_ALPHA_TV``), the authors' code default (inversefed's
-  DEFAULT_CONFIG ``total_variation=1e-1``), scaled up for networks with more parameter tensors
-  than the 14-tensor convnet (``ig_alpha_tv``: 0.44 on ResNet-18, below). The cosine term lives in [0, 2] and the TV of a
-  normalised natural 32 px image is ~0.1-0.3. We measured 1e-4 too (a batch of 4 CIFAR-10
-  images, convnet width 16, 300 steps): 11.3 dB PSNR at 1e-4, 11.9 at 1e-2, 15.7 at 1e-1; so the
-  baseline GradInversion is compared with uses the stronger value. Pass ``alpha_tv`` to change it;
-* Adam on the SIGN of the gradient (their ``signed=True``), lr 0.1, step decay x0.1 at 3/8, 5/8
-  and 7/8 of the iterations (their MultiStepLR), init N(0, I); 1000 iterations by default, NOT
-  the authors' 4800 (their code's ``max_iterations``; breaching runs 24 000): measured here, the
-  longer run ends farther from the photo (``IG_DEFAULTS`` below says by how much);
-* box constraint (``boxed=True``): after each step x is clamped to the normalised images of the
-  pixel range [0, 1], per channel;
-* labels: IG assumes known labels; we never use ground truth, so they are restored analytically
-  from the classifier gradient (default GradInversion's Eq. 8; ``labels`` selects
-  another rule, e.g. "counts" for repeated labels);
-* ``restarts`` R (default 1) run as ONE batched computation (vmap over the
-  restart axis, like GradInversion's seeds), restart r seeded ``seed + r``; the restart
-  with the lowest objective wins (their ``scoring_choice='loss'``), all R are returned as
-  candidates;
-* each restart's answer is its iterate with the LOWEST objective seen during the run, not the
-  last one (as breaching's implementation does; with Adam on signed gradients the objective
-  keeps fluctuating until the last decay). The objective of step t is that of the iterate the
-  step starts from, so the kept iterate is one the objective was evaluated at; the final iterate
-  is evaluated once more after the last step and competes too.
-
-The model runs in training mode like the client (BN with batch statistics), as in our FedSGD.
-Under the fedavg and aggregate threat models the cosine compares the update the candidate batch
-would produce (UpdateSimulator: local steps unrolled, clients averaged), as Geiping et al. do
-for multi-step updates (their Sec. 5, "fedavg" with known hyper-parameters).
-"""
+"""Inverting Gradients (Geiping, Bauermeister, Droege, Moeller, NeurIPS 2020), the baseline."""
 
 from __future__ import annotations
 

@@ -1,30 +1,4 @@
-"""The imprint attack of "Robbing the Fed" (Fowl et al., ICLR 2022): analytic, no optimisation.
-
-The malicious server sent the client a model with an imprint block in front of the victim network
-(gradleak.models.imprint: N bins on the image's brightness h = w . x, thresholds c_1 < ... < c_N,
-and a second layer whose columns are identical). For sample k, every bin it activates
-(h_k > c_i) receives the same pre-activation gradient g_k, so the shared gradients of the bins'
-rows and biases are cumulative sums (Fowl et al. Sec. 3):
-
-    dW_i = sum_{k: h_k > c_i} g_k x_k,          db_i = sum_{k: h_k > c_i} g_k
-
-(times 1/K for FedSGD's mean loss, 1/N again for an aggregate of N clients, -lr for one FedAvg
-step: common factors). In threshold order, the difference of adjacent bins (the top bin alone)
-holds only the samples with c_i < h_k <= c_{i+1}; when that is one sample k,
-
-    (dW_i - dW_{i+1}) / (db_i - db_{i+1}) = x_k        exactly (up to floating-point rounding).
-
-A difference whose bias part is ~0 holds no sample. Two samples in the same interval come out as
-their g-weighted mix (a blend when their g share a sign, otherwise an extrapolation that is no
-photo, which the attacker detects); a sample darker than c_1 activates no bin and is lost. With exactly K
-non-empty differences every sample was alone in its interval, which the attacker can tell from
-the update alone (no ground truth): the answer is then exact.
-
-Threats: FedSGD; an aggregate of FedSGD clients (still a sum over all clients' samples, so the bins
-separate samples across clients); FedAvg with one local step (W_1 - W_0 = -lr g, the ratio is
-unchanged). FedAvg with more local steps is refused: the imprint weights (thresholds included)
-move between the steps, so the bins no longer share one set of thresholds.
-"""
+"""The imprint attack of "Robbing the Fed" (Fowl et al., ICLR 2022): analytic, no optimisation."""
 
 from __future__ import annotations
 

@@ -1,41 +1,4 @@
-"""Batch labels with repeats: estimate how many times each class occurs (beyond GradInversion).
-
-GradInversion's Eq. 8 returns K *distinct* classes, which is wrong whenever a class occurs twice
-in the batch (small label spaces: CIFAR-10, Fashion-MNIST, or non-IID clients). Here we return
-the label multiset [K] instead.
-
-Derivation (softmax + mean cross-entropy, classifier z = W o + b; p_{k,n} softmax, y_{k,n} one-hot):
-
-    db_n = (1/K) sum_k (p_{k,n} - y_{k,n})          (bias gradient of the FC layer)
-    c_n  = sum_k y_{k,n} = K (pbar_n - db_n)          (count of class n; pbar_n = mean_k p_{k,n})
-
-For an absent class c_n = 0, so db_n = pbar_n >= 0 is observed directly. For a present class
-pbar_n is unknown. We model it as background plus a share of the true-class confidence,
-pbar_n = b + a c_n / K, where b (the probability a sample puts on a class it does not belong to)
-is estimated as the mean of db over the classes judged absent and a is a common confidence.
-Then c_n (1 - a) = K (b - db_n); summing over the present classes (sum c_n = K) eliminates a:
-
-    c_n = K (b - db_n) / sum_{present m} (b - db_m)                         (*)
-
-i.e. counts proportional to the background-corrected negative bias gradient, normalised to K.
-It is exact when every sample gives the same probability b to every class other than its own
-(an untrained network is close to this) and scale-free, so it needs no estimate of the feature
-"impact" (Wainakh et al.'s LLG) when the FC layer has no bias: with the weight gradient summed
-over features, s_n = (1/K) sum_k (p_{k,n} - y_{k,n}) ||o_k||_1 ~ ||o||_1 db_n, (*) gives the same
-counts because the common factor ||o||_1 cancels.
-
-Present classes are those with a negative Eq. 8 score min_m dW_{m,n} (exact for non-negative
-classifier inputs: an absent class's weight-gradient row is a sum of p_{k,n} o_k >= 0); when that
-marks none or more than K classes, those with a negative signal (at most K, the most negative
-first; at least one). Rounding: largest-remainder rounding of (*) with every present class at
-least 1, so the multiset always has exactly K entries.
-
-A second rule, ``llg_counts``, follows Wainakh et al. (LLG) / breaching's "bias-corrected"
-strategy: each present class once, then an impact m = (sum of the negative db) / K (a negative
-number: one sample's share of the signal) is subtracted from the present classes, raising them,
-and the remaining K - |present| labels go one at a time to the currently most negative entry,
-subtracting m (raising it) each time.
-"""
+"""Batch labels with repeats: estimate how many times each class occurs (beyond GradInversion)."""
 
 from __future__ import annotations
 

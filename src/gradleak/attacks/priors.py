@@ -1,29 +1,4 @@
-"""Image priors: GradInversion's fidelity regularisation (Eq. 9-10) and Inverting Gradients' TV.
-
-Every function takes images in the model's normalised input space with any leading dims,
-x [..., K, C, H, W], and returns one value per leading index (shape ``x.shape[:-4]``): one
-number per candidate batch when the G seeds are stacked as [G, K, C, H, W]. Norms are taken
-over a candidate's whole batch, as DeepInversion's code does (one value per batch, not per
-image).
-
-Choices where the paper is not explicit (GradInversion Sec. 3.3 points to DeepInversion [48]):
-
-* R_TV (``total_variation``): DeepInversion's ``loss_var_l2``, the one GradInversion's
-  alpha_TV = 1e-4 matches: the sum of the L2 norms (not squared) of the four difference images,
-  horizontal, vertical and both diagonals, each over the whole batch.
-* R_l2 (``l2_norm``): the L2 norm (not squared) of the whole batch, our reading of the paper's
-  R_l2 (it gives no formula). DeepInversion's code takes the mean of per-image norms instead; at
-  alpha_l2 = 1e-6 the two differ by a negligible amount of the objective.
-* R_BN (Eq. 10): sum over BN layers of ||mu_l(x) - target mean||_2 + ||sigma^2_l(x) - target
-  var||_2, with mu, sigma^2 the per-channel batch mean and biased variance of the layer's input
-  (what BN normalises with in training mode), captured in the same forward pass that computes
-  the dummy gradient (``DummyGradient.batched``). Targets by mode (``bn_targets``):
-  "exact"  = the client's own batch statistics shared with the update (global BN updates);
-  "approx" = the global model's running_mean / running_var (dataset averages, a proxy);
-  "none"   = no R_BN.
-* Inverting Gradients' TV (``tv_l1_mean``): Geiping et al.'s code, anisotropic L1: mean |dx| +
-  mean |dy| over the batch.
-"""
+"""Image priors: GradInversion's fidelity regularisation (Eq. 9-10) and Inverting Gradients' TV."""
 
 from __future__ import annotations
 

@@ -1,72 +1,7 @@
 """R-GAP: the closed-form recursive gradient attack (Zhu and Blaschko, "R-GAP: Recursive Gradient
 Attack on Privacy", ICLR 2021). No optimisation: one input (batch 1) is rebuilt by walking the
 network from the logits back to the input and solving one linear system per layer (the paper's
-Algorithm 1, its Eqs. 6-15).
-
-Notation (one layer l of the chain): x_l its input, z_l = W_l * x_l + b_l its output (Conv2d or
-Linear), a_l = act_l(z_l) = x_{l+1}, delta_l = dL/dz_l. Batch 1, so the shared weight gradient is
-dL/dW_l = delta_l (x) x_l: for a Linear layer the outer product delta_l x_l^T, for a convolution
-the correlation of delta_l with the (padded) input.
-
-* The last layer (the classifier y = W x + b, cross-entropy): dL/db = delta = softmax(y) - onehot,
-  dL/dW = delta x^T, so x = sum_i delta_i dW_i / sum_i delta_i^2 (least squares over the rows;
-  the paper's single-sample closed form). The label is the class whose delta is negative (the only
-  negative entry for a hard label), i.e. argmin delta.
-* Then layer by layer backwards. Knowing a_l (= x_{l+1}, just recovered) and delta_{l+1}:
-  z_l = act^{-1}(a_l), delta_l = (W_{l+1}^T delta_{l+1}) * act'(z_l) (backpropagation: the vjp of
-  the next layer w.r.t. its input), and x_l solves the stacked linear system
-      (weight constraint)    W_l * x_l        = z_l - b_l       (the forward pass)
-      (gradient constraint)  delta_l (x) x_l  = dL/dW_l         (the shared gradient)
-  both linear in x_l, by least squares. The paper's rank analysis counts these constraints
-  against the unknowns; here the numerical rank of the stacked matrix is computed from its
-  singular values for every layer (``rank_analysis``): a layer whose rank equals its number of
-  unknowns is fully determined and is rebuilt exactly (up to the shared tensors' rounding); a
-  rank-deficient layer gets the minimum-norm least-squares answer, and the analysis says so.
-
-How the systems are built and solved (this module's choices, not the paper's):
-
-* Both constraint maps are written through the layer's patch index (im2col): for a Conv2d the
-  input entry each kernel tap r sees at output position p (or padding), for a Linear the identity.
-  With W [O, R] the weight as a matrix and delta [O, P], the forward block is
-  z[o, p] = sum_r W[o, r] x[idx[r, p]] and the gradient block dW[o, r] = sum_p delta[o, p] x[idx[r, p]].
-  Their normal matrices are assembled directly by scatter-adds of W^T W and delta^T delta over the
-  patch index (a few million additions), never as dense [rows x unknowns] Jacobians.
-* Block scaling: each block is multiplied by sqrt(rows) / ||block||_F, so that its rows have unit
-  RMS norm. The two blocks are in different units (pre-activations of O(1) against weight
-  gradients of O(|delta|), often 1e-3 and smaller); without the scaling the least-squares fit
-  would ignore the gradient block. With consistent (noise-free) data the scaling does not move
-  the solution; it decides how errors are shared between the blocks and it sets the spectrum
-  the rank analysis reads.
-* The least squares go through the normal equations in float64 (A^T A x = A^T b). This squares
-  the condition number, which is harmless here: a layer counts as determined only when
-  cond(A) <= 1 / RANK_RTOL = 1e5, so float64 normal equations lose at most ~1e10 * 1e-16 = 1e-6
-  relative, far below what the float32 rounding of the shared gradients (~6e-8) becomes through
-  the same conditioning (up to ~6e-3). A dense SVD of the stacked matrix (4368 x 3072 for
-  LeNet's second convolution) takes ~17 s on one core; this path takes ~1 s per layer.
-* Rank: the singular values of the scaled stacked matrix A are the square roots of the
-  eigenvalues of A^T A. Rank = #{s_i > RANK_RTOL * s_max}. Up to FULL_SPECTRUM_UP_TO unknowns the
-  whole spectrum is computed (eigh). Above, the extremes: a Cholesky factor of A^T A, then s_max
-  (Lanczos on A^T A) and s_min (Lanczos on (A^T A)^-1 through the factor); when s_min is above the
-  tolerance every singular value is, so rank = unknowns exactly, without the O(n^3) eigensolver.
-  Otherwise (or when the Cholesky factorisation fails) the whole spectrum is computed and the
-  solution is the truncated pseudo-inverse (directions with s_i <= RANK_RTOL * s_max dropped).
-
-Supported networks: a chain of Conv2d / Linear layers, each optionally followed by one invertible
-activation (Sigmoid, Tanh, LeakyReLU with a positive slope, Identity), flattening allowed
-between a convolution and a Linear layer, ending with an nn.Linear with a bias producing the
-logits. The chain is read from the module's leaves in registration order and confirmed by a
-forward pass (the chain must reproduce the module's output). Anything else (BatchNorm, ReLU,
-pooling, dropout, residual connections) raises ModelMismatchError; updates that are not one
-gradient of one sample (batch > 1, FedAvg over several local steps, an aggregate) raise
-ConfigError. A one-step FedAvg update W_1 - W_0 = -lr * gradient is divided by -lr. A layer whose
-solve would need more memory than MAX_SOLVE_BYTES (estimated from its shapes: dense n x n
-float64 matrices, n its input size; a 64 px RGB image's first layers) raises ConfigError naming
-the estimate, before anything is allocated: ``auto`` then records R-GAP as not applicable.
-
-The attacker's own check (verdict.py): ``relative_gradient_distance`` = ||u(x') - u||^2 / ||u||^2,
-the update the answer (pixels clamped to [0, 1]) and its label would produce against the shared
-one, under the same threat model. It never sees the ground truth.
-"""
+Algorithm 1, its Eqs. 6-15)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""The attacker's simulation of the threat model: dummy inputs -> the update they would produce.
-
-- fedsgd:    the model's gradient (DummyGradient).
-- fedavg:    the client's local SGD steps unrolled functionally (torch.func.functional_call), with
-             the graph kept through every step, so the weight difference W_S - W_0 can be matched
-             and differentiated w.r.t. the dummy images (as in Geiping et al. 2020, Sec. 5). The
-             recursion is the client's own (fl.unroll.local_sgd), in its differentiable modes.
-- aggregate: the mean of N clients' simulated updates, the dummy batch split evenly in order.
-
-The attacker knows the public hyper-parameters (steps, mini-batch size, learning rate, number of
-clients) but not the client's shuffling: it assumes the fixed order 0..K-1 each epoch. With free
-(soft, optimised) labels, as in DLG, dummy slots are interchangeable, so within one epoch that
-assumption loses nothing; across epochs it is an approximation. With hard restored labels (iDLG,
-GradInversion, IG) the restored labels are put in sorted order, which fixes which class is
-trained in which local step: when the client's private order put the classes in other steps, the
-attack matches the wrong step structure and loses much of its quality (measured: iDLG on 2
-photos, local batch 1, 2 steps, 80 iterations: 5.3 dB when the orders differ, 19.4 dB when they
-agree). iDLG therefore searches the label-to-step assignments (attacks/dlg.py: each distinct
-ordering of the restored labels over the slots is one trial, at most dlg.MAX_ASSIGNMENTS; the
-assignment whose answer has the smallest gradient distance wins), as a hard-label attacker must.
-"""
+"""The attacker's simulation of the threat model: dummy inputs -> the update they would produce."""
 
 from __future__ import annotations
 

@@ -1,27 +1,5 @@
 """The trap-weights attack ("When the Curious Abandon Honesty", Boenisch et al., EuroS&P 2023):
-analytic, no optimisation.
-
-The malicious server sent the client a model with a trap layer in front of the victim network
-(gradleak.models.trap: random rows whose positive entries the server scaled down, so that each
-neuron fires for few inputs). For that layer y = W x + b behind a ReLU, the gradient of the mean
-loss over the batch is, row by row (Boenisch et al. Sec. 4, after Phong et al.),
-
-    dL/dW_j = (1/K) sum_{k: W_j x_k + b_j > 0} delta_kj x_k^T,    dL/db_j = (1/K) sum_{k: ...} delta_kj
-
-so a row that one sample alone activated gives that sample exactly: x_k = dL/dW_j / dL/db_j. The
-attack reads every active row's ratio and keeps the inputs that at least two rows agree on
-(attacks/analytic.py's clustering: the server's second layer has distinct columns, so rows mixing
-the same samples mix them with different weights and do not agree; rows of one sample agree to
-float32 rounding). The server knows its trap weights; the attacker here reads them from the model
-it sent (update.global_weights), never from the server's configuration.
-
-Labels: the label multiset of the classifier's bias gradient, each label given to the image whose
-pure rows it explains best (analytic.py's Hungarian assignment). Threats: FedSGD, an aggregate of
-FedSGD clients (a sum over every client's samples: the trap separates across clients) and FedAvg
-with one local step (W_1 - W_0 = -lr grad); several local steps move the trap between steps and are
-refused. The answer is judged by the attacker's own evidence (the relative distance between the
-update it would produce and the shared one, verdict.py).
-"""
+analytic, no optimisation."""
 
 from __future__ import annotations
 
@@ -184,7 +162,7 @@ def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torc
 
 def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",
                 poll: Callable[[], None] = no_stop) -> Reconstruction:
-    """Rebuild the client's images from the trap layer's gradient (see the module doc). ``model``:
+    """Rebuild the client's images from the trap layer's gradient (see the module's notes in docs/). ``model``:
     the trapped spec (gradleak.models.trap.trap_model), as the update file rebuilds it. extra:
     "separated" (inputs at least two rows agree on, at most K), "pure_clusters", "active_rows",
     "trap_rows", "exact" (every slot separated and no defense recorded: the attacker's own claim).

@@ -1,23 +1,4 @@
-"""The attacker's copy of the victim: the shared model's gradient on dummy inputs.
-
-Gradients are taken functionally (torch.func.functional_call + autograd.grad / torch.func.grad),
-so no parameter ``.grad`` is ever filled and the caller's model is never modified.
-
-Two ways in:
-
-* ``victim(x, labels)``: one dummy batch x [K, C, H, W] -> the parameter gradients (DLG, iDLG).
-* ``victim.batched(x, labels)``: G dummy batches x [G, K, C, H, W] at once -> every candidate's
-  OWN batch gradient [G, ...] per parameter plus the per-layer BatchNorm batch statistics of its
-  input, all from one forward/backward. The G axis is mapped with ``torch.func.vmap`` over
-  ``torch.func.grad(functional_call(...))``, so each candidate is normalised with its own BN
-  batch statistics and gets its own weight gradient, exactly as G separate runs would (GradInversion's
-  seeds, Inverting Gradients' restarts). The result stays differentiable w.r.t. x by ordinary
-  autograd (the attack's double backward).
-
-The BN statistics mu_l, sigma^2_l of each BatchNorm layer's input (GradInversion Eq. 10) are
-captured by forward hooks on the BN modules during the SAME forward pass that the gradient is
-taken from; there is no second forward.
-"""
+"""The attacker's copy of the victim: the shared model's gradient on dummy inputs."""
 
 from __future__ import annotations
 
