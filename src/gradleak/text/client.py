@@ -1,20 +1,4 @@
-"""Text clients: what leaves the device for a private batch of sentences, and its file format.
-
-The threat models are those of :mod:`gradleak.fl.threats` (same ``ThreatModel``, same public
-record, same private step order from ``step_assignment``, same ``aggregate``):
-
-- ``fedsgd``:    the gradient of the mean cross-entropy over the batch, every trainable parameter
-                 (the word-embedding matrix included, as a client shares it).
-- ``fedavg``:    S local SGD steps in mini-batches of B with learning rate eta; shares W_S - W_0.
-- ``aggregate``: the mean of N clients' updates (each ``--batch-size`` sentences).
-
-Defenses are those of :mod:`gradleak.defenses`: update-level ones act on the finished update;
-DP-SGD clips per-sentence gradients on the client (FedSGD only).
-
-Files: the same safetensors layout as image updates (``grad/``, ``weights/``, JSON ``meta``)
-under format ``gradleak.text-update``; truth files (``gradleak.text-truth``) hold the token ids,
-mask and labels, and the sentences in the metadata.
-"""
+"""Text clients: what leaves the device for a private batch of sentences, and its file format."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Typed text-attack configs, derived from the text attacks' own declarations (each module's
-``SPEC`` under text/attacks/, read by gradleak/specs.py), a discriminated union on ``attack``,
-every field resolved before the attack starts: the flags given, else the attacked model's
-defaults (the SPEC's ``model_defaults``), then what the attack's ``resolve(values, context)``
-derives from the case (DLG's label rule from the batch size). The engine runs a config through its
-spec's module (``run(config, update, model, engine)``), like the image attacks
-(attacks/configs.py).
-
-:func:`run_text_attack` is the Python API's way in: the same resolution and the same engine as the
-CLI."""
+"""Typed text-attack configs, derived from the text attacks' own ``SPEC`` declarations, a
+discriminated union on ``attack``, every field resolved before the attack starts.
+:func:`run_text_attack` is the Python API's way in: the same resolution and engine as the CLI."""
 
 from __future__ import annotations
 

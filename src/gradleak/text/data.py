@@ -1,10 +1,5 @@
 """Sentences: from ``--text`` (repeatable) or a UTF-8 .txt file (one sentence a line), tokenised
-and batched reproducibly by seed.
-
-A client's text batch is ground truth: only the client and the evaluation ever hold one.
-Sentences carry no labels of their own; each gets a class drawn from the seed (the private label
-of a sentence-classification task, e.g. sentiment), which the attack must restore too.
-"""
+and batched reproducibly by seed."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""Token-level leakage: the parts the text attacks (text/attacks/, one module each) compose to
-rebuild a client's sentences from its shared update:
-
-* ``bow`` (bag of words): the word-embedding layer maps token t to row t of W, so the gradient of
-  W is non-zero exactly in the rows of the tokens that occur in the batch (embedding backward is an
-  index-add). The non-zero rows name the batch's token set; the non-zero rows of the
-  position-embedding gradient give the longest sentence's length L. No optimisation. Under FedAvg
-  the same holds for W_S - W_0 (plain SGD never moves a row whose gradient is zero).
-* ``dlg`` (DLG for text, Zhu et al. 2019 Sec. 4.2, restricted): K x L dummy positions, each a
-  softmax over the leaked tokens, whose embedding is the mixture of their rows of W; dummy soft
-  labels. Both are optimised so that the simulated update (the rows of W of the leaked tokens
-  included) matches the shared one. Each position then takes its most probable token. Beyond
-  DLG, a greedy search over discrete sentences (swap two positions, move one, replace one by
-  another leaked token, change a label) keeps every move that lowers the gradient distance, so
-  the order is the one the gradients prefer.
-* ``dlg-free``: plain DLG for text: free dummy embeddings (no token set), each position mapped to
-  its nearest row of W, then the same search among each position's nearest tokens.
-
-[CLS] at position 0 and [SEP] at L - 1 are the tokenizer's public convention and are fixed;
-every dummy sentence has the length L leaked by the position gradient (exact for one sentence,
-or for K sentences of equal length; shorter sentences of a batch are then rebuilt as L tokens).
-
-The attack receives the update and the model only: never the sentences, never the labels.
-Progress (optimisation loss, then each accepted search move) is recorded per iteration like the
-image attacks; an observer may watch the current tokens (the pipeline scores them against the
-truth it holds; nothing flows back).
-"""
+"""Token-level leakage: the parts the text attacks (text/attacks/) compose to rebuild a client's
+sentences from its shared update: the bag of words, DLG over it, free-embedding DLG, the order
+search."""
 
 from __future__ import annotations
 
@@ -848,7 +824,7 @@ RunFactory = Callable[[_Relaxation, int, "torch.Tensor | None", "torch.Tensor | 
 def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
              observer: TextObserver | None, *, restrict: bool, engine: Engine,
              make_run: RunFactory | None = None, name: str | None = None) -> TextReconstruction:
-    """DLG for text (see the module docstring) with resolved ``settings``. Returns [CLS] ... [SEP]
+    """DLG for text (see the module's notes in docs/) with resolved ``settings``. Returns [CLS] ... [SEP]
     ids per sentence.
 
     ``engine`` (the run's services): its session makes the optimisation phase resumable

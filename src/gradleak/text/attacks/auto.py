@@ -1,24 +1,5 @@
 """The text chooser ``--modality text --attack auto``: the worst case first, as the image chooser
-(attacks/auto.py) does for images.
-
-1. ``dager``, the exact recovery, where it applies (FedSGD, or an aggregate of FedSGD clients; it
-   refuses FedAvg with several local steps, and is recorded as not applicable then). When it verifies
-   every sentence of the batch (its answer is exact), nothing can explain the update better: auto
-   stops and keeps it.
-2. Otherwise the optimisation portfolio, in order: ``dlg`` (the leaked bag of words plus the order
-   search), then ``lamp`` (the language-model prior), each at its own defaults for the model. The
-   portfolio stops early when an answer explains the update (within the text line, 1e-4, plus the
-   defenses' noise floor). auto keeps, from the attacker's side only, the optimisation answer with
-   the smallest relative gradient distance (both measure it the same way: the squared l2 distance of
-   the final sentences over the same simulated tensors); dager's inexact answer is kept only when no
-   optimisation attack left an answer.
-
-Every answer travels with the kept one (``alternatives``): with ground truth the run's verdict is
-the worst case over all of them (pipeline/run.py ``score_portfolio``: a leak by any is a leak of the
-client), and ``extra["auto"]`` records what was tried, why, each answer's distance and seconds. A
-member that refuses the update (a typed GradleakError) is recorded as not applicable with its
-one-line reason. To set an attack's own constants, name that attack instead.
-"""
+(attacks/auto.py) does for images."""
 
 from __future__ import annotations
 

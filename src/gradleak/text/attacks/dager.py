@@ -1,120 +1,5 @@
 """DAGER (Petrov et al., NeurIPS 2024), for the encoders gradleak attacks: exact sentences read
-off the low rank of the attention layers' gradients, each one verified, no optimisation.
-
-The science (Sec. 3-4 of the paper): the gradient of a linear layer y = W z is
-dL/dW = sum_t delta_t z_t^T, so while a batch holds fewer tokens than the width d, the row space
-of the first attention block's [dW_Q; dW_K; dW_V] is spanned by that block's inputs z_t, one per
-token of the batch, and a candidate input lies in it (relative residual ~ rounding) exactly when
-it is one of the batch's.
-
-1. Token filter (layer 0, position-aware as the model adds absolute positions): every bag token
-   v (the word-embedding gradient's non-zero rows) at every position p < L; z(v, p) =
-   LayerNorm(word[v] + position[p] (+ type[0])); (v, p) is a candidate when its residual
-   against the span is below ``TAU`` (1e-4: true pairs measure <= 3e-5 in float32 clients,
-   benchmarks/dager_span.json).
-1b. Position pins (gradleak's, not the paper's): the embedding LayerNorm's backward makes the
-   gradient at its input orthogonal to the centred, normalised input x_hat (sum_i x_hat_i
-   dL/dx_i = 0, up to its eps), and the word embedding's gradient row of token v is the sum of
-   those gradients over v's occurrences. So when all of v's occurrences sit at one position p,
-   its row is orthogonal to x_hat(v, p) and, generically, to no other position's: v is then a
-   candidate at p only (|cos| < ``PIN`` + the eps term at p >= 1, the next position 10x above;
-   measured on MiniLM, K = 1-16, 15 batches: <= 3.5e-8 at the true position, >= 5.9e-7 for
-   tokens at several positions, never a wrong pin). FedSGD and aggregates of FedSGD clients only:
-   one FedAvg step shares W_1 - W_0 rounded at W's own precision (~1e-4 of the step), where
-   nothing passes the tolerance, so nothing is pinned or peeled there (measured on the tiny
-   transformer: safe, no gain).
-   Unlike step 1's span test, this does not saturate with the batch: at 16 sentences ~80 % of the
-   bag is pinned and the candidates per position fall from the whole bag (~110) to ~30 (the
-   pinned tokens there and the function words and [SEP] that sit at several positions).
-2. Sentence assembly. DAGER extends prefixes token by token for decoders (causal attention: a
-   prefix's next-layer inputs do not depend on what follows) and searches exhaustively over the
-   first layer's candidates for encoders. gradleak's choice for encoders (bidirectional attention):
-   a beam search over positions, each prefix closed by [SEP] and scored by the relative residual
-   of its last token's input to block 1 against block 1's span (a true prefix's next token is
-   almost always the lowest there: the missing suffix changes its context only mildly), the beam
-   ranked by the sum of those residuals (``--beam-width`` prefixes kept). At the first ``LOOKAHEAD``
-   positions, where a prefix closed at once misses most of its sentence's context, a new token is
-   scored with the best next token after it (``_lookahead``; on 3 probe batches of 8 sentences: 17 of
-   24 exact against 13 without). While a pass verifies new
-   sentences and some are missing, another runs (at most ``PASSES``) with the verified sentences'
-   prefixes ranked last, so the beam's room goes to the others (measured on MiniLM, 8 sentences:
-   2 -> 3 verified in one batch of two, at 3x the cost).
-2b. Splice (gradleak's, not the paper's): from 4-8 sentences the closed candidates the beam does
-   not verify are often chimeras, a wrong prefix (often a verified sentence's) in front of a true
-   tail at its true positions (seen on a probe batch of 8: each missing sentence's nearest closed
-   candidate was one), because the beam loses a true prefix at positions 2-5, where a prefix
-   closed by [SEP] misses most of its context. So every split (q, tail) of the unverified closed
-   candidates is scored by the block-1 residuals of the tail alone (positions 1..q-1 hidden from
-   attention, the tail kept at its absolute positions), and for the best-scoring tails that no
-   verified sentence explains (one budget: ``SPLICE_JOBS`` times the sentences then missing)
-   positions 1..q-1 are searched again left to right with the tail attached (``SPLICE_WIDTH``
-   prefixes at most; the positions not yet chosen hidden), the completion verified as in step 3.
-   It runs when a pass verifies nothing new (or was the last), only where some sentence was
-   verified, and skips splits an earlier splice searched. Measured before 1b and 2c (on probe
-   batches, not the experiment's): K = 8, 17 -> 20 of 24 exact; on reproduction/text-batch-size:
-   9 -> 11, 14 -> 16, 24 -> 28 at K = 4, 8, 16, none verified wrongly.
-2c. The ledger (gradleak's, not the paper's): a verified sentence is exact, so its own share of the
-   update can be computed: its gradient w.r.t. its input embeddings at the global weights, summed
-   per token, for the label and the one factor (the update's scale, e.g. 1 / K) under which it
-   explains at least one of its tokens' rows to a relative ``PEEL`` (1e-4: a token only it holds
-   measures ~2e-6, a sentence one token off ~0.15 or more); a sentence each of whose tokens is
-   also another's waits until a later peel leaves one to it alone. Subtracted from the
-   word-embedding rows, it takes the tokens only verified sentences held out of the candidates
-   (a row left below ``FIT`` of what was subtracted from it) and leaves tokens that remain at one
-   position to be pinned (step 1b on the rest, its tolerance widened by that error). A missing
-   sentence whose share of a row is below that error (a confident, right prediction: p - y
-   ~1e-5) loses the token there and goes unfound; it is never verified wrongly. The passes
-   and the splice alternate while either verifies something new (at most ``PASSES`` passes, or K + 1
-   for a batch of more than 9: every pass after the first follows one that verified a sentence).
-   Measured on probe batches (seeds 1000 K + 100 + b, not the experiment's), exact sentences with
-   1b and 2c against without: K = 4, 12 of 12; K = 8, 24 of 24 against 20; K = 16, 47 of 48
-   (16, 15, 16; batch 0 had 4 without), ~1.5-3 min a batch of 16 instead of ~11.
-2d. Deflation (gradleak's, not the paper's): the same subtraction on blocks 0 and 1's attention
-   gradients (the verified sentence's own d loss / d [W_Q; W_K; W_V] at the global weights, for the
-   label and factor step 2c fitted) leaves matrices whose row spaces are spanned by the inputs of
-   the sentences not peeled yet, and by nothing else. When block 1's rank there (at the largest
-   gap, as in Sec. 3) is its full rank less the peeled sentences' tokens (one block-1 input per
-   token: the check that every subtraction was right; otherwise the spans stay as they were), the
-   filter of step 1 and the search test against these spans instead of the full ones. Measured on
-   a batch of 16 where the search had stopped at 12 (python-docs, seed 1): block 1's span falls
-   from 199 to 60 dimensions (singular values 2.3e-6, then 3.7e-9: a clean gap), block 0 admits
-   2-5 tokens a position instead of 27-38, the missing sentences measure <= 6e-6 in it and one
-   token off ~0.5, and the next pass verified 3 of the 4 (16 of 16 in the end; 57 s against 86 in
-   probe runs alone on the machine). A sentence verified in a deflated span must lie in the full
-   one too (``in_full_span``): the deflated span carries the subtraction's rounding, a tilt of up
-   to ~noise / gap, which can exceed ``TAU``.
-   benchmarks/dager.json with 2d (other draws than the experiment's, and torch.nn's docstrings, a
-   source never used): 96 of 96 sentences at K = 16 in 6 batches (1b-2c alone: 83, batches at 12
-   and 10), 24 of 24 at K = 24 (19), 32 of 32 at K = 32 (1; block 1's rank 380 of 384; 14 passes), none
-   verified wrongly; 0.7-2.5 min a batch of 16, 10 min the batch of 32.
-3. Verification: a closed candidate sentence is accepted when the inputs of block 1 at all its
-   positions lie in block 1's span (max relative residual < ``TAU``; a single wrong token puts its
-   own position at ~0.1-0.4, measured on MiniLM at batches 1-16); after a deflation (2d) in the
-   deflated span and in the full one. Accepted sentences are exact by
-   this test, not by luck; sentences the search did not verify are filled with the beam's best
-   unverified guesses and counted apart (``verified`` vs the batch size).
-
-Where it stops (reported in ``extra``): the span test needs the batch's token count below the
-width (MiniLM 384, the tiny transformer 32) and an exact update. Noise breaks the rank and the
-bag: no search runs, the reconstruction is the bag dealt round-robin, inexact, and the verdict
-inconclusive. Pruning and quantisation keep the bag exact but break the low rank: the search
-runs and verifies nothing (measured: prune 0.5, int8, fp16 on two sentences), so the answer is
-inexact and says so. On MiniLM the
-layer-0 filter is clean up to ~4 sentences and saturates beyond (benchmarks/dager_span.py: the
-LayerNorm of word + position sums spans |bag| + L dimensions); from 8 sentences the position
-pins (1b), the ledger (2c) and the deflation (2d) do what it no longer does. What is left to
-the beam at 16 are the tokens at several positions (function words, [SEP]) until the ledger
-explains them; a sentence made only of tokens other sentences also hold cannot be peeled, and
-no sentence is peeled before one is verified in the full spans; the pins and the ledger need
-the update's word-embedding rows exact, as the bag does (FedSGD or aggregates of it). FedAvg with more
-than one local step is refused (the update is no longer one gradient: its span is not the
-inputs' span at one set of weights). The premise also needs the gradient's rank to reach the
-token count: on the tiny transformer (width 32) block 1's gradient has rank 5 for a sentence of
-9 tokens, so its span misses inputs and most sentences cannot be verified there (the beam's
-guess may still be right; ``why_not_exact`` names the ranks). Labels: the classifier bias rule
-for one sentence; for a batch DAGER recovers none (``label_method`` "none"). ``exact`` is true
-only when exactly the batch size of distinct sentences was verified and nothing else is amiss.
-"""
+off the low rank of the attention layers' gradients, each one verified, no optimisation."""
 
 from __future__ import annotations
 
@@ -243,7 +128,7 @@ class _Spans:
 
     @torch.no_grad()
     def position_pins(self, tokens: list[int], rows: torch.Tensor, error: torch.Tensor, length: int) -> dict[int, int]:
-        """Step 1b (module docstring): token -> the one position p < ``length`` that holds all its
+        """Step 1b (docs notes): token -> the one position p < ``length`` that holds all its
         occurrences still unexplained, for the tokens whose word-embedding gradient row (``rows``
         [len(tokens), dim], float64: the update's, or what verified sentences left of it, step 2c)
         is orthogonal to their normalised embedding sum at p; tokens at several positions are not
@@ -295,7 +180,7 @@ class _Spans:
 
 
 class _Ledger:
-    """Step 2c (module docstring): the word-embedding gradient rows of ``tokens`` that the verified
+    """Step 2c (docs notes): the word-embedding gradient rows of ``tokens`` that the verified
     sentences do not explain. A verified sentence's own contribution is its gradient at the global
     weights w.r.t. its input embeddings, summed per token, for the label under which one factor
     makes it explain at least one of its tokens' rows (relative residual below ``PEEL``: a token
@@ -434,7 +319,7 @@ def _refuse_unless_one_gradient(update: SharedUpdate) -> None:
 def _beam_pass(spans: _Spans, candidates: list[list[int]], length: int, width: int, tok: Any,
                verified: dict[tuple[int, ...], float], closed: dict[tuple[int, ...], float],
                known: set[tuple[int, ...]], step: Any) -> list[list[int]]:
-    """One beam search over positions 1..L-1 (module docstring, step 2): fills ``closed`` with every
+    """One beam search over positions 1..L-1 (docs notes, step 2): fills ``closed`` with every
     closed candidate's largest block-1 residual and ``verified`` with those below ``TAU``; prefixes
     in ``known`` rank after all others. Returns the final beam."""
     beams: list[list[int]] = [[tok.cls_id]]
@@ -490,7 +375,7 @@ def _explained(split: tuple[int, tuple[int, ...]], verified: dict[tuple[int, ...
 def _splice(spans: _Spans, candidates: list[list[int]], tok: Any, k: int, verified: dict[tuple[int, ...], float],
             closed: dict[tuple[int, ...], float], width: int, step: Any,
             tried: set[tuple[int, tuple[int, ...]]] | None = None) -> tuple[int, int]:
-    """Step 2b (module docstring): re-search the prefixes of the closed candidates whose tails look
+    """Step 2b (docs notes): re-search the prefixes of the closed candidates whose tails look
     true. Every split (q, candidate[q:]) of an unverified closed candidate is scored by the mean
     block-1 residual of its tail alone (positions 1..q-1 hidden from attention, the tail at its
     absolute positions); splits whose first two tail tokens a verified sentence holds at the same
@@ -591,7 +476,7 @@ def _why_not_exact(exact_bag: bool, verified: dict[tuple[int, ...], float], foun
 
 def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
           observer: Any = None) -> TextReconstruction:
-    """DAGER on ``update`` (module docstring): verified sentences, then the best unverified ones up
+    """DAGER on ``update`` (docs notes): verified sentences, then the best unverified ones up
     to the batch size. Never sees the sentences."""
     _refuse_unless_one_gradient(update)
     t0 = time.perf_counter()

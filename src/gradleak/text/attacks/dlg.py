@@ -1,8 +1,5 @@
-"""DLG for text (Zhu et al. 2019, Sec. 4.2), restricted to the leaked bag of words: K x L dummy
-positions, each a softmax over the leaked tokens, and soft labels, optimised so that the simulated
-update matches the shared one; each position then takes its most probable token and a greedy
-search over discrete sentences keeps every move that lowers the gradient distance
-(text/inversion.py ``dlg_text``)."""
+"""DLG for text (Zhu et al. 2019, Sec. 4.2), restricted to the leaked bag of words, then a greedy
+search over discrete sentences (text/inversion.py ``dlg_text``)."""
 
 from __future__ import annotations
 

@@ -1,49 +1,7 @@
 """LAMP, "Extracting Text from Gradients with Language Model Priors" (Balunovic, Dimitrov,
 Jovanovic and Vechev, NeurIPS 2022): continuous optimisation of the dummy sentences alternated with
 discrete steps that reorder their tokens, each reordering scored by the gradient distance plus a
-language model's log-perplexity (Alg. 1).
-
-* **Continuous step** (Sec. 4.1): Adam on the dummy sentences (and soft labels) under LAMP's cosine
-  gradient distance, L_rec = 1 - <g', g> / (|g'| |g|) over all shared tensors together (LAMP_cos,
-  the variant the paper reports for BERT), plus, on free embeddings, the embedding-length
-  regulariser alpha_reg (mean_i |x_i| - mean_v |e_v|)^2 that keeps them the length of real word
-  embeddings.
-* **Initialisation** (Alg. 1, line 1): the best of ``INIT_SAMPLES`` random draws by L_rec.
-* **Discrete step** every ``--discrete-every`` continuous steps (Sec. 4.2, Alg. 1 lines 5-7): per
-  sentence, ``--discrete-candidates`` random transformations of its positions (swap two tokens, move
-  one token, move a span of tokens, move the prefix to the end: the paper's four), each scored as
-  L_rec(x') + alpha_lm L_lm(t'), t' the candidate batch's tokens (each position's nearest token) and
-  L_lm their log-perplexity under the prior (text/prior.py), averaged over the batch's sentences (as
-  the authors' code averages GPT-2's loss over the batch: for one sentence's candidates the prior
-  weighs alpha_lm / K); the best candidate replaces the sentence when it scores lower than the
-  current one. The transformations move the continuous positions
-  themselves, so the optimisation continues from the reordered sentence.
-* At the end each position takes its nearest token (and gradleak's order search may follow with
-  ``--search-evaluations``; LAMP has none, its default is 0).
-
-**gradleak's choices, where the paper differs or is silent** (docs: README's text section):
-
-* *The language model* is an interpolated Kneser-Ney bigram model over WordPiece ids, counted
-  from the standard library's docstrings (text/prior.py says why: no offline GPT-2, and MiniLM has
-  no masked-LM head); the paper uses GPT-2.
-* *The relaxation*: where the word-embedding gradient names the batch's tokens exactly (gradleak's
-  clients train the word embedding, so any attacker has that bag), each position is a softmax over
-  the bag's tokens (gradleak's DLG relaxation, text/inversion.py) and "nearest token" is the most
-  probable one; the regulariser then has nothing to do (a mixture of real rows). Where no bag
-  leaked (noise, pruning) the positions are free embeddings with the regulariser, as in the paper.
-  The paper's BERT runs optimise free embeddings.
-* *The schedule* is scaled to this CPU (the paper: 2,000 steps, a discrete step every 75 with 200
-  candidates, 500 initial draws); defaults per model below. alpha_lm = 0.2 (the paper's value with
-  L_cos for BERT), alpha_reg = 1.
-* *Batches*: one continuous variable of K sentences of the leaked length L (as gradleak's DLG and
-  TAG); each sentence's discrete step is scored on the whole batch's gradient. The authors' code
-  takes each sentence's length (its padding) from the true input by default; gradleak knows only
-  the longest one, which the position-embedding gradient leaks, so shorter sentences of a batch are
-  rebuilt at that length.
-
-Threat models: those of gradleak's text simulator (FedSGD, FedAvg with local steps unrolled,
-aggregates of N clients); the discrete step scores candidates on the same simulation.
-"""
+language model's log-perplexity (Alg. 1)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""TAG, "Gradient Attack on Transformer-based Language Models" (Deng et al., Findings of EMNLP
-2021): free dummy token embeddings (and soft labels) optimised so that the simulated update
-matches the shared one under TAG's distance, the Euclidean distance of the gradients plus alpha
-times their Manhattan distance (Sec. 3), then each position mapped to its nearest row of the word
-embedding (text/inversion.py ``dlg_text`` with ``restrict=False`` and ``l1_weight`` = alpha).
-
-Choices (the paper leaves them to its code): the Euclidean term is squared (DLG's objective, so
-that alpha = 0 is DLG on free embeddings exactly) and alpha defaults to 0.01 (``--l1-weight``);
-no discrete search by default (``--search-evaluations 0``: TAG has none; gradleak's order search
-may be switched on with a budget). Batches are handled as DLG does: K x L dummy positions and K
-soft labels; the sentence length is the leaked position count.
-"""
+"""TAG (Deng et al., Findings of EMNLP 2021): free dummy token embeddings matched under TAG's
+distance (Euclidean plus alpha times Manhattan, Sec. 3), then each position mapped to its nearest
+row of the word embedding (text/inversion.py ``dlg_text``)."""
 
 from __future__ import annotations
 
