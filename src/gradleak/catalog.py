@@ -1,12 +1,5 @@
 """The names a user can give, importable without torch: models, data sources, attacks, defenses,
-servers, presets, text models and attacks, experiments, each with its one-line description.
-
-The registries (models.registry, data.sources, defenses.spec, text, experiments) are built from
-these tables or checked against them; the image attacks' names come from their own declarations
-(specs.py) (tests/test_catalog.py), so that the CLI can
-answer a misspelt name (with a "did you mean") in well under a second, before it imports torch,
-and `gradleak list` runs without torch.
-"""
+servers, presets, text models and attacks, experiments, each with its one-line description."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The `gradleak` command. User errors become one line on stderr and exit status 2.
-
-Building the parser imports nothing heavy: each sub-command's flags are added only when that
-sub-command is parsed (``_LazySubParsers``), so ``gradleak --help`` and ``--version`` import
-neither torch nor the config models, and ``gradleak attack --help`` only the pydantic config.
-"""
+Each sub-command's flags are added only when it is parsed, so ``gradleak --help`` imports neither
+torch nor the config models, and ``gradleak attack --help`` only the pydantic config."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The run configuration: one typed model; every CLI flag of `gradleak attack` is a field here.
-
-Each run saves its full resolved config as config.json, and `gradleak attack --config FILE`
-reruns it.
-"""
+Each run saves its full resolved config as config.json, and `gradleak attack --config FILE` reruns it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What the commands print on a terminal: tables that fit its width or wrap (no cell is ever cut
-with an ellipsis), and notices said once per output folder rather than on every run.
-
-Imports nothing heavy at module level (rich is imported when a table is printed), so the CLI's
-parser can use it without slowing ``gradleak --help``.
-"""
+"""What the commands print on a terminal: tables that fit its width or wrap (no cell is ever cut),
+and notices said once per output folder. Imports nothing heavy, so ``gradleak --help`` stays fast."""
 
 from __future__ import annotations
 

@@ -1,39 +1,4 @@
-"""A local Ray instance that stays on this machine: loopback listeners, no probes.
-
-What a plain ``ray.init(include_dashboard=False)`` with ``RAY_USAGE_STATS_ENABLED=0`` does on a
-Linux machine (Ray 2.55, seen with strace):
-
-* it takes as the node's address the one that routes to 8.8.8.8 (a UDP ``connect`` to
-  8.8.8.8:53, in the driver and in the runtime-env agent), and with a node address that is not
-  127.0.0.1 every Ray server listens on all interfaces: the GCS, the raylet's node manager and
-  object manager, every worker's (and the driver's) core-worker gRPC server on ``[::]``, the
-  runtime-env agent on the node address; by Ray's source, the dashboard agent's gRPC server and,
-  with ``ray[default]`` installed, its HTTP server and metrics exporter on ``0.0.0.0``. All Ray
-  traffic then goes through that routable address;
-* it starts its dashboard process all the same (with only the ``UsageStatsHead`` module), and
-  that module probes cloud metadata services whether usage stats are enabled or not: HTTP to
-  169.254.169.254 (Azure, AWS) and to ``metadata.google.internal`` (a DNS query first).
-
-:func:`local_ray` starts Ray in its single-machine mode instead (Ray's default on macOS and
-Windows): node address 127.0.0.1, with which Ray binds every server above to 127.0.0.1; metrics
-collection off (no exporter, no metrics traffic); and every HTTP(S) request of Ray's processes
-sent to a proxy at 127.0.0.1 port 0, which nothing can listen on, so the metadata probes fail on
-this machine without a DNS query or a packet out (loopback addresses bypass the proxy; Ray's
-gRPC ignores proxies). The environment is set for the block only: Ray's processes inherit it
-when they start, the caller's environment is restored on exit. ``tests/reliability/test_loopback.py``
-traces both users (the Ray sweep executor, the Flower audit) with strace: every AF_INET/AF_INET6
-``bind`` is to loopback and every ``connect``/``sendto`` goes to loopback.
-
-The workers' import path. A driver's ``ray.init`` (Ray 2.55, ``ray._private.worker.connect``)
-records its working folder, and its script's folder when that is on its own path, in the job
-config (``py_driver_sys_path``); every worker of the job puts them at the head of its
-``sys.path`` before it loads the first task's code. A ``click.py`` (or any module name a worker
-imports: ``gradleak``, ``torch`` ...) in the folder where ``gradleak`` was started then ran in
-every Ray task and Flower client. :func:`init_ray` gives Ray a job config that records no folder
-(:func:`job_config`); the workers find gradleak where it is installed, as the driver does.
-:func:`safe_path_children` does the same for processes started with ``python -c`` (the sweep's
-process pool: multiprocessing's spawn), whose path starts with their working folder.
-"""
+"""A local Ray instance that stays on this machine: loopback listeners, no probes."""
 
 from __future__ import annotations
 
@@ -62,7 +27,7 @@ ENVIRONMENT: dict[str, str] = {
     "RAY_grpc_enable_http_proxy": "0",
     # CPU tasks: Ray leaves CUDA_VISIBLE_DEVICES alone (and does not warn that it will).
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    # The cloud-metadata probes of Ray's dashboard process (see the module docstring), and any other
+    # The cloud-metadata probes of Ray's dashboard process (see the module's notes in docs/), and any other
     # HTTP(S) request a Ray process makes with requests/urllib, go nowhere; a user's own proxy
     # settings would send them to that proxy, off this machine.
     "http_proxy": _NOWHERE, "https_proxy": _NOWHERE, "HTTP_PROXY": _NOWHERE, "HTTPS_PROXY": _NOWHERE,
@@ -74,7 +39,7 @@ ENVIRONMENT: dict[str, str] = {
 @contextmanager
 def local_ray(num_cpus: int, *, verbose: bool = False, keep_signals: bool = False) -> Iterator[None]:
     """Start a local Ray instance of ``num_cpus`` CPUs that listens on loopback only and probes
-    nothing (see the module docstring); shut it down on exit and restore the environment.
+    nothing (see the module's notes in docs/); shut it down on exit and restore the environment.
     ``keep_signals``: the caller's SIGINT/SIGTERM handlers stay in charge (:func:`init_ray`),
     for a caller whose handlers stop its work in order (a sweep); otherwise Ray's own.
 

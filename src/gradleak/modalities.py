@@ -1,15 +1,4 @@
-"""What each modality (``--modality NAME``) declares, importable without torch.
-
-A modality is a plug-in: its case (pipeline/<name>.py, registered with ``pipeline.case.modality``)
-builds the client or reads the update file, attacks it and scores it. What the CLI, the config,
-the run and the verdict need to know of it before (or without) that code is declared here, once
-per modality, so that none of them compares modality names: the names its attacks and models are
-checked against, the config fields only it reads and those it refuses, its default attack, the
-run folder's name and files, the console summary, the convergence line its attacks are held to,
-how a verdict words "nothing leaked", and where its case, shared client and report live. The
-plug-in code is named by ``module:function`` and imported only when asked for (it imports torch):
-the CLI answers a bad name or config from this module alone (tests/test_catalog.py).
-"""
+"""What each modality (``--modality NAME``) declares, importable without torch."""
 
 from __future__ import annotations
 
@@ -28,7 +17,7 @@ def _no_lines(metrics: Mapping[str, Any]) -> list[str]:
 
 @dataclass(frozen=True, eq=False)
 class Modality:
-    """One modality's declaration (see the module docstring).
+    """One modality's declaration (see the module's notes in docs/).
 
     plugin:         the module whose import registers its case builder (``pipeline.case.modality``).
     share, report:  ``module:function`` of ``gradleak share``'s client (config -> Case) and of the

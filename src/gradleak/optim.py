@@ -1,20 +1,5 @@
-"""torch optimizers that never import torch._dynamo.
-
-torch's ``Optimizer`` wraps ``add_param_group``, ``state_dict``, ``load_state_dict`` and
-``zero_grad`` in ``torch._disable_dynamo``, and Adam's / SGD's ``step`` in a wrapper that calls
-``torch._dynamo.graph_break``: the first call of any of them imports torch._dynamo, 2-3.5 s on a
-small CPU (measured here), which is most of a short attack's set-up and of a DLG run's time to
-its first good image. gradleak never traces its optimizers with torch.compile, so these
-subclasses call torch's own undecorated methods (the same code, the same numbers; tests compare
-the trajectories with torch's classes and check in a fresh process that nothing imports dynamo).
-
-Not everything can avoid it: under ``torch.func.vmap`` (GradInversion's G > 1 seeds, IG's
-restarts), torch.func.grad looks torch._dynamo up itself, so those runs still import it once.
-
-What is skipped with the decorators: dynamo's graph breaks (only meaningful under
-torch.compile) and, for ``step``, the optimizer's step pre/post hooks
-(``register_step_pre_hook``), which gradleak does not use.
-"""
+"""torch optimizers that never import torch._dynamo (seconds of set-up on a small CPU): the same
+code and numbers as torch's, without the decorators that only matter under torch.compile."""
 
 from __future__ import annotations
 

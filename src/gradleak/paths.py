@@ -1,20 +1,5 @@
-"""Files gradleak reads and writes: checked before any work, written atomically.
-
-Inputs:  :func:`check_input_file` says what is wrong with a path given as a file to read (absent,
-         a folder, a device or pipe, too large) before anything opens it.
-Outputs: :func:`check_output_file` and :func:`check_output_dir` refuse, before a run starts,
-         every output path that could only fail (or replace something) after the work is done:
-         a folder where a file goes, a symbolic link, ``.``, a path below a regular file, a
-         folder that cannot be written. :class:`StagedDir` creates a run folder's hidden
-         staging folder up front (an unpredictable name made by ``mkdtemp``), and renames it into
-         place when complete; :func:`atomic_write_bytes` does the same for one file. Staging
-         folders left by a process that was killed (SIGKILL) are removed by the next
-         :class:`StagedDir` in the same parent folder. :func:`atomic_write_files` writes
-         several files all or none (an update and its truth file). :func:`check_apart`
-         refuses an output that is, or lands inside, one of the run's inputs. Every name is checked
-         against its file system's limit (:func:`check_name_lengths`); the hidden names made
-         from it are cut to fit.
-"""
+"""Files gradleak reads and writes: every input and output path checked before any work, outputs
+written atomically (staged and renamed), so a failure never leaves half a file."""
 
 from __future__ import annotations
 

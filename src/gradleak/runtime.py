@@ -1,40 +1,6 @@
 """Process and device settings of an attack: the device, glibc's allocator on CPU, and the
 threads on a busy machine, the one thread policy of the CLI and the Python API (float32
-precision on CUDA is the engine's: engine/precision.py).
-
-Device: ``resolve_device`` turns a device name ("cpu", "cuda", "cuda:N", "auto") into a torch
-device, with one clear ConfigError for a GPU that is not there; the pipeline and the engine
-(``Engine.device``) both use it.
-
-Allocator (CPU):
-
-Why: a gradient-matching step on a real model allocates and frees tens of megabytes of
-temporaries (the dummy gradient is as large as the model: 11 M entries for ResNet-18, and its
-double backward makes several more of that size). glibc serves every block above its mmap
-threshold with a fresh ``mmap`` and unmaps it on ``free``; it also returns the top of the heap
-to the kernel once more than its trim threshold is free. Either way the next step touches fresh
-pages, and the kernel zero-fills each 4 KiB page on its first touch. Measured on this 2-core
-machine (one torch thread, benchmarks/tried.json "allocator"): Inverting Gradients on ResNet-18
-took ~440 k minor page faults per 20 iterations and GradInversion on the ConvNet (batch 4, 4
-seeds) ~460 k per 30.
-
-``tune_allocator`` raises glibc's mmap threshold to its documented maximum for 64-bit systems
-(32 MiB, ``DEFAULT_MMAP_THRESHOLD_MAX``) and its trim threshold to 1 GiB, with ``mallopt``.
-Blocks up to 32 MiB then come from the heap and are reused from step to step; free heap up to
-1 GiB is kept for the next step. Both must be set together: a fixed trim threshold alone turns
-off glibc's dynamic mmap threshold and made the same runs 1.6-1.8x slower (measured ad hoc, not
-in tried.json). Measured with both (same runs, fresh processes, alternating;
-benchmarks/tried.py --only allocator): page faults down 6-9x, loop time 1.18x faster for IG /
-ResNet-18 (rounds 1.15-1.20; ad-hoc runs before that 1.07-1.29x) and 1.06-1.10x for
-GradInversion / ConvNet (ad hoc 1.13-1.19x); DLG's LeNet has few large blocks (faults 10 k ->
-5.5 k) and its loop time moves within noise (rounds 0.95-1.14x). Peak resident memory unchanged
-(within 1 %).
-
-The cost: memory the attack freed stays with the process (up to 1 GiB) instead of going back
-to the kernel while the process runs. The setting is process-wide and is made once, by the
-first attack (``optimise``); ``GRADLEAK_ALLOCATOR=system`` leaves glibc's defaults alone.
-Only glibc (Linux) has these knobs; elsewhere nothing is changed.
-"""
+precision on CUDA is the engine's: engine/precision.py)."""
 
 from __future__ import annotations
 
@@ -78,7 +44,7 @@ def allocator() -> str:
 
 
 def tune_allocator() -> str:
-    """Set glibc's mmap and trim thresholds once per process (see the module docstring).
+    """Set glibc's mmap and trim thresholds once per process (see the module's notes in docs/).
 
     Returns the resulting state ("glibc tuned" or "system"). Never raises: a platform without
     glibc, an allocator preloaded in place of glibc's (jemalloc, tcmalloc, mimalloc in

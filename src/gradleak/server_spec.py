@@ -1,13 +1,5 @@
-"""The ``--server`` spec, parsed without torch (the config checks it when it is given):
-
-    honest                                the global model as it is
-    imprint[:bins=N,mean=M,std=S,gain=G]  Robbing the Fed's imprint block in front of it
-    trap[:rows=N,shrink=A|rate=R,seed=S,gain=G]
-                                          Boenisch et al.'s trap weights in front of it (a shrink
-                                          given, or calibrated for the firing rate R on public photos)
-
-models/server.py builds the model a spec names.
-"""
+"""The ``--server`` spec (``honest``, ``imprint[:...]``, ``trap[:...]``), parsed without torch so that
+the config can check it; models/server.py builds the model a spec names."""
 
 from __future__ import annotations
 

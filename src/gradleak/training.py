@@ -1,36 +1,5 @@
 """Train a victim model under a defense, with checkpoints, so that "accuracy under a defense" and
-"attacks at a stage of training" are measured, not guessed.
-
-    cfg = TrainConfig(model="lenet-dlg", defense=("gaussian:0.01",), train_subset=2000)
-    result = train(cfg, "runs/train-lenet")
-    result.final_accuracy                      # test accuracy after training
-    spec, meta = load_checkpoint(result.checkpoints[1].path)   # the model at 30 % of training
-
-Every step is exactly a defended FedSGD client's step: the mini-batch's gradient is the one
-:func:`gradleak.defenses.client_update` shares (plain :func:`gradleak.fl.fedsgd` without
-defenses; DP-SGD's per-sample clipping and noise included), and ``torch.optim.SGD`` (with
-momentum) applies it to the model's parameters through ``p.grad``.
-
-BatchNorm running statistics. ``fedsgd`` runs the network through ``functional_call`` with
-*cloned* buffers, so the module's own running mean/variance would never move and an eval-mode
-model would normalise with its initial statistics (mean 0, var 1). After computing the gradient,
-the trainer therefore runs one extra forward pass of the same mini-batch through the module itself,
-in train mode under ``torch.no_grad``, with the parameters of that step (before the SGD update):
-BN normalises with the same batch statistics as the gradient's forward pass and updates its
-running statistics exactly as an ordinary ``loss.backward(); opt.step()`` loop would. The pass is
-skipped for models without BN running statistics (e.g. lenet-dlg, and every DP-SGD model, since
-DP-SGD refuses BN).
-
-Outputs in ``out``:
-  checkpoint-<f>.safetensors  the full state_dict at fraction f of the steps (f formatted "0.30"),
-                              JSON metadata under the key "meta" (format "gradleak.checkpoint").
-  training.json               config, checkpoints, accuracies, loss per step, timing, DP epsilon.
-  training.png                test accuracy vs fraction of training, and the training loss curve.
-
-Checkpoints are read back by :func:`load_checkpoint` like any untrusted file (no pickle, header
-and shapes checked before a tensor is read) and applied to an existing model with
-:func:`apply_checkpoint`.
-"""
+"attacks at a stage of training" are measured, not guessed."""
 
 from __future__ import annotations
 
@@ -760,7 +729,7 @@ def _plot_or_none(result: TrainResult) -> Path | None:
 
 def train(cfg: TrainConfig, out: str | Path, *, progress: bool = False) -> TrainResult:
     """Train ``cfg.model`` on ``cfg.data`` with every gradient step defended; write checkpoints,
-    ``training.json`` and ``training.png`` to ``out``. See the module docstring.
+    ``training.json`` and ``training.png`` to ``out``. See the docs notes.
 
     Raises ConfigError (bad values, dpsgd on a BN model, a data source without a test split,
     subsets larger than the data), DataError / UnknownNameError (data, model),

@@ -1,11 +1,4 @@
-"""Privacy audits of real federations: attack each client's individual update each round.
-
-* :class:`LeakageAuditor` (framework-agnostic): global weights + a client's weights + the public
-  FedAvg hyper-parameters -> a gradleak SharedUpdate -> the chosen attack -> a standard run
-  folder, DIR/runs/round-RRR-client-C/, and its row in the index, DIR/audit.csv.
-* :class:`gradleak.audit.flower.AuditedStrategy`: wraps any Flower (message API) strategy.
-* :mod:`gradleak.audit.example`: a runnable Fashion-MNIST federation (``gradleak audit-flower``).
-"""
+"""Privacy audits of real federations: attack each client's individual update each round."""
 
 # Imported on first use (PEP 562): the auditor needs torch and AuditedStrategy needs flwr, while
 # `gradleak audit-flower` checks its flags (audit.command, audit.settings) before loading either.

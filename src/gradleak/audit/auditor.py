@@ -1,29 +1,4 @@
-"""The leakage auditor: what a curious server could reconstruct from each client's update.
-
-Framework-agnostic core (the Flower wrapper in :mod:`gradleak.audit.flower` feeds it): for one
-client in one round it takes the global weights the server sent, the weights the client sent
-back and the public FedAvg hyper-parameters (local steps, local mini-batch size, learning
-rate, number of examples), builds the :class:`~gradleak.fl.SharedUpdate` a gradleak attacker
-receives (the weight difference W_S - W_0, ``meta.threat`` = the fedavg record) and runs the
-chosen attack through the one pipeline (:func:`gradleak.pipeline.run.attack_case`).
-
-What it writes in DIR:
-
-* ``runs/round-RRR-client-C/``: each attacked update's standard run folder, as `gradleak attack`
-  writes it (:func:`gradleak.pipeline.record.write_run`: config.json, metrics.json, history.csv,
-  reconstruction.png and .safetensors, report.html), staged and renamed into place;
-  metrics.json's ``audit`` names the round, client and node, the update's norm and the attack's
-  seconds.
-* ``audit.csv``: the index, one row per audited update (:data:`INDEX_COLUMNS`: who, the attack,
-  status, verdict, headline numbers, the run folder, the error of an update not attacked),
-  rewritten atomically after every update.
-* ``audit.json`` (:meth:`LeakageAuditor.write_summary`): the settings, the attack config and the
-  index rows (errors whole).
-
-Ground truth is optional and kept apart: ``truth_fn(round, client) -> Batch | None`` is called
-only after the attack returned, to score it (PSNR, SSIM, label accuracy). A real federation has
-no ground truth; its run folders carry the attack's own gradient distance and reconstructions.
-"""
+"""The leakage auditor: what a curious server could reconstruct from each client's update."""
 
 from __future__ import annotations
 
@@ -74,7 +49,7 @@ class AuditSettings:
 
     attack:            gradleak AttackConfig fields of the attack (``attack``, ``iterations``,
                        ``lr``, ``seeds``, ...), validated exactly as ``gradleak attack`` does.
-    out:               folder for audit.csv, audit.json and runs/ (see the module docstring).
+    out:               folder for audit.csv, audit.json and runs/ (see the module's notes in docs/).
     local_steps, local_batch_size, local_lr: the public FedAvg hyper-parameters, used when the
                        round's train config does not carry them (see ``FedAvgKeys``).
     max_batch_size:    clients that trained on more examples are logged as skipped (an
@@ -102,7 +77,7 @@ class AuditSettings:
 
 
 class LeakageAuditor:
-    """Attack individual client updates and log leakage; thread-safe; see the module docstring."""
+    """Attack individual client updates and log leakage; thread-safe; see the module's notes in docs/."""
 
     def __init__(self, model: ModelSpec, settings: AuditSettings, truth_fn: TruthFn | None = None):
         from ..attacks import resolve_attack

@@ -1,23 +1,5 @@
 """A runnable example federation with the audit switched on: Fashion-MNIST split over N
-clients, FedAvg, Flower's simulation engine (``flwr.simulation.run_simulation`` on Ray).
-
-The clients are an ordinary Flower ClientApp with a plain PyTorch training loop: each round,
-client p draws its batch of ``examples`` images from its partition (the images whose index is
-p mod N), runs ``local_steps`` SGD steps of learning rate ``lr`` in mini-batches of
-``batch_size`` (shuffled with its own private generator), optionally defends its weight
-difference (update-level gradleak defenses: gaussian, pruning, quantisation), and replies with
-its weights, ``num-examples`` and its partition id. The server sends those hyper-parameters in
-the train config; the audit reads them there (the attacker knows them: FedAvg's public
-hyper-parameters) and attacks each client's W_S - W_0. With ``server`` (``--server imprint`` or
-``trap``) the server is malicious: the model it sends, which the clients train and the auditor
-attacks, carries its block (:func:`build_example_model`).
-
-Ground truth for scoring: the batch of client p in round r is a pure function of (seed, p, r),
-so the auditor's ``truth_fn`` recomputes it with the same function the clients use; it is
-called only after each attack returned.
-
-    gradleak audit-flower --rounds 3 --clients 3 --attack idlg --out audit-run
-"""
+clients, FedAvg, Flower's simulation engine (``flwr.simulation.run_simulation`` on Ray)."""
 
 from __future__ import annotations
 

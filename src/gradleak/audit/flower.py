@@ -1,20 +1,4 @@
-"""A privacy audit inside a Flower federation (flwr >= 1.20 message API; tested with 1.41).
-
-:class:`AuditedStrategy` wraps any ``flwr.serverapp.strategy.Strategy`` (FedAvg, FedProx, a DP
-wrapper, your own): it keeps the global model it sends in ``configure_train``, and in
-``aggregate_train`` hands every client's reply (its weights, ``num-examples``, and the round's
-public FedAvg hyper-parameters from the train config) to a :class:`LeakageAuditor` before the
-wrapped strategy aggregates. Everything else is delegated unchanged, so the federation trains
-exactly as it would without the audit.
-
-    from gradleak.audit import AuditSettings, AuditedStrategy, LeakageAuditor
-    auditor = LeakageAuditor(model_spec, AuditSettings(attack={"attack": "idlg", "iterations": 100}, out="audit"))
-    strategy = AuditedStrategy(FedAvg(...), auditor)
-    strategy.start(grid=grid, initial_arrays=..., num_rounds=3, train_config=ConfigRecord({"lr": 0.01, ...}))
-
-Client identity in the rows: a ``ConfigRecord`` named ``client-info`` with ``partition-id`` in
-the reply when the client sends one (the example does), else the Flower node id.
-"""
+"""A privacy audit inside a Flower federation (flwr >= 1.20 message API; tested with 1.41)."""
 
 from __future__ import annotations
 

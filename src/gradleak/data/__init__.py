@@ -1,11 +1,4 @@
-"""Private client data: offline image sources and reproducible batch sampling.
-
-Typical use::
-
-    source = open_source("cifar10-samples")
-    batch = sample_batch(source, batch_size=4, seed=0, image_size=32, channels=3)
-    batch.images  # [4, 3, 32, 32] float32 in [0, 1]
-"""
+"""Private client data: offline image sources and reproducible batch sampling."""
 
 from gradleak.data.batch import Batch
 from gradleak.data.images import IMAGE_EXTENSIONS, load_image_file

@@ -1,10 +1,5 @@
-"""Fashion-MNIST IDX files: find them, validate them, decode them with numpy.
-
-IDX layout: two zero bytes, a dtype byte (0x08 = unsigned byte), the number of dimensions,
-then one big-endian uint32 per dimension, then the data. Images have magic 2051 (3 dims),
-labels 2049 (1 dim). Nothing is trusted before it is checked against the bytes actually
-present, so a corrupt header can never make us allocate more than the file holds.
-"""
+"""Fashion-MNIST IDX files: find them, validate them, decode them with numpy. No header is trusted
+before it is checked against the bytes present, so a corrupt file cannot make us over-allocate."""
 
 from __future__ import annotations
 

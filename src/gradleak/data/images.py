@@ -1,8 +1,5 @@
-"""Decode one image (any PIL mode, any size) into a [C, S, S] float tensor in [0, 1].
-
-Every source ends up here, so CIFAR PNGs, ImageNet JPEGs, Fashion-MNIST arrays and a
-user's own files all get the same mode handling, resize and crop.
-"""
+"""Decode one image (any PIL mode, any size) into a [C, S, S] float tensor in [0, 1]: every source
+ends up here, so all get the same mode handling, resize and crop."""
 
 from __future__ import annotations
 

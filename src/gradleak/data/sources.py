@@ -1,13 +1,4 @@
-"""Where a client's private images come from, and how a batch is drawn from them.
-
-Sources, all offline:
-
-* ``cifar10-samples`` / ``cifar100-samples`` / ``imagenet-samples``: the 20 real photos per
-  dataset shipped in the foolbox 3.3.4 wheel (``foolbox/data/<kind>_<NN>_<label>.<ext>``).
-* ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or any folder with them).
-* any folder: Fashion-MNIST IDX files if present, otherwise an ImageFolder
-  (one subfolder per class, class index = sorted position).
-"""
+"""Where a client's private images come from, and how a batch is drawn from them."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The Defense base class: a frozen dataclass whose fields are its parameters.
-
-A defense is a pure function ``SharedUpdate -> SharedUpdate``: it never mutates its input, it
-returns ``update.replace(gradients=..., meta=...)`` with its canonical spec string appended to
-``meta.defenses``. Update-level defenses touch ``gradients`` only; ``global_weights`` and
-``bn_statistics`` pass through untouched (a client that also shares BN statistics shares them as
-they are; noising them would be a separate defense).
-"""
+"""The Defense base class: a frozen dataclass whose fields are its parameters."""
 
 from __future__ import annotations
 

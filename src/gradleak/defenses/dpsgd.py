@@ -1,25 +1,4 @@
-"""DP-SGD (Abadi et al. 2016) as a client-side defense: per-sample clipping + Gaussian noise.
-
-A finished SharedUpdate holds only the batch-mean gradient, not the per-sample gradients DP-SGD
-clips, so this defense runs where the client computes its gradient:
-:func:`dpsgd_gradient` (the gradients) and :meth:`DPSGD.client_update` (a whole SharedUpdate).
-
-The math mirrors Opacus' DPOptimizer (flat clipping, ``loss_reduction="mean"``,
-``expected_batch_size = K``)::
-
-    g_i    = grad of cross_entropy(model(x_i), y_i)            per sample, all trainable params
-    c_i    = min(1, C / (||g_i||_2 + 1e-6))                     ||.|| over all params together
-    g_hat  = (sum_i c_i g_i + N(0, (Z C)^2 I)) / K
-
-including Opacus' 1e-6 in the clip factor and its noise call (``torch.normal(0, Z*C, size,
-generator=...)`` per parameter, in parameter order), so on CPU with the same generator state the
-result equals Opacus' (tested).
-
-BatchNorm is refused (ConfigError): in training mode it normalises each sample with statistics of
-the whole batch, so one sample moves every other sample's gradient and clipping g_i no longer
-bounds its influence: the DP guarantee would be void (Opacus refuses BN for the same reason).
-Use a model without BN (lenet-dlg) or swap BN for GroupNorm (Opacus' ``ModuleValidator.fix``).
-"""
+"""DP-SGD (Abadi et al. 2016) as a client-side defense: per-sample clipping + Gaussian noise."""
 
 from __future__ import annotations
 

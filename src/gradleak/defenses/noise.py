@@ -1,9 +1,4 @@
-"""Additive noise on the shared gradients (DLG rebuttal Table 3: G-1e-4..1e-1, L-1e-4..1e-1).
-
-Noise is drawn from the caller's ``torch.Generator`` on the generator's device (CPU for a CPU
-generator), tensor by tensor in the update's gradient order, then moved to each gradient's
-device: the same seed gives the same defended update on CPU and on CUDA.
-"""
+"""Additive noise on the shared gradients (DLG rebuttal Table 3: G-1e-4..1e-1, L-1e-4..1e-1)."""
 
 from __future__ import annotations
 

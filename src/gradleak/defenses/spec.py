@@ -1,20 +1,4 @@
-"""Defense specs: parse ``name[:value][,key=value...]`` strings into Defense objects.
-
-Grammar::
-
-    spec   := name | name ":" params
-    params := value ("," key "=" value)* | key "=" value ("," key "=" value)*
-
-A bare ``value`` (first position only) fills the defense's main parameter (gaussian: sigma,
-laplace: b, prune: fraction). Names are case-insensitive; spaces around tokens are ignored.
-
-    gaussian:SIGMA               N(0, SIGMA^2) added to every gradient entry
-    laplace:B                    Laplace(0, B) added (std sqrt(2) B)
-    prune:P[,scope=layer|global] zero the fraction P in [0, 1) of smallest |g| (default per layer)
-    fp16                         float16 round trip
-    int8                         symmetric per-tensor 8-bit quantisation
-    dpsgd:clip=C,noise=Z[,delta=D,sample_rate=Q,steps=T]   client-side DP-SGD
-"""
+"""Defense specs: parse ``name[:value][,key=value...]`` strings into Defense objects."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""Checkpoints on disk: the state folder of a run, written atomically and read with every check.
-
-For a run folder ``<parent>/<name>`` the state folder is ``<parent>/.<name>.state/``, created at
-the first checkpoint (:class:`session.Session` decides when)::
-
-    config.json                     the run's config (what ``--resume`` runs again)
-    state-<phase>-<step>.safetensors   every tensor of the snapshot (safetensors: no code runs)
-    state.json                      the manifest: format, version, phase, step, the JSON sections
-                                    with placeholders for the tensors, and the sha256 + size of
-                                    the safetensors file
-
-The tensor file is written first under a new name, then state.json replaces the old manifest
-(each through a temporary file and ``os.replace``), then the old tensor file is removed: a crash
-at any moment leaves a manifest that points to a complete tensor file. Nothing is ever unpickled.
-"""
+"""Checkpoints on disk: the state folder of a run, written atomically and read with every check."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
 """The engine: the run services an attack is given, passed to it explicitly (never found through
-a global). An attack computes an objective and its answer; the engine does the rest.
-
-* ``session`` (session.py, checkpoints.py, loop_state.py): resumable checkpoints, the resume
-  point and SIGINT/SIGTERM handling of the one optimisation loop; an attack's extra state goes
-  into the loop's snapshots through the ``state`` hook it passes to :meth:`Engine.optimise`;
-* the divergence guard (guard.py): a non-finite step goes back to the last good state with a
-  smaller learning rate;
-* ``observer`` (progress.py): watches the attack's current answer (PSNR against a truth the
-  caller holds), every ``log_every`` steps; nothing flows back; ``progress``: the progress bar;
-* ``shard`` (shard.py): GradInversion's seeds spread over processes (None: all seeds here);
-* precision and the allocator: :meth:`Engine.run` runs the attack under IEEE float32 on CUDA
-  (precision.py) and the loop tunes glibc's allocator once per process (runtime.py);
-* ``device``: where it runs.
-
-``Engine.run(config, update, model)`` runs the attack whose typed config ``config`` is: every
-attack's config (attacks/configs.py, text/configs.py) carries its spec, whose module's ``run(config,
-update, model, engine)`` it calls. ``ATTACK_RUNNERS`` may put another runner in place of a config
-type's module (a test's stand-in attack).
-"""
+a global). An attack computes an objective and its answer; the engine does the rest."""
 
 from __future__ import annotations
 

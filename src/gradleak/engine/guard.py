@@ -1,8 +1,5 @@
-"""The divergence guard: a non-finite loss or candidate after a step sends the loop back to its
-last good snapshot (taken every SNAPSHOT_EVERY steps and at every checkpoint; all variables, i.e.
-every seed of a batched attack together), with the learning rate times ``session.backoff``, at
-most ``session.retries`` times per phase. After that the run stops at the last good state with
-``diverged`` set on the result and the session."""
+"""The divergence guard: a non-finite loss or candidate sends the loop back to its last good
+snapshot with a smaller learning rate, a few times per phase, then stops the run as diverged."""
 
 from __future__ import annotations
 

@@ -1,39 +1,5 @@
-"""L-BFGS with the compact inverse-Hessian representation: torch's L-BFGS, step for step, in a
-handful of vector operations per evaluation instead of ~4 x history_size.
-
-``torch.optim.LBFGS`` builds every search direction with the two-loop recursion: 2 x m dot
-products and 2 x m vector updates (m = history size, 100 for DLG), each a separate small kernel.
-On the attacks' small problems (a 32 px image and a label vector, ~3 k entries) that Python loop
-costs as much as the gradient-matching evaluation itself (measured: 3.4 ms of 7.4 ms per DLG
-evaluation on this CPU). The direction it computes, d = -H_k g with the L-BFGS matrix
-
-    H_k = V_{k-1}^T ... (gamma I) ... V_{k-1} + sum rho_i s_i s_i^T,   V_i = I - rho_i y_i s_i^T,
-
-is given in closed form by Byrd, Nocedal & Schnabel (1994, "Representations of quasi-Newton
-matrices and their use in limited memory methods", Theorem 2.2):
-
-    H_k = gamma I + [S  gamma Y] [[R^-T (D + gamma Y^T Y) R^-1,  -R^-T],
-                                  [-R^-1,                          0   ]] [S^T ; gamma Y^T]
-
-with S, Y the stored pairs (oldest first), R the upper triangle of S^T Y (R_ij = s_i^T y_j,
-i <= j), D its diagonal and gamma = s^T y / y^T y of the newest pair (torch's ``H_diag``). So
-
-    u = R^-1 (S^T g),   p = R^-T ((D + gamma Y^T Y) u - gamma Y^T g),
-    H_k g = gamma g + S p - gamma Y u.
-
-Per evaluation that is two mat-vecs with the history (S^T g, Y^T g), two m x m triangular solves
-and two products back, plus three mat-vecs for the new row and column of S^T Y and Y^T Y when a
-pair is added. Every
-other rule is torch's, unchanged: the first step's length min(1, 1/|g|_1) lr, the curvature test
-y^T s > 1e-10 for storing a pair, the history limit (oldest pair dropped), max_iter / max_eval,
-the tolerances, the optional strong-Wolfe line search, and the state kept across ``step`` calls.
-In exact arithmetic the directions are identical; tests/engine/test_lbfgs.py checks that the trajectories
-of the two agree to rounding (a quadratic and Rosenbrock, with and without line search, with the
-history wrapping around). ``maximize`` is not supported (the attacks minimise).
-
-The history is a ring buffer [m, n] per side (no copies when the oldest pair is dropped); the
-small m x m matrices are kept in chronological order.
-"""
+"""L-BFGS with the compact inverse-Hessian representation (Byrd, Nocedal & Schnabel 1994): torch's
+L-BFGS, step for step, in a handful of vector operations per evaluation instead of ~4 x history_size."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The one optimisation loop every attack shares.
-
-It minimises ``objective()`` over ``variables`` with L-BFGS, Adam or SGD (optimizers.py), an
-optional learning-rate schedule (cosine with warm-up, or Inverting Gradients' step decay;
-settings.py), signed gradients, Langevin noise (GradInversion Sec. 3.5) and the attack's hooks
-(settings.LoopHooks). The run services are the engine's: checkpoints and resuming (session.py,
-checkpoints.py, loop_state.py), the divergence guard (guard.py) and the progress bar (progress.py).
-"""
+"""The one optimisation loop every attack shares."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Precision while an attack runs: IEEE float32 on CUDA (never TF32), restored afterwards.
-
-Why: torch lets cuDNN run float32 convolutions in TF32 (10-bit mantissa) on Ampere
-and later GPUs by default. Gradient matching compares the attacker's float32 gradient with the
-client's (computed in IEEE float32) and differentiates it once more, so TF32 would put a floor
-under the gradient distance and make GPU runs differ from CPU runs beyond rounding.
-``ieee_float32`` makes cuDNN convolutions and cuBLAS matmuls IEEE float32 while an attack runs
-(benchmarks/gpu.py measures what TF32 would save and how far its gradient is off).
-
-:meth:`core.Engine.run` runs every attack, image and text, under :func:`ieee_float32`.
-"""
+"""Precision while an attack runs: IEEE float32 on CUDA (never TF32), restored afterwards, so that
+GPU gradient distances have no TF32 floor and match CPU runs up to rounding."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a person watching a run sees: the progress bar, and when the observer is called.
-
-The observer (``Observer``) watches the attack's current answer, e.g. its PSNR against a truth
-the caller holds; nothing flows back into the attack.
-"""
+"""What a person watching a run sees: the progress bar, and when the observer is called
+(it watches the current answer; nothing flows back into the attack)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The run's session: checkpoint and divergence settings, the resume point, and SIGINT/SIGTERM.
-
-A session belongs to the run's engine (core.py), which passes it to ``optimise()``; an attack
-never finds it through a global. Without one, ``optimise()`` uses a private in-memory session:
-divergence recovery still works, nothing is written.
-"""
+It belongs to the run's engine and is passed to ``optimise()``, never found through a global."""
 
 from __future__ import annotations
 

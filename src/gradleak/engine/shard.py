@@ -1,19 +1,5 @@
 """GradInversion's G seeds spread over processes: the slice of seeds one process owns and the few
-collectives the attack needs (torch.distributed; gloo on CPU, NCCL on GPU).
-
-The seeds of GradInversion interact only through the group consistency target (Eq. 11-12), so a
-process that owns seeds [a, b) optimises them exactly as the single-process run does (their
-generators are seeded ``seed + g`` with the GLOBAL index g) and exchanges only
-
-* every step: the sum of its candidates (the lazy mean) or of its registered candidates (Eq. 12's
-  consensus), one [K, C, H, W] tensor, and its part of the loss (one number, for the history and
-  so that every process sees the same loss and takes the same divergence decisions);
-* when the registration is re-fitted: the pixel-wise mean its fits register to (the same sum);
-* at the end: the per-seed scores (best-seed choice) and, to rank 0 only, the candidates.
-
-``SeedShard(total)`` (world 1) is the single-process case: every collective is the identity and
-the attack runs the code it always ran.
-"""
+collectives the attack needs (torch.distributed; gloo on CPU, NCCL on GPU)."""
 
 from __future__ import annotations
 

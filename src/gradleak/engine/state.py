@@ -1,21 +1,4 @@
-"""What a snapshot of an attack holds, and how it is packed for the disk.
-
-The one optimisation loop (loop.py) takes every snapshot. A snapshot has four sections:
-
-* ``loop``: the candidates (every optimised variable), the optimizer's state (Adam moments and
-  step, L-BFGS history, SGD momentum), the loop's generator, torch's global CPU RNG, the loss
-  history so far, the step, the learning-rate scale and the divergence retries used
-  (loop_state.py writes and checks it);
-* ``attack``: the attack's own state, a typed dataclass (:class:`AttackState`) the loop snapshots
-  field by field: GradInversion's per-seed generators and registration transforms, Inverting
-  Gradients' best iterate per restart, DLG's earlier trials and best trial;
-* ``providers``: the run's own parts (:class:`StateHooks`: the pipeline's observer points);
-* ``session``: divergence recoveries and resume points of the whole run (session.py).
-
-:func:`pack` turns a section into JSON with placeholders for its tensors and :func:`unpack` reads
-it back, refusing anything it did not write; checkpoints.py puts both on disk. Nothing is ever
-unpickled.
-"""
+"""What a snapshot of an attack holds, and how it is packed for the disk."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """GradInversion Table 2: add each loss term in turn on the same batch with the same budget
-(iterations x seeds) and measure how close the reconstruction gets:
-
-    noise        the N(0, I) start (0 iterations), the table's first row
-    grad         L_grad only (Eq. 3): alpha_TV = alpha_l2 = alpha_BN = 0, group none
-    +fidelity    + R_fidelity (Eq. 9-10): TV, L2 and BN (exact: the client shares its BN statistics)
-    +group lazy  + R_group towards the pixel-wise mean of the G seeds (Eq. 11)
-    +group reg   + R_group towards the registered mean (Eq. 12)
-
-Reported per step and per image: PSNR, SSIM, FFT2D, RPSNR (and LPIPS when its weights are
-cached), and per step the gradient distance (Eq. 3 without alpha_G) of the final answer (the
-seeds' consensus when a group term is on, else the best seed) and of the optimised candidates
-(best and mean over the G seeds).
-"""
+(iterations x seeds) and measure how close the reconstruction gets."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Experiment commands: each answers one question from the papers or their reviews with this
-project's own measured numbers, and writes results.csv, results.md (setup + table), a figure and
-experiment.json. An experiment declares its attacks as cells (AttackConfig field dicts) and runs
-them on the sweep engine through its :class:`~gradleak.experiments.cells.Workspace`: their store
-is DIR/cells, so rerunning the same command on DIR resumes (finished cells are not recomputed)
-and rebuilds the outputs from all cells. Experiments read cells' metrics and run folders, the
-data sources, models and metrics; they never reach inside the run pipeline.
-"""
+project's own measured numbers, and writes results.csv, results.md, a figure and experiment.json.
+Its attacks run as cells on the sweep engine, so rerunning the same command resumes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Reviewer 2 of DLG: "How do the reconstruction results vary with batch size?" and "wouldn't a
 larger batch make a good defense?" The authors answered that batches only add "few artifact
 pixels" given more time. Here: leakage vs batch size K for each attack, on real CIFAR-10 photos
-(distinct labels per batch; cifar10-samples has 8 classes, hence K <= 8), every batch reported.
-"""
+(distinct labels per batch; cifar10-samples has 8 classes, hence K <= 8), every batch reported."""
 
 from __future__ import annotations
 

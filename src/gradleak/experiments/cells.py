@@ -1,30 +1,4 @@
-"""An experiment's attacks as cells of the sweep engine.
-
-An experiment declares its attacks as cells: plain :class:`gradleak.config.AttackConfig` field
-dicts, each under a key of the experiment's choosing (``("+fidelity", 0)``, ``("dlg", 2)``),
-and hands them to :meth:`Workspace.run`. That runs them on the sweep engine
-(:func:`gradleak.sweep.run_sweep`, on ``--executor`` with ``--workers``) and returns one
-:class:`CellResult` per key: the cell's status, its metrics (metrics.json of the run) and,
-for the cells asked for in ``run_folders``, its run folder (reconstruction.safetensors,
-history.csv), from which figures are drawn.
-
-The experiment's folder DIR (``--out``)::
-
-    results.csv, results.md, experiment.json, figures   the outputs, rebuilt from the cells on every run
-    cells/                 a sweep folder: results.sqlite (every cell ever finished in DIR),
-                           results.csv (this run's cells), runs/<cell>/ (the run folders asked for)
-    training/<name>-<digest>/   models an experiment trains (reused while their config is the same)
-
-Resume: a cell's identity is the hash of its full resolved config (as in any sweep), except
-``threads``, which says how it runs, not what it computes (so --workers and --threads may change
-between runs), plus the attack defaults that changed and that the cell leaves unset
-(sweep.spec.CHANGED_DEFAULTS). Rerunning the same command on DIR finds every finished cell in the store and
-recomputes none of them (failed cells neither, unless --retry-failed); changed options make other
-cells, which are computed, while the old ones stay in the store unused: the tables are built from
-this run's cells only, never a mix. A trained model's folder is named by a digest of its training
-config, so the checkpoint path in a cell's config, and with it the cell's identity, changes when
-the training does.
-"""
+"""An experiment's attacks as cells of the sweep engine."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
 """GradInversion Table 4: DLG vs Inverting Gradients vs GradInversion (BN approx) vs
 GradInversion (BN exact) on the same private batches, at the same budget of gradient
-evaluations.
-
-Budget: T iterations x G seeds. GradInversion optimises G seeds for T Adam steps; Inverting
-Gradients gets G restarts for T signed-Adam steps (its best restart by objective is its answer);
-DLG (L-BFGS, up to 20 function evaluations per step, float64, as its authors ran it) gets
-T * G / 20 steps, i.e. at most the same number of gradient evaluations, in one trial (its
-restart portfolio, --stall-restarts, is off here: with it DLG ran 3.5x its share). Wall time is reported
-for each. The rows give every image of every batch; the notes give means per method.
-
-BN approx regularises towards the model's running statistics. On the default randomly initialised
-victim these are the initial 0/1, not statistics learnt from data as in the paper; ``--trained``
-(with a data source that has a training split, e.g. ``--data fashion-mnist``) trains the victim
-first (common.trained_victim), so that the row matches the running statistics of a trained
-network, as the paper's does.
-"""
+evaluations."""
 
 from __future__ import annotations
 

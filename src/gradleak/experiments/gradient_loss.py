@@ -1,26 +1,6 @@
 """GradInversion Table 5 (Appendix C, "L_grad cost function"): the l2 distance of Eq. 3 against
 cosine similarity (Inverting Gradients' loss) as the gradient-matching loss, on the same batches
-with the same budget.
-
-The paper compares, between the final optimised gradient and the true one: the l2 distance, the
-percentage of gradient signs that match, and the cosine distance (1 - cosine similarity; its text
-says "cosine similarity", its table marks the column lower-is-better). Here each batch is attacked
-with ``--distance l2`` and ``--distance cosine`` under two objectives:
-
-    grad   L_grad alone (alpha_TV = alpha_l2 = alpha_BN = 0, no group term): where the paper's
-           Sec. 4.1.2 makes the comparison ("Adding L_grad"); Adam is invariant to the loss's
-           scale, so the two losses differ here by their shape alone
-    full   the cpu preset, every term (BN exact: the client shares its BN statistics); alpha_G
-           is the same for both losses, so the cosine term (in [0, 2]) weighs differently against
-           the priors than Eq. 3's sum of per-layer norms does: what ``--distance cosine`` gives
-           a user of the preset
-
-The fit columns are evaluation, computed here from the truth: the client's true update (FedSGD of
-its private batch on the global model) against the update the attacker's returned answer (its
-images, pixels in [0, 1] as returned, and its restored labels) produces. Every one is independent
-of the loss the attack optimised, and so is the verdict (attacks/verdict.py: the relative l2
-distance).
-"""
+with the same budget."""
 
 from __future__ import annotations
 

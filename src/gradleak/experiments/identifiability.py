@@ -1,23 +1,5 @@
 """GradInversion Fig. 8: Image Identifiability Precision (IIP) vs batch size, and the
-"vulnerable population".
-
-IIP: the share of reconstructions whose nearest neighbour (cosine, in a declared feature space)
-among the batch's originals and a pool of the data source's real images is their own original.
-Feature space: the run's (metrics.summary: raw pixels at 32 x 32, model-free); the paper's
-avgpool features are only meaningful for a trained ImageNet network, and the victim here is a
-convnet, randomly initialised or (``--trained``) trained for one epoch. Pool: the data source's real images (up to 256, evenly spaced, originals
-de-duplicated).
-
-Vulnerable population: the paper picks, per class, the image with the largest per-sample
-gradient l2 norm, and finds batches of those more identifiable than random ones. Here every
-attacked image gets its per-sample gradient norm (metrics.per_sample_gradient_norms, eval-mode
-BN) next to its reconstruction PSNR (scatter plot, rank correlation in the notes), and for each
-batch size a "vulnerable" batch (the K largest of the per-class maxima) is attacked beside the
-random ones. The paper defines that population on a trained network, where a large gradient marks
-an image the model gets wrong; ``--trained`` trains the victim first (one epoch of SGD on the data
-source's training split, from the same initial weights) and takes the norms and the attacks at its
-weights. The attacked images are then from the split it trained on, as a client's are in FL.
-"""
+"vulnerable population"."""
 
 from __future__ import annotations
 

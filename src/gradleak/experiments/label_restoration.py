@@ -1,17 +1,6 @@
 """GradInversion Table 1: batch label restoration accuracy vs batch size, Eq. 8 (minimum of the
 FC-layer weight gradient over the feature dimension, "gradinversion") against iDLG's sum rule
-extended to batches (Eq. 7, "sum"), on batches without repeated labels as in the paper.
-
-Beyond the paper: on batches WITH repeated labels the unique-label rules cannot
-be right; the multiset rule "counts" (label_counts.count_labels) is reported on those separately
-(``multiset.csv`` and a table in the notes), never mixed into ``results.csv``.
-
-Label restoration needs no optimisation: one FedSGD gradient per batch (gradleak.fl.fedsgd, the
-client's real gradient in training mode), then restore_labels on it. The paper used a
-ResNet-50 trained on ImageNet (10K samples per batch size); our ``resnet50`` has no offline
-weights (random init), so the default is the pretrained EfficientNet-Lite0 (ImageNet weights,
-224 px) on the 20 ImageNet sample photos.
-"""
+extended to batches (Eq. 7, "sum"), on batches without repeated labels as in the paper."""
 
 from __future__ import annotations
 

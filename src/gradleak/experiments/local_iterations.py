@@ -1,17 +1,5 @@
-"""Reviewer 2 of DLG: FL clients do not share one gradient but an update computed over several
-local steps and mini-batches (FedAvg), so is the attack still effective? The authors answered with
-rebuttal Table 1 (MSE 3.3e-6, 3.5e-3, 3.0e-3, 1.8e-2 after 1..4 local iterations). Here, on real
-photos and with every sample reported:
-
-- sweep ``local_steps``: one photo (K = 1), FedAvg with 1..4 full-batch local SGD steps; the
-  attacker (DLG: images and soft labels, float64 L-BFGS, no labels given) unrolls the same steps
-  and matches the shared weight difference W_S - W_0 (rebuttal Table 1).
-- sweep ``local_batch_size``: K photos (4; 2 in the smoke setting), one local epoch in
-  mini-batches of B (K/B steps): the update averages over several batches, reviewer 2's question.
-  The attacker knows the public hyper-parameters (steps, B, learning rate) but not the client's
-  shuffling. DLG here too: its dummy slots carry their own soft labels, so which photo went into
-  which step does not matter (see the note on iDLG below).
-"""
+"""DLG rebuttal Table 1 (reviewer 2): is the attack still effective on a FedAvg update of several
+local steps and mini-batches? Sweeps ``local_steps`` and ``local_batch_size`` on real photos."""
 
 from __future__ import annotations
 

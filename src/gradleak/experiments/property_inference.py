@@ -1,49 +1,6 @@
-"""DLG rebuttal Table 2 (R3, "comparison with previous work"): the AUC of inferring a property of
-a client's batch from its shared update with the property-inference attack of Melis et al.
-("Exploiting Unintended Feature Leakage in Collaborative Learning", IEEE S&P 2019: a passive
-attacker computes updates on auxiliary batches with and without the property and trains a binary
-classifier on them), against the same property read from DLG's reconstructions. The rebuttal
-reports, on LFW: Eyeglasses 0.94 (property inference) vs 1.00 (DLG), Asian 0.92 vs 1.00.
-
-Here, with this project's own numbers:
-
-- **data**: Fashion-MNIST (the ``fashion-mnist`` source: 60k train / 10k test real images, native
-  28 px, no resampling). LFW is not available offline.
-- **property** (not the class label, as neither of Melis' properties is the main task's label):
-  "the batch holds an image in the brightest quartile of its own class": an image's mean pixel
-  intensity (of its 8-bit pixels, in [0, 1]) above the 75th percentile of its class, the
-  thresholds computed on the train split. So ~25 % of the images of every class have it: it is
-  independent of the label by construction, and the label (which leaks through the last layer)
-  tells nothing about it.
-- **client**: a FedSGD update (:func:`gradleak.fl.fedsgd`, the project's client code) of a batch
-  of K images (default K = 2, distinct labels as in the project's batches) on the untrained DLG
-  LeNet (``lenet-dlg``, U(-0.5, 0.5) weights, model seed 0, 28 px): the global model DLG attacks.
-  Target batches come from the held-out test split, 50/50 with and without the property (random
-  distinct-label batches, rejection-sampled on the property); the auxiliary batches the
-  classifier learns from come from the train split, drawn the same way.
-- **property classifier** (Melis et al.'s passive property inference: a binary classifier
-  trained on updates the attacker computes from auxiliary batches with and without the
-  property; ours is a logistic regression): features = the whole shared update (every layer's
-  gradient, flattened: 13 426 values), standardised; scikit-learn ``LogisticRegression`` (L2, its
-  strength C chosen by 5-fold cross-validated AUC on the N auxiliary updates, ``--batches``,
-  default 400; the targets are never seen), trained on them and scored on the target updates.
-  Melis et al. observe the aggregated updates of a model trained jointly over many rounds; here
-  it is one client's single update of a fixed model, with no other client mixed in: a favourable
-  case for the classifier.
-- **DLG**: the project's ``dlg`` attack (images and soft labels, the rebuttal's attack; ``--attacks
-  idlg`` is honoured) as the DLG-side experiments run it (float64 L-BFGS from mid-grey pixels, 300
-  iterations), one cell per target update on the sweep engine. The property is then read from the
-  reconstruction by the very rule that defines it: score = max over the batch's reconstructed
-  images of (mean intensity - the 75th percentile of the class DLG restored for that image);
-  positive iff the rule says "has the property". The same score on the true images (the ground
-  truth row) is positive exactly for the batches with the property: its AUC is 1.0 by
-  construction and checks the scorer.
-- AUC: ``sklearn.metrics.roc_auc_score``; the spread is a 95 % bootstrap interval over the target
-  batches (paired: the same resamples for every method).
-
-Every target batch is a row (property, both scores, PSNR, the attack's verdict), so a reader
-sees whether DLG's AUC comes from rebuilt images.
-"""
+"""DLG rebuttal Table 2: the AUC of inferring a property of a client's batch from its update with
+Melis et al.'s property-inference classifier, against the same property read from DLG's
+reconstructions."""
 
 from __future__ import annotations
 

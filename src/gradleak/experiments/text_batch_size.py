@@ -1,14 +1,6 @@
 """Text leakage vs batch size: ROUGE-1/2/L and exactly recovered sentences as the batch of
 sentences grows, for the text attacks the literature compares (gradleak's DLG for text, TAG, LAMP and
-DAGER's exact recovery), on the pretrained MiniLM, every batch reported.
-
-Each batch is K held-out sentences (CPython's own documentation, ``python_docs_sentences``: never
-used to tune gradleak's text attacks), drawn by the batch's seed; at each K every attack gets the
-same batches. The client shares one FedSGD gradient of the batch (the text papers' setting). Each
-attack runs at its own MiniLM defaults (the SPECs under text/attacks/): the cells say which.
-ROUGE is computed after optimal pairing of recovered to true sentences (text/metrics.py), per
-sentence and averaged over the batch.
-"""
+DAGER's exact recovery), on the pretrained MiniLM, every batch reported."""
 
 from __future__ import annotations
 

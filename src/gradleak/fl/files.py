@@ -1,8 +1,5 @@
-"""Reading and writing shared updates and truth files (safetensors + JSON metadata).
-
-Everything read is parsed without executing code, and every declared shape is checked against
-the model before a tensor is loaded.
-"""
+"""Reading and writing shared updates and truth files (safetensors + JSON metadata), without
+executing code, every declared shape checked against the model before a tensor is loaded."""
 
 from __future__ import annotations
 

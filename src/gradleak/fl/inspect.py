@@ -1,39 +1,4 @@
-"""The client's check of the model it received (``gradleak inspect``).
-
-A malicious server does not have to wait for the gradients to leak: it can send a model built to
-make them leak (models/imprint.py, models/trap.py). The client holds that model before it trains,
-so it can look at it. This module reads a received model (a safetensors state dict) and compares
-it with the architecture the client expects (``ARCH``); it looks for the structures of the known
-malicious servers, per layer:
-
-``extra``
-    tensors that ARCH does not have (a block inserted in front of the network, e.g. ``imprint.*``,
-    ``trap.*``): suspicious by themselves, and checked like every other layer.
-``parallel-rows`` (Robbing the Fed's bins, Fowl et al. ICLR 2022)
-    a layer whose rows are parallel (identical up to scale): every neuron measures the same
-    projection of its input; with distinct biases they cut it into bins. ``parallel-columns``:
-    the imprint block's second layer, whose columns are identical (every bin writes the same
-    thing back), which is what makes a bin's gradient one scalar per sample.
-``trap-rows`` (trap weights, Boenisch et al. EuroS&P 2023, Sec. 4)
-    a layer reading the image whose rows are random with their positive entries scaled down,
-    so that each neuron fires for few images. Tested in pixel space (the normalisation folded
-    into the rows: w_pix = w / std per channel): per row the self-normalised sum
-    z = sum_j w_j / ||w||_2, which has mean 0 and variance exactly 1 whenever the row's entries
-    are sign-symmetric (honest random initialisation), whatever their distribution; the layer's
-    statistic is the z-test over its n rows, T = mean(z) sqrt(n), with an effect size (mean z),
-    the fraction of rows with a negative sum, and the trap's own signature beside it: the shift
-    is in the magnitudes, not in the signs (the shrink keeps every sign, a layer drifting as a
-    whole in training moves both; TRAP_* below).
-``scale``
-    a layer whose output is scaled far out of line with the rest of the network: a residual
-    block's last BatchNorm multiplied by 100, the imprint/trap block's second layer (gain 100).
-    A weight layer's gain is its RMS row norm, a BatchNorm's the median of |gamma| / sqrt(var +
-    eps); each is compared with the median of ARCH's own layers of the same family.
-
-Every threshold is declared below with the measurements that justify it
-(benchmarks/inspect_models.py writes them to benchmarks/inspect_models.json). The file's metadata
-is never used: a malicious server would not label its model.
-"""
+"""The client's check of the model it received (``gradleak inspect``)."""
 
 from __future__ import annotations
 
@@ -50,7 +15,7 @@ from ..paths import atomic_write_files, check_input_file, one_line
 
 FORMAT = "gradleak.received-model"
 
-# ---------------------------------------------------------------- thresholds (see the module doc)
+# ---------------------------------------------------------------- thresholds (see the module's notes in docs/)
 # Measured by benchmarks/inspect_models.py (inspect_models.json) on 23 honest models: pretrained
 # EfficientNet-Lite0, its random build (2 seeds), ResNet-18 / ResNet-50 224 px (2 seeds each),
 # ResNet-18 CIFAR, convnet, mlp, LeNet (3 seeds each), and mlp / convnet / LeNet trained on

@@ -1,17 +1,4 @@
-"""Threat models: what a client (or the server's view of several clients) really shares.
-
-- ``fedsgd``:    one gradient of the mean loss over the client's batch (FedSGD).
-- ``fedavg``:    S local SGD steps over the client's data in mini-batches of B with learning rate
-                 eta; the client shares the weight difference W_S - W_0 (FedAvg, McMahan et al.).
-                 Which samples went into which step stays private (the client shuffles with its
-                 own generator, reshuffling every epoch).
-- ``aggregate``: the server sees only the average update of N clients (secure aggregation);
-                 each client runs ``fedsgd`` or ``fedavg`` on its own batch (labels distinct
-                 within a client unless repeats are allowed; two clients may hold the same class).
-
-Each records its public hyper-parameters in ``UpdateMeta.threat``. The local steps themselves are
-:func:`gradleak.fl.unroll.local_sgd`, which the attacker's simulations run too.
-"""
+"""Threat models: what a client (or the server's view of several clients) really shares."""
 
 from __future__ import annotations
 

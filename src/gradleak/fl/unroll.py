@@ -1,27 +1,4 @@
-"""One local-SGD unroll: the FedAvg client's local steps, and the attacker's simulation of them.
-
-FedAvg's ClientUpdate (McMahan et al. 2017, Algorithm 1): S plain SGD steps with learning rate
-eta over mini-batches I_1 .. I_S of the client's K samples (:func:`step_assignment`),
-
-    W_s = W_{s-1} - eta * grad_W L(W_{s-1}; I_s),   s = 1 .. S,      shared: Delta = W_S - W_0.
-
-Every caller runs this one recursion (:func:`local_sgd`); they differ only in the loss L (image
-cross-entropy with hard or soft labels, the text model's loss, a functional call batched over
-candidate seeds) and in how each step's gradient is taken (``mode``):
-
-- ``"client"``: what a client really computes. Each step's gradient is a plain tensor and the
-  new weights are detached: no graph outlives a step (fl.threats.fedavg, text.client).
-- ``"graph"``:  the attacker's differentiable simulation: torch.autograd.grad with
-  create_graph=True at every step, so Delta is a differentiable function of whatever L depends on
-  (dummy inputs, soft labels, embedding rows), for the double backward of the gradient-matching
-  attacks (Geiping et al. 2020, Sec. 5: the multi-step update unrolled with known
-  hyper-parameters). attacks.simulate.UpdateSimulator, text.inversion.TextSimulator.
-- ``"func"``:   the same through torch.func.grad_and_value, for a loss evaluated under
-  torch.func.vmap (G candidate batches at once); differentiable by the caller's autograd.
-
-This module sees tensors and callables only (no data sets, no metrics), so the attacks may
-import it.
-"""
+"""One local-SGD unroll: the FedAvg client's local steps, and the attacker's simulation of them."""
 
 from __future__ import annotations
 
@@ -78,7 +55,7 @@ class Unrolled:
 
 def local_sgd(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[torch.Tensor],
               steps: Sequence[torch.Tensor], lr: float, *, mode: Mode, has_aux: bool = False) -> Unrolled:
-    """Unroll the local steps W_s = W_{s-1} - lr * grad L(W_{s-1}; I_s) (module docstring):
+    """Unroll the local steps W_s = W_{s-1} - lr * grad L(W_{s-1}; I_s) (docs notes):
     step s calls ``loss(W_{s-1}, *(d[I_s] for d in data))`` with ``steps[s]`` = I_s.
 
     ``params`` (W_0, by name) is not modified: "client" takes each step's gradient w.r.t.

@@ -1,8 +1,4 @@
-"""Score a reconstruction against the client's private batch.
-
-This is the only module that sees both an attack's answer and the ground truth; the attacks
-themselves never import it. From :mod:`gradleak.attacks` only the ``Reconstruction`` type is used.
-"""
+"""Score a reconstruction against the client's private batch."""
 
 from __future__ import annotations
 

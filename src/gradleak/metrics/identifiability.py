@@ -1,16 +1,4 @@
-"""Image Identifiability Precision (IIP) and per-sample gradient norms (GradInversion, Sec. 4.3).
-
-IIP "measures how easy it is to identify a particular image, given only its reconstruction,
-among all its similar peers in the original dataset": the fraction of reconstructions whose
-nearest neighbour, among the originals and a pool of other images, is their own original.
-The paper measures nearest neighbours by "avgpool feature space cosine similarity" (Fig. 8):
-:class:`ModelFeatures`. :class:`PixelFeatures` is a model-free fallback. The feature space
-used is always reported with the result, since IIP values from different spaces are not
-comparable.
-
-The paper's "vulnerable population" is chosen by per-sample gradient norm (the image with the
-largest gradient l2 norm in each class): :func:`per_sample_gradient_norms`.
-"""
+"""Image Identifiability Precision (IIP) and per-sample gradient norms (GradInversion, Sec. 4.3)."""
 
 from __future__ import annotations
 

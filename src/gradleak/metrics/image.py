@@ -1,9 +1,4 @@
-"""Per-image similarity metrics between reconstructions and ground truth.
-
-Every function takes two batches ``x`` and ``y`` of shape [K, C, H, W] with pixel values in
-[0, 1] and returns one value per image, a float64 tensor of shape [K]. Nothing is clamped here:
-callers that score attack outputs (see :func:`gradleak.metrics.evaluate`) clamp first.
-"""
+"""Per-image similarity metrics between reconstructions and ground truth."""
 
 from __future__ import annotations
 

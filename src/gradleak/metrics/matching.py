@@ -1,10 +1,4 @@
-"""Pair reconstructed slots with ground-truth images.
-
-An averaged batch gradient is invariant to the order of the batch, so an attack cannot know
-which of its K slots corresponds to which private image. Before scoring we therefore pair them
-by an optimal assignment that minimises the total MSE, the convention used by DLG/iDLG and
-GradInversion evaluations.
-"""
+"""Pair reconstructed slots with ground-truth images."""
 
 from __future__ import annotations
 

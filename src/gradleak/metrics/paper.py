@@ -1,19 +1,4 @@
-"""The image-distance metrics of the GradInversion paper (Yin et al., CVPR 2021, Sec. 4).
-
-"To account for pixel-wise mismatch, we compute: (i) the cosine similarity in FFT2D frequency
-response, (ii) post-registration PSNR, and (iii) LPIPS perceptual similarity score."
-
-Every function takes a reconstruction batch and the original batch, both [K, C, H, W] with
-pixels in [0, 1] and already paired row by row (e.g. ``Evaluation.paired_images`` against the
-truth), and returns one value per image as a float64 tensor [K] on the CPU.
-
-* :func:`fft2d_distance` -- lower is better, 0 for identical spectra. The text says "cosine
-  similarity" (higher is better) while its tables mark FFT2D lower-is-better; we report the
-  cosine distance 1 - cos, which matches the tables' direction.
-* :func:`registered_psnr` (RPSNR) -- higher is better, never below plain PSNR.
-* :func:`lpips_distance` -- lower is better; ``None`` (with :func:`lpips_unavailable_reason`)
-  unless the real LPIPS backbone weights are on disk. It never runs with a random backbone.
-"""
+"""The image-distance metrics of the GradInversion paper (Yin et al., CVPR 2021, Sec. 4)."""
 
 from __future__ import annotations
 

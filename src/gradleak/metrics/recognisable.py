@@ -1,14 +1,4 @@
-"""Recognisability measures that pixel noise does not fool, per image, against the truth.
-
-A defense's noise (or an attack's leftover noise) lowers full-resolution SSIM even on an image
-whose silhouette is plain to see; averaged over blocks of COARSE_FACTOR x COARSE_FACTOR pixels,
-the noise shrinks by that factor and the structure stays. Identification (IIP) is searched among
-the client's source and public decoy photos (:func:`public_decoys`), so that a folder of six
-photos still gives a pool in which a chance hit is rare. Each measure is taken on the zero image
-(flat, the model's normalisation mean) and on the public prior image (the decoys' mean) too: an
-answer that reads nothing of the update scores those, and a recognisable answer must beat them
-(outcome.py holds the lines and decides).
-"""
+"""Recognisability measures that pixel noise does not fool, per image, against the truth."""
 
 from __future__ import annotations
 

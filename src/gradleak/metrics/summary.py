@@ -1,18 +1,4 @@
-"""The GradInversion paper's image metrics for one run, as plain numbers for ``metrics.json``.
-
-    fft2d_mean   mean cosine distance of 2-D FFT magnitudes (lower is better)     (Sec. 4)
-    rpsnr_mean   mean PSNR after registering each reconstruction to its original  (Sec. 4)
-    lpips_mean   mean LPIPS, only with the real AlexNet/VGG weights cached; else None and
-                 ``lpips_notice`` says why (never a random backbone)             (Sec. 4)
-    iip          Image Identifiability Precision: share of reconstructions whose nearest
-                 neighbour among the originals and a pool of real images is their own original
-                 (Sec. 4.3, Fig. 8), with ``iip_feature_space`` and ``iip_pool_size``
-
-The run's feature space for IIP is raw pixels (cosine, 32 x 32): it is model-free, so numbers
-from runs on different victim models stay comparable; the paper's avgpool features
-(``ModelFeatures``) are meaningful only for a trained network and are used by the
-``identifiability`` experiment when asked.
-"""
+"""The GradInversion paper's image metrics for one run, as plain numbers for ``metrics.json``."""
 
 from __future__ import annotations
 

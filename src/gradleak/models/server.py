@@ -1,18 +1,5 @@
 """What the server sends the client (``--server``): the honest global model, or a malicious
-server's modification of it.
-
-    honest                                the global model as it is
-    imprint[:bins=N,mean=M,std=S,gain=G]  Robbing the Fed's imprint block in front of it
-                                          (models/imprint.py; default 64 bins, the public
-                                          brightness prior, gain 100)
-    trap[:rows=N,shrink=A|rate=R,seed=S,gain=G]
-                                          Boenisch et al.'s trap weights in front of it
-                                          (models/trap.py; default 2000 rows (fewer at 224 px), the shrink
-                                          calibrated on public photos for a firing rate of 1/8)
-
-The modified model is recorded in the update's ``model_kwargs["server"]`` as its canonical text,
-every value resolved, so the attacker (and a file's reader) rebuilds the same architecture.
-"""
+server's modification of it."""
 
 from __future__ import annotations
 

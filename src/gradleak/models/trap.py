@@ -1,36 +1,5 @@
 """The malicious server's trap weights ("When the Curious Abandon Honesty", Boenisch et al.,
-EuroS&P 2023, Sec. 4).
-
-The server sends the client a model whose first fully connected layer is built so that each of its
-neurons (rows) fires for few inputs: a neuron that a single sample of the batch activates holds
-that sample exactly in its gradient (Phong et al.'s ratio dW_j / db_j, attacks/trap.py). The
-paper's construction (its "trap weights"): draw each row at random, then scale down the positive
-entries of every row. On inputs in the pixel box [0, 1] (all entries >= 0) the row's product with
-an image is then negative for most images, and only an image whose bright pixels happen to sit
-under the row's larger weights crosses 0:
-
-    w_j ~ N(0, I_d),    w_j[w_j > 0] *= (1 - shrink),    neuron j fires on x when w_j . x > 0
-
-``shrink`` sets the firing rate. The server calibrates it on public photos (not the client's
-data): the two photos scikit-learn ships (``load_sample_images``: china, flower), cut into
-random square crops resized to the model's input (:func:`calibrate_shrink`), bisecting on the
-shrink until the mean firing rate over rows and crops is the target ``rate``. Measured (32 px RGB,
-1000 rows, seed 0): a shrink of 0.06 fires 11.6 % on the 9 skimage/sklearn public photos and
-10.2 % on the 20 CIFAR-10 sample photos, every image between 8 % and 17 %: the rate hardly
-depends on the photo (both the margin and the threshold scale with the image's brightness).
-
-Like the imprint block (models/imprint.py), the trap layer sits in front of the victim network
-as a residual block, so that the victim keeps its function:
-
-    out = x + linear2(ReLU(linear0(x)))
-
-``linear0`` (d -> rows) holds the trap rows folded into the model's normalised input (the rows are
-drawn in pixel space: for x_pix = x * std + mean, w . x_pix = (w * std) . x + w . mean), times a
-small scale s so that the block shifts the victim's input by little; ``linear2`` (rows -> d) holds
-Gaussian columns times ``gain``. Its columns differ (unlike the imprint block's), so two rows that
-mix the same samples mix them with different weights: rows of one sample agree exactly, mixtures
-do not, which is how the attack tells them apart without the ground truth.
-"""
+EuroS&P 2023, Sec. 4)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""The case: what one attack is run on, built by a modality plug-in.
-
-A case holds the attacker's inputs (the shared update and the model) and, kept apart, the
-ground truth (None when unknown). It decides everything about the client, BN statistics
-included, and everything about judging the attack: which typed attack config the flat config
-resolves to on this update, what is observed while the attack runs, the metrics, and the files
-it adds to the run folder. Its torch-free declaration (modalities.py: names, config rules, summary,
-report, verdict family) is the case's ``spec``; the plug-in module it names registers the
-builder with :func:`modality`::
-
-    @modality("image")
-    def build_image_case(cfg: AttackConfig) -> ImageCase: ...
-"""
+"""The case: what one attack is run on, built by a modality plug-in."""
 
 from __future__ import annotations
 

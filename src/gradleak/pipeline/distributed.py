@@ -1,23 +1,4 @@
-"""GradInversion with its seeds spread over processes (``gradleak attack --nproc P``, or torchrun).
-
-Two ways in, one code path per process (the pipeline's ``run_shard``, handed in by
-``pipeline.run``, with a ``SeedShard``; this module never imports the pipeline):
-
-* ``--nproc P`` on one machine: the calling process checks the config and the run folder, then
-  spawns P processes (torch.multiprocessing, "spawn") that form a process group (gloo on the CPU,
-  NCCL when the run is on CUDA with a GPU per process, GPU ``rank % device_count``; gloo through
-  the CPU when processes share a GPU) over MASTER_ADDR=127.0.0.1 and a free port. It waits
-  for them; if one fails it ends the others and re-raises the error; rank 0's RunResult comes
-  back through a temporary file.
-* torchrun (single- or multi-node): when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set
-  and WORLD_SIZE > 1, each launched process joins the group from the environment (env://); its
-  GPU is LOCAL_RANK.
-
-Every process builds the case itself (the simulated client is deterministic for a given
-config; with ``--update FILE`` every node needs the file), so nothing but the attack's own
-exchanges goes over the wire (see engine/shard.py). Rank 0 writes the run folder; resumable
-state is not saved (``--resume`` with several processes is refused).
-"""
+"""GradInversion with its seeds spread over processes (``gradleak attack --nproc P``, or torchrun)."""
 
 from __future__ import annotations
 

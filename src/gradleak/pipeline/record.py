@@ -1,11 +1,4 @@
-"""What a run leaves: its result in memory (RunResult) and its run folder on disk (write_run).
-
-A run folder is written into a hidden staging folder and renamed into place (paths.StagedDir),
-so a crash never leaves a folder that looks finished. Every modality writes the same four
-files: config.json (exactly what ran: the flat config with every resolved attack constant),
-metrics.json, history.csv and report.html; the case adds its own (reconstruction images or
-sentences).
-"""
+"""What a run leaves: its result in memory (RunResult) and its run folder on disk (write_run)."""
 
 from __future__ import annotations
 

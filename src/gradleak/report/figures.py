@@ -1,12 +1,4 @@
-"""PNG figures for runs and experiments: image grids, loss curves, generic line plots.
-
-Uses :class:`matplotlib.figure.Figure` directly (Agg rendering on ``savefig``) instead of
-``pyplot``, so there is no global figure state, no GUI backend and nothing to close. Every
-``save_*`` function writes atomically: it renders the PNG in memory and writes it through
-:func:`gradleak.paths.atomic_write_bytes` (a temporary file with an unpredictable name, created
-exclusively, then ``os.replace``), so a reader never sees half a PNG and a file or link planted
-under a predictable temporary name is never followed or overwritten.
-"""
+"""PNG figures for runs and experiments: image grids, loss curves, generic line plots."""
 
 from __future__ import annotations
 
@@ -46,7 +38,7 @@ _PNG_METADATA: dict[str, str | None] = {"Software": None}
 
 
 def _atomic_savefig(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Render ``fig`` as PNG and write it to ``path`` atomically (see the module docstring)."""
+    """Render ``fig`` as PNG and write it to ``path`` atomically (see the module's notes in docs/)."""
     from ..paths import atomic_write_bytes
 
     path = Path(path)

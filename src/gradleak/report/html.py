@@ -1,22 +1,4 @@
-"""A self-contained HTML report for one run folder.
-
-The page embeds every picture as a ``data:image/png;base64`` URI and carries its CSS inline;
-it loads nothing (no script, font, stylesheet or image from anywhere), and a
-Content-Security-Policy meta tag forbids it to. Every string read from the run folder (file
-names, labels, class names, config values) goes through :func:`html.escape`, because run
-folders may hold names chosen by whoever supplied the data.
-
-Run folder contract (see :func:`render_report`)::
-
-    metrics.json         required: attack, model, data, batch_size, iterations, wall_seconds,
-                         psnr_mean, ssim_mean, mse_mean, label_accuracy, per_image (+ optional
-                         threat, defenses, update, versions, class_names, further scalars)
-    config.json          optional: the resolved run config
-    history.csv          optional: iteration,loss,psnr
-    reconstruction.png   optional: originals above paired reconstructions
-    candidates.png       optional: one row per seed plus the consensus
-    reconstruction-<attack>.png  optional: the answers of the other attacks ``auto`` ran
-"""
+"""A self-contained HTML report for one run folder."""
 
 from __future__ import annotations
 
@@ -459,7 +441,7 @@ def report_subtitle(kind: str, run_dir: Path, name: str | None) -> str:
 def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
     """Write ``run_dir/report.html``, a self-contained page describing one run, and return its path.
 
-    Reads the run folder contract described in this module's docstring. Only metrics.json is
+    Reads the run folder contract described in the module's notes in docs/. Only metrics.json is
     required; missing optional files are mentioned on the page. When no ground truth was given
     (``psnr_mean`` null and ``per_image`` empty) the page says so and still renders.
     ``name``: the run's name in the subtitle (default: the folder's name, without the staging

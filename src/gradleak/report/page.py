@@ -1,12 +1,6 @@
 """What gradleak's self-contained HTML pages share: the image run report
 (:mod:`gradleak.report.html`), the text run report (:mod:`gradleak.text.report`) and the sweep
-dashboard (:mod:`gradleak.report.dashboard`).
-
-Every page is one file that loads nothing: its CSS is inline, its figures are ``data:`` URIs, and
-a Content-Security-Policy meta tag forbids anything else. The helpers here take HTML: whoever
-builds a title, a subtitle or a body escapes what it read (:func:`html.escape`); the value
-formatting escapes the values it is given.
-"""
+dashboard (:mod:`gradleak.report.dashboard`)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """The risk-report parts of the dashboards (:mod:`gradleak.report.dashboard`): one verdict per
 attacked update, said and drawn the same way on every page (a sweep's cells, an experiment's
-cells, a Flower audit's client updates, a comparison of two of them).
-
-The verdict of one attacked update is gradleak.outcome.judge's (:func:`judge` reads the evidence
-from a stored cell's metrics, or an audit row): the rules and lines live in outcome.py. In the
-dashboard's names:
-
-``leaked``        rebuilt (mean PSNR >= 20 dB), recognisable (identified with SSIM >= 0.5) or, for
-                  text, recovered; drawn hollow ("presumed") when judged without ground truth,
-                  from an answer that explains the update as closely as on an undefended one.
-``defended``      positive evidence that a defense stopped a capable attack: the update carries a
-                  defense, the answer explains it as well as the true data do, nothing is
-                  identified, and the same attack without the defense leaked (the control).
-``inconclusive``  everything else: a failed attack, an update with no defense, an answer the
-                  truth fits better, a control that did not leak, or evidence not recorded
-                  (cells computed before the verdict had it).
-``failed``        the attack raised (the error is listed); ``skipped``: a Flower audit did not
-                  attack the update (more examples than its max_batch_size).
-"""
+cells, a Flower audit's client updates, a comparison of two of them)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """Sweeps: a grid of attack configs run on a process pool or Ray, each finished cell committed
-to DIR/results.sqlite at once and listed in DIR/results.csv; reruns skip finished cells.
-
-    from gradleak.sweep import load_spec, run_sweep
-    summary = run_sweep(load_spec("spec.yaml"), "sweeps/one", executor="local", workers=2)
-"""
+to DIR/results.sqlite at once and listed in DIR/results.csv; reruns skip finished cells."""
 
 from .engine import SweepSummary, run_sweep
 from .executors import EXECUTORS

@@ -1,9 +1,6 @@
 """`gradleak dashboard`'s flags and command: the dashboard (gradleak.report.dashboard) given the
 sweep stores to read (:func:`sweep_stores`). The dashboard sits in the report, below the sweeps,
-and never imports them; this module, at the sweeps' level, hands it their store.
-
-Importable without torch: a folder that is not there is answered before the dashboard's modules
-(the report's, which load torch) are imported."""
+and never imports them; this module, at the sweeps' level, hands it their store."""
 
 from __future__ import annotations
 

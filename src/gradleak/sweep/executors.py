@@ -1,20 +1,4 @@
-"""Executors: run cells somewhere and hand back (cell, result) as each finishes.
-
-* ``local``:  a process pool (concurrent.futures, spawn context) of ``workers`` processes, one
-              torch thread each; default workers = the CPUs this process may use. The children
-              start with ``PYTHONSAFEPATH=1`` (gradleak.localray.safe_path_children): a spawned
-              child runs ``python -c``, whose import path starts with the working folder.
-* ``ray``:    Ray tasks (``ray.remote(num_cpus=1)``) on a local Ray instance started for the
-              sweep (``num_cpus=workers``; loopback only, no probes: :mod:`gradleak.localray`),
-              or on the cluster at ``address``; a Ray instance that is already initialised in
-              this process is used as is and left running.
-* ``inline``: in this process, one cell after another (debugging, tiny sweeps).
-
-At most ``2 x workers`` cells are submitted ahead, so an interrupted sweep has little queued
-work to cancel, and nothing but the running cells is lost. Each executor is a generator: when
-the consumer stops (Ctrl-C, SIGTERM, an error), its ``finally`` cancels queued cells and stops
-the workers.
-"""
+"""Executors: run cells somewhere and hand back (cell, result) as each finishes."""
 
 from __future__ import annotations
 

@@ -1,21 +1,4 @@
-"""Sweep specifications: a base config plus a grid of field values, expanded into cells.
-
-A spec file (YAML or JSON)::
-
-    base:                 # any fields of the `gradleak attack` config (AttackConfig)
-      attack: dlg
-      model: lenet-dlg
-      iterations: 50
-    grid:                 # field: list of values; every combination is one cell
-      batch_size: [1, 2, 4]
-      seed: [0, 1, 2]
-      defense: [[], ["gaussian:1e-3"]]   # list fields take lists (a string means a one-item list)
-
-Every cell is the base with one combination of grid values, validated as an AttackConfig. Its
-identity is a hash of the full resolved config (all fields, defaults filled in, except the ones
-that cannot change a result: ``out`` and ``progress``), so the same cell has the same id in any
-sweep, whatever the spec's spelling, order of keys or which fields are in base vs grid.
-"""
+"""Sweep specifications: a base config plus a grid of field values, expanded into cells."""
 
 from __future__ import annotations
 

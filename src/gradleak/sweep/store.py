@@ -1,36 +1,4 @@
-"""The results store of a sweep: one SQLite file, DIR/results.sqlite, one row per finished cell.
-
-Why SQLite (the standard library's sqlite3) rather than Parquet:
-
-* appends are transactions: a cell's row is committed whole or not at all, so a crash, a
-  SIGKILL or a power cut between two cells leaves a valid store with every finished cell
-  (Parquet files are immutable; appending one row per cell means one file per cell or
-  rewriting the table, with a torn file if killed mid-write);
-* no extra dependency (pyarrow is ~100 MB), readable by anything (``sqlite3 results.sqlite``,
-  pandas.read_sql, the dashboard) while a sweep is still writing to it;
-* concurrency is simple: only the sweep's parent process writes (workers return results to
-  it), readers never block it for long (busy timeout 30 s), and a lock file stops a second
-  sweep from writing into the same folder at the same time.
-
-The store keeps every cell ever finished in DIR (several specs may share a folder; they share
-the cells they have in common); DIR/results.csv lists the cells of the spec run last, in grid
-order, one row each.
-
-The rollback journal (not WAL) with ``synchronous=FULL`` is used so the store stays one
-self-contained file and works on network file systems.
-
-Schema (version 1)::
-
-    cells(cell_id TEXT PRIMARY KEY,   -- hash of the full resolved config (spec.cell_identity)
-          status TEXT,                -- "ok" | "failed"
-          grid TEXT,                  -- JSON {field: value} of the grid fields of the cell
-          config TEXT,                -- JSON of the full resolved AttackConfig
-          metrics TEXT,               -- JSON of the run's full metrics (NULL when failed)
-          error TEXT,                 -- "ErrorType: message" when failed
-          wall_seconds REAL, worker TEXT, finished_at TEXT)
-    sweeps(started_at TEXT, spec TEXT, executor TEXT, workers INTEGER, cells INTEGER, pending INTEGER)
-    meta(key TEXT PRIMARY KEY, value TEXT)      -- schema_version; experiment (an experiment's cells)
-"""
+"""The results store of a sweep: one SQLite file, DIR/results.sqlite, one row per finished cell."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """`gradleak dashboard A --compare B`: one page comparing two sweeps, two experiments or two Flower
-audits, e.g. before (A) and after (B) a defense.
-
-Matching rule (stated on the page):
-
-* cells (sweeps, experiments): a cell of A and a cell of B are a pair when their resolved configs
-  are equal in every field except (1) how a cell ran (threads, device, out, ...) and (2) the
-  fields that changed wholesale between the two runs: those whose values in A and in B have none
-  in common (e.g. ``defense`` when A ran with none and B with ``gaussian:0.01``). A field that
-  shares a value between the runs is matched exactly, so cells of values only one run has stay
-  unmatched (listed). When a changed field takes several values in one run, a cell pairs with
-  each of them.
-* client updates (audits): the same client in the same round.
-
-Deltas are B - A.
-"""
+audits, e.g. before (A) and after (B) a defense."""
 
 from __future__ import annotations
 
@@ -67,7 +53,7 @@ def changed_fields(a: Source, b: Source) -> list[str]:
 
 def pairs_of(a: Source, b: Source) -> tuple[list[tuple[Item, Item]], list[Item], list[Item], list[str]]:
     """Matched pairs (A item, B item), A's and B's unmatched items, and the changed fields
-    (cells; empty for audits). See the module docstring."""
+    (cells; empty for audits). See the docs notes."""
     if a.kind == "audit":
         key_a = {it.key: it for it in a.items}
         key_b = {it.key: it for it in b.items}

@@ -1,21 +1,6 @@
 """What a dashboard reads and how it judges it: a folder (a sweep, an experiment, a Flower audit,
 a folder of runs) as a :class:`Source` of judged :class:`Item` s, one per attacked update (a cell,
-or a client's update in one round), each with its verdict (:func:`gradleak.report.risk.judge`).
-
-The sweeps write their stores and sit above the report: a store is read through the
-:class:`StoreAccess` its caller hands in (gradleak.sweep.dashboard_cli.sweep_stores), never by
-importing the sweeps. Audit indexes and run folders are plain files, read here.
-
-Everything read here comes from files a user may hand in: values are kept as read and judged by
-type (a string where a number belongs is not a number); nothing is trusted as HTML.
-
-A page shows only what its folder holds: no symbolic link below the folder is followed, inside
-or out (a linked run folder, metrics.json or config.json is skipped and counted, a linked picture
-or report.html is not shown, a linked store, audit.csv or audited metrics.json is refused); the
-folder named on the command line may itself be a link. A folder of runs is read within declared
-bounds (:data:`MAX_RUN_FOLDERS`, :data:`MAX_RUNS_BYTES`, :data:`MAX_RUNS_VALUES`: one DataError
-past them, before the files are parsed) and each file (inode) is parsed once.
-"""
+or a client's update in one round), each with its verdict (:func:`gradleak.report.risk.judge`)."""
 
 from __future__ import annotations
 

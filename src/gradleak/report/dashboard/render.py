@@ -1,27 +1,5 @@
 """The dashboard's page (`gradleak dashboard DIR [--compare OTHER] [--out FILE]`): one
-self-contained HTML page, a risk report: who leaks, how much, under which setting.
-
-DIR is a sweep folder (results.sqlite), an experiment's folder (its cells/ store) or a Flower
-audit's folder (audit.csv). The page gives every attacked update (a cell, or a client's update
-in one round) a verdict (:mod:`gradleak.report.risk`: leaked, defended, inconclusive, failed),
-opens with the counts and the worst case, states the thresholds, and lists settings and updates
-worst first, with the saved reconstructions beside the originals. Charts are drawn only along
-the fields that vary (a chart vs batch size only when the batch size takes two values or more).
-``--compare OTHER`` writes one page comparing DIR (A) with OTHER (B) instead
-(:mod:`gradleak.report.dashboard.compare`: the matching rule is stated on the page).
-
-Like the run report (gradleak.report.html) the page embeds its figures and pictures as data:
-URIs, loads nothing, forbids loading anything with a Content-Security-Policy, and escapes every
-string read from the folder (configs hold user-chosen names: data folders, model callables,
-defense specs; audit rows hold client names).
-
-The page is written atomically (:func:`write_dashboard_page`): a hidden temporary file beside it,
-``.<page>.<host>-<pid>-<random>.tmp``, renamed onto the page when complete. SIGTERM stops the
-command like Ctrl-C does (exit 143) and removes the temporary file; what a killed writer left
-(SIGKILL, a power cut) is removed by the next dashboard written to the same page: temporary
-files of processes of this host that no longer run, and those of the older unnamed form
-(``.<page>.<random>.tmp``) untouched for an hour.
-"""
+self-contained HTML page, a risk report: who leaks, how much, under which setting."""
 
 from __future__ import annotations
 
