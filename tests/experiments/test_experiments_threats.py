@@ -150,14 +150,15 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     # Measured: exact undefended and under Gaussian 1e-4, fp16, int8; under Gaussian 0.1, Laplace 0.1
     # and DP-SGD no token in place, the answer fits the defended update as well as the true sentence
     # (relative distance 0.91-1.0) and the undefended control leaked: defended; prune 0.9 (not in
-    # the attacker's simulation): inconclusive
+    # the attacker's simulation): leaked, a set of words (measured 2026-12-02: "counter, may, to, this,
+    # humans" of "This may be counter-intuitive to humans.", token-set precision 1.0, recall 0.56)
     text = {r["spec"]: r for r in result.rows if r["attack"] == "text-dlg"}
     for spec in ("", "gaussian:0.0001", "fp16", "int8"):
         assert text[spec]["verdict"] == "leaked" and text[spec]["exact_sentences"] == 1, text[spec]
     for spec in ("gaussian:0.1", "laplace:0.1", "dpsgd:clip=1,noise=1"):
         assert text[spec]["verdict"] == "defended" and text[spec]["defended"] is True, text[spec]
         assert text[spec]["token_accuracy"] < 0.5 and text[spec]["accuracy"] is None
-    assert text["prune:0.9"]["verdict"] == "inconclusive"
+    assert text["prune:0.9"]["verdict"] == "leaked" and text["prune:0.9"]["exact_sentences"] == 0
     # DLG on the same image (measured: none 52.4, gaussian 1e-4 54.0, fp16 52.2, int8 39.7 dB, leaked;
     # gaussian 0.1 5.2, laplace 0.1 4.7, prune 0.9 4.2, DP-SGD 3.8 dB, inconclusive, never defended)
     dlg = {r["spec"]: r for r in result.rows if r["attack"] == "dlg"}
