@@ -1,54 +1,6 @@
-"""What an attacked update says about the client: one verdict, judged by one function.
-
-Vocabulary, worst first:
-
-``leaked``           the client's data came back: with ground truth, the answer rebuilds the images
-                     (mean PSNR >= LEAK_PSNR_DB) or shows one recognisably whatever the pixel noise
-                     (:func:`recognisable_row`: SSIM >= RECOGNISABLE_SSIM, or coarse SSIM or an
-                     identification among public decoys, beating the zero and public prior images),
-                     or, for text, a sentence comes back exactly, TEXT_LEAK_TOKEN_ACCURACY of the
-                     tokens in place, or the set of words (token-set precision and recall); or, for
-                     ``auto``, any other attack of its portfolio leaked on the same
-                     update (the worst case over the attacks run). A leak is never hidden, whatever
-                     the attack's own convergence line.
-``presumed leaked``  no ground truth, and the attack's answer explains the update as closely as on
-                     an undefended update (converged; the defenses' modelled noise floor at most the
-                     attack's own line, nothing unmodelled) and far better than batches nobody
-                     optimised (at most PRESUME_RATIO of the best distance of the attacks' starts
-                     and of public decoy batches with the restored labels, where measured): on this
-                     project's measurements such answers rebuilt the data.
-``inconclusive``     everything that is no evidence either way: an answer the true data fit better
-                     (an optimisation failure) or, where the truth's fit was not recorded, an attack
-                     that did not converge; an update without a defense (a failed attack is not a
-                     protection); a defended update that still tells the true batch from decoy
-                     batches (DECOY_TEST: an attack could single the truth out); without a decoy
-                     test, a defense the attacker's simulation does not reproduce (DP-SGD's
-                     clipping, pruning) with the truth above the modelled floor; without truth, a
-                     converged answer that fits no better than PRESUME_RATIO x the starts' and
-                     decoys' best; a defended update with no positive control, or one whose
-                     control did not leak or could not run.
-``failed``           the attack raised; ``skipped``: the update was not attacked.
-``defended``         positive evidence that a defense, not the optimiser, stopped a capable attack,
-                     all of: ground truth; the update carries a defense; the defended update does
-                     not tell the true batch from decoy batches (public photos with its labels:
-                     DECOY_TEST, which no optimiser's reach affects; where no decoy test was
-                     recorded: the attack's answer explains the defended update at least as well
-                     as the true data do (relative
-                     gradient distance within TRUTH_FIT_SLACK of the truth's, plus the noise
-                     floor's tolerance: this replaces the attack's own convergence line, which
-                     only models the noise, while the truth measures it; under a defense the floor
-                     does not model, only when the truth sits on the modelled floor)); a finite PSNR;
-                     the answer identifies nothing (no image identified among at least MIN_IIP_POOL
-                     candidates, no image recognisable; text: nothing recovered);
-                     without the truth the same answer would not be presumed a leak; and the
-                     positive control, the same attack (auto: the member it used) on the same model
-                     and data without the defense, leaked.
-
-Where the evidence for "defended" is missing the verdict is "inconclusive", never "defended"; the
-reason says which piece is missing and ``next_step`` what would decide it. The thresholds live
-here and nowhere else; this module imports nothing heavy (no torch), so every surface (the run's
-console line, metrics.json, report.html, sweeps, experiments, the audit, the dashboard) can use it.
-"""
+"""What an attacked update says about the client: one verdict, judged by one function
+(:func:`judge`), with every threshold as a named constant here; no torch, so every surface can
+use it. The rules in full: docs/reference/verdicts.md."""
 
 from __future__ import annotations
 

@@ -1,49 +1,6 @@
-"""Did the attack converge? Judged from the attacker's side only (never the ground truth).
-
-A reconstruction is only evidence about a client when the attack found inputs that explain the
-shared update. The evidence each attack records (``Reconstruction.extra``):
-
-* ``relative_gradient_distance``: ||u(x') - u||^2 / ||u||^2 over every shared tensor, with u the
-  shared update and u(x') what the attack's answer x' (and its labels) would make the client
-  share under the same threat model (attacks/simulate.py). 0 is a perfect explanation; 1 is what
-  sharing nothing would score.
-* ``plateau``: the objective stopped improving before the budget was spent, far from zero;
-* ``restarts_used``: fresh starts the attack took beyond its first.
-
-``converged`` is ``relative_gradient_distance <= threshold`` for the attack (CONVERGED_BELOW,
-declared before measuring any defense). Measured on this project's CPU runs (benchmarks and
-tests): iDLG/DLG that rebuild a photo (>= 50 dB) end at 1e-11..1e-8 (the truth itself scores
-~1e-11 in float64); stalled or 2-iteration runs and attacks on aggregates end at 1e-2..2e-1.
-Several images in one update end between: the local-iterations experiment (4 photos, FedAvg,
-300 steps) had answers at 2e-6..8e-6 rebuilding 23-26 dB, and one at 4.4e-5 stuck at 16 dB in a
-wrong basin, which a 1e-4 line (the first version) called converged and so "not rebuilt": a false
-"protected". Hence 1e-5 for DLG/iDLG: below it every measured multi-image answer rebuilt >= 20 dB.
-(DLG's portfolio still stops restarting at dlg.RESTART_BELOW = 1e-4, a cost choice: see there.) GradInversion and Inverting Gradients optimise
-priors too (and IG a cosine), so their answer never explains the update exactly: on convnet
-(width 16), batch 2 / 1, 300 steps, runs that rebuilt ~19 dB ended at 0.21-0.25 and 10-20-step
-runs at 0.64-0.71, hence 0.4; a coarse line, stated as such. Text DLG is exact when it succeeds,
-and so are the closed-form attacks (analytic, R-GAP: 1e-13..1e-10 when they rebuild the input; the
-imprint attack is judged analytically: exact when every sample sat alone in its bin).
-A GradInversion run with every prior switched off (alpha_TV = alpha_l2 = alpha_BN = 0, no group
-term: GradInversion Table 2's "L_grad" row) is gradient matching alone: nothing keeps its answer
-from explaining the update exactly, so it is held to DLG's line, not the priors' 0.4 (measured in
-the ablation, convnet width 16, batch 4, 600 Adam steps: L_grad alone ended at 0.18-0.21 and
-8 dB, which the 0.4 line called converged and so "not rebuilt"; with the priors, 0.13-0.28 and
-19-21 dB).
-A run that did not converge is "inconclusive": its low PSNR says nothing about the client. A
-converged run is not thereby a presumed leak: without truth, outcome.py also asks that the answer
-fit far better than the attacks' own starts and public decoy batches (outcome.PRESUME_RATIO),
-since a prior-regularised attack's start can already sit under its line.
-
-Defended updates (defenses/floor.py): noise and rounding move the shared update away from what
-the data produce, so even the truth scores a relative distance f (the floor, from the public
-defense parameters; tolerance t, 3 standard deviations). The attack has converged when it
-explains the update as well as the truth would: ``rel <= threshold * max(1 - f, 0) + f + t``
-(the threshold applies to the clean part of the update). Under a floor that swamps the update,
-any answer scores like the truth: the update no longer tells the data apart, and a converged
-attack that did not rebuild the data is then evidence of a defense that worked. Defenses the
-floor does not model (pruning) add nothing: the verdict errs on "inconclusive".
-"""
+"""Did the attack converge? Judged from the attacker's side only (never the ground truth): the
+answer's relative gradient distance against the attack's declared line, the defenses' noise
+floor added (defenses/floor.py). The lines and how they were measured: docs/reference/verdicts.md."""
 
 from __future__ import annotations
 

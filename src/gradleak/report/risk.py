@@ -13,8 +13,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from gradleak.outcome import (CONVERGED_BELOW, LEAK_PSNR_DB, PRESUMED_LEAKED, RECOGNISABLE_SSIM,
-                              TEXT_LEAK_TOKEN_ACCURACY, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics, number)
+from gradleak.outcome import (BEAT_MARGIN, COARSE_SSIM_LINE, CONVERGED_BELOW, LEAK_PSNR_DB, MIN_DECOY_POOL,
+                              PRESUME_RATIO, PRESUMED_LEAKED, RECOGNISABLE_SSIM, TEXT_LEAK_TOKEN_ACCURACY,
+                              TEXT_SET_PRECISION, TEXT_SET_RECALL, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics,
+                              number)
 from gradleak.outcome import judge as outcome_judge
 from gradleak.errors import GradleakError
 from gradleak.report.html import REPORT_RULES, _fmt
@@ -232,13 +234,18 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
     lines = ", ".join(f"{k} {v:g}" for k, v in CONVERGED_BELOW.items())
     items = [
         f"<li>{badge(LEAKED, title='')} rebuilt: mean PSNR over the batch &ge; <b>{LEAK_THRESHOLD_DB:g} dB</b> "
-        "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b>: an image whose SSIM against the client's is "
-        f"&ge; {RECOGNISABLE_SSIM:g}; text: a sentence recovered exactly or "
-        f"&ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place. Whatever the attack's own verdict.</li>",
+        "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b> whatever the pixel noise: an image whose SSIM "
+        f"against the client's is &ge; {RECOGNISABLE_SSIM:g}, or whose coarse SSIM (4x4 blocks) is &ge; "
+        f"{COARSE_SSIM_LINE:g} or that the identification search picks out among &ge; {MIN_DECOY_POOL} candidates (public decoys "
+        f"included), beating the zero and the public prior image by {BEAT_MARGIN:g}; text: a sentence recovered "
+        f"exactly, &ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place, or the set of words (token-set "
+        f"precision &ge; {TEXT_SET_PRECISION:g}, recall &ge; {TEXT_SET_RECALL:g}). Whatever the attack's own "
+        "verdict.</li>",
         f"<li>{badge(DEFENDED, title='')} positive evidence that a <b>defense</b> stopped a capable attack, all of: "
-        "the update carries a defense; the attack's answer explains the defended update as well as the client's "
-        f"true data do (relative gradient distance at most the truth's + {TRUTH_FIT_SLACK:.0%} + the noise floor's tolerance); "
-        "nothing is identified; the same answer would not be presumed a leak without the truth; under a defense "
+        "the update carries a defense; it cannot tell the client's true batch from decoy batches of public photos "
+        "with the same labels (the decoy test), or, where none was recorded, the attack's answer explains the "
+        "defended update as well as the client's true data do (relative gradient distance at most the truth's + "
+        f"{TRUTH_FIT_SLACK:.0%} + the noise floor's tolerance); nothing is identified or recognisable; the same answer would not be presumed a leak without the truth; under a defense "
         "the attacker's simulation does not reproduce (DP-SGD's clipping, pruning) the truth sits on the modelled "
         "noise floor; and the <b>positive control</b>, the same attack without the defense, leaked. The only "
         "evidence of protection.</li>",
@@ -258,7 +265,8 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
             "line (and none the floor does not model, such as pruning): its answer explains the update as well as "
             "on an undefended update, and on this project's "
             "measurements such answers rebuilt the data (DLG/iDLG: every answer below 1e-5 reached &ge; 20 dB; the "
-            "GradInversion/IG line 0.4 is coarse). Otherwise, converged or not, it is inconclusive: without the "
+            "GradInversion/IG line 0.4 is coarse), and it fits at least "
+            f"{1 / PRESUME_RATIO:g} times better than the attacks' random starts and public decoy batches. Otherwise, converged or not, it is inconclusive: without the "
             "data a leak cannot be told from a defense.</li>")
     setting = (f"<li>A <b>setting</b> (the {escape(unit)}s that differ only by seed) is leaked if any of its "
                f"{escape(unit)}s leaked, defended if all were defended, else inconclusive.</li>")
