@@ -120,3 +120,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def run_cli(args, capsys) -> tuple[int, list[str]]:  # noqa: ANN001
+    """``gradleak.cli.main`` in-process: its exit status and the non-empty lines of its stderr."""
+    from gradleak.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+def refused(args, capsys, *contains: str) -> str:  # noqa: ANN001
+    """The house rule for bad input: exit status 2 and one line ``gradleak: error: ...`` holding
+    each of ``contains`` (and no NUL byte); returns that line."""
+    code, lines = run_cli(args, capsys)
+    assert code == 2, (args, code, lines)
+    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
+    assert "\x00" not in lines[0]
+    for text in contains:
+        assert text in lines[0], lines[0]
+    return lines[0]

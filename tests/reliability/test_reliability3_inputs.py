@@ -15,32 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import rewrite_update as _rewrite
+from conftest import refused, rewrite_update as _rewrite
 from gradleak.cli import main
 from gradleak.config import MAX_SEED
 from gradleak.errors import ConfigError, DataError
 
 FAST = ["--iterations", "1", "--no-progress", "--threads", "1", "--attack", "idlg", "--no-paper-metrics"]
 ROOT = os.geteuid() == 0
-
-
-def run_cli(args, capsys) -> tuple[int, list[str]]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()]
-
-
-def refused(args, capsys, *contains: str) -> str:
-    code, lines = run_cli(args, capsys)
-    assert code == 2, (args, code, lines)
-    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    assert "\x00" not in lines[0]
-    for text in contains:
-        assert text in lines[0], lines[0]
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:

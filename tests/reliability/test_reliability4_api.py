@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 import gradleak.runtime as runtime
+from conftest import refused
 from gradleak.cli import main
 from gradleak.config import make_config
 from gradleak.data import open_source, sample_batch
@@ -33,24 +34,6 @@ from gradleak.models import build_model
 from gradleak.pipeline import attack_update, run
 
 FAST = ["--iterations", "1", "--no-progress", "--attack", "idlg", "--no-paper-metrics"]
-
-
-def run_cli(args, capsys) -> tuple[int, list[str]]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()]
-
-
-def refused(args, capsys, *contains: str) -> str:
-    code, lines = run_cli(args, capsys)
-    assert code == 2, (args, code, lines)
-    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    for text in contains:
-        assert text in lines[0], lines[0]
-    return lines[0]
 
 
 # ================================================================== 1. the API's thread policy

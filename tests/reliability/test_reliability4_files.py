@@ -25,28 +25,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import refused, run_cli
 from gradleak.cli import main
 from gradleak.errors import ConfigError, GradleakError
 
 FAST = ["--iterations", "1", "--no-progress", "--threads", "1", "--attack", "idlg"]
-
-
-def run_cli(args, capsys) -> tuple[int, list[str]]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()]
-
-
-def refused(args, capsys, *contains: str) -> str:
-    code, lines = run_cli(args, capsys)
-    assert code == 2, (args, code, lines)
-    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    for text in contains:
-        assert text in lines[0], lines[0]
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:

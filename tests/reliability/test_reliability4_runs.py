@@ -19,28 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import refused
 from gradleak.cli import main
 
 FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
 TEXT_FAST = ["--no-progress", "--threads", "1"]
-
-
-def run_cli(args, capsys) -> tuple[int, list[str]]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()]
-
-
-def refused(args, capsys, *contains: str) -> str:
-    code, lines = run_cli(args, capsys)
-    assert code == 2, (args, code, lines)
-    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    for text in contains:
-        assert text in lines[0], lines[0]
-    return lines[0]
 
 
 def _env() -> dict[str, str]:

@@ -24,29 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradleak.cli import main
+from conftest import refused, run_cli
 from gradleak.report.dashboard import data as dashboard_data
 from gradleak.report.figures import save_image_grid
 
 SECRET = "SECRET-OUTSIDE-THE-FOLDER"
-
-
-def run_cli(args, capsys) -> tuple[int, list[str]]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip()]
-
-
-def refused(args, capsys, *contains: str) -> str:
-    code, lines = run_cli(args, capsys)
-    assert code == 2, (args, code, lines)
-    assert len(lines) == 1 and lines[0].startswith("gradleak: error:"), lines
-    for text in contains:
-        assert text in lines[0], lines[0]
-    return lines[0]
 
 
 def metrics(psnr: float = 12.0, **extra) -> dict:
