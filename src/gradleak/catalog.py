@@ -127,7 +127,7 @@ def check_defense(spec: object) -> str:
     name = head.strip().lower()
     if name not in DEFENSE_PARAMETERS:
         raise unknown("defense", head.strip(), DEFENSES, f" (in {one_line(repr(spec), 80)})")
-    values = _defense_values(name, spec, rest) if sep else {}
+    values = defense_values(name, spec, rest) if sep else {}
     params = {p[0]: p for p in DEFENSE_PARAMETERS[name][1]}
     missing = [f for f, p in params.items() if p[2] and f not in values]
     if missing:
@@ -137,8 +137,9 @@ def check_defense(spec: object) -> str:
     return name
 
 
-def _defense_values(name: str, spec: str, rest: str) -> dict[str, str]:
-    """The ``key=value`` texts after the ':' of a spec (a bare first value fills the positional one)."""
+def defense_values(name: str, spec: str, rest: str) -> dict[str, str]:
+    """The ``key=value`` texts after the ':' of a spec (a bare first value fills the positional one):
+    the spec grammar, shared by this torch-free check and defenses/spec.py's parser."""
     from .errors import ConfigError
     from .paths import one_line
 

@@ -8,7 +8,7 @@ import typing
 
 import torch
 
-from ..catalog import unknown
+from ..catalog import defense_values, unknown
 from ..errors import ConfigError
 from ..paths import one_line
 from ..fl.update import SharedUpdate
@@ -57,31 +57,7 @@ def parse_defense(spec: str) -> Defense:
         raise unknown("defense", head.strip(), defense_names(), f" (in {one_line(repr(spec), 80)})")
     cls = DEFENSES[name]
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, str] = {}
-    if sep:
-        if not rest.strip():
-            raise ConfigError(f"defense {name}: missing value after ':' in {one_line(repr(spec), 80)}")
-        if not fields:
-            raise ConfigError(f"defense {name} takes no parameters, got {one_line(repr(spec), 80)}")
-        for i, token in enumerate(t.strip() for t in rest.split(",")):
-            if not token:
-                raise ConfigError(f"defense {name}: empty parameter in {one_line(repr(spec), 80)}")
-            key, eq, text = (s.strip() for s in token.partition("="))
-            if not eq:
-                if cls.positional is None:
-                    raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; write key=value pairs, e.g. "
-                                      f"{_example(name)}")
-                if i > 0:
-                    raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; only the first parameter "
-                                      f"({cls.positional}) may be given without its key")
-                key, text = cls.positional, token
-            if key not in fields:
-                raise ConfigError(f"defense {name}: unknown parameter {key!r}; known: {', '.join(fields)}")
-            if not text:
-                raise ConfigError(f"defense {name}: missing value for {key}")
-            if key in values:
-                raise ConfigError(f"defense {name}: {key} given twice in {one_line(repr(spec), 80)}")
-            values[key] = text
+    values = defense_values(name, spec, rest) if sep else {}
     missing = [f for f, fld in fields.items() if f not in values
                and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING]
     if missing:
