@@ -160,3 +160,28 @@ def test_a_random_start_run_records_why_it_is_not_recognisable(tmp_path: Path, c
     assert row["recognisable"] is False and row["recognisable_reason"] == ""
     assert row["coarse_ssim"] < row["prior_coarse_ssim"] + 0.1 or row["coarse_ssim"] < 0.5
     assert m["verdict"] != LEAKED
+
+
+# ------------------------------------------------------------------ the source's own mean is a prior
+def test_the_source_mean_is_a_prior_and_a_lighter_middle_is_no_leak():
+    """On Fashion-MNIST (items centred on black) the source's own mean image is a leak-free answer
+    that scores far above the natural photos' mean; DLG's noise answer under Gaussian 0.1 (5.2 dB, a
+    lighter middle, not identified among 379) beat only the latter and was called leaked."""
+    from gradleak.data import open_source, sample_batch
+    from gradleak.outcome import recognisable_row
+
+    source = open_source("fashion-mnist")
+    batch = sample_batch(source, 1, 0, image_size=28, channels=1)
+    others = sample_batch(source, 64, 1, image_size=28, channels=1, allow_repeats=True).images
+    pool = candidate_pool(others, batch.images)
+    zero = torch.zeros(1, 1, 28, 28)
+    row = recognisability(zero, batch.images, zero, pool)[0]
+    assert row["source_prior_coarse_ssim"] > row["public_prior_coarse_ssim"] + 0.1
+    assert row["prior_coarse_ssim"] == max(row["source_prior_coarse_ssim"], row["public_prior_coarse_ssim"])
+    # the measured rows: not identified, 0.12 above the source's mean -> no leak; identified -> a leak;
+    # far above both without an identification (a class-mate nearer in pixels) -> a leak
+    lighter = {"ssim": 0.18, "coarse_ssim": 0.656, "zero_coarse_ssim": 0.0, "prior_coarse_ssim": 0.537,
+               "identified": False, "identified_among": 379}
+    assert recognisable_row(lighter) == ""
+    assert recognisable_row({**lighter, "identified": True}) != ""
+    assert recognisable_row({**lighter, "coarse_ssim": 0.9}) != ""

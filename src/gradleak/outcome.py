@@ -40,6 +40,14 @@ COARSE_SSIM_LINE = 0.5
 MIN_DECOY_POOL = 50
 #: How far above the zero image's and the public prior image's coarse SSIM an answer must be.
 BEAT_MARGIN = 0.1
+#: Without an identification, how far above them a coarse SSIM >= COARSE_SSIM_LINE must be: an
+#: answer that IIP does not pick out among MIN_DECOY_POOL candidates is recognisable only by a
+#: structure well beyond what the priors show. Measured (benchmarks/recognisable.json): every
+#: leaked case is identified with a margin >= 0.5; the highest answers that must not leak sit
+#: 0.34-0.35 above (camera under Gaussian 0.1 at coarse 0.35, china under 1e-2 at 0.50, neither
+#: identified), and DLG under Gaussian 0.1 on Fashion-MNIST trousers (5.2 dB, a noise image with a
+#: lighter middle) 0.12 above the source's own mean image, not identified among 379.
+STRONG_MARGIN = 0.3
 #: Text: this share of tokens in place (position-wise) is a leak, and so is any exact sentence.
 TEXT_LEAK_TOKEN_ACCURACY = 0.5
 #: Text: a leaked set of words: token-set precision and recall (distinct content tokens, against
@@ -342,25 +350,27 @@ def _leak(ev: Evidence) -> str:
 
 def recognisable_row(row: Mapping[str, Any]) -> str:
     """Why one image's answer is recognisable ("" when it is not), from its per-image row: full
-    SSIM >= RECOGNISABLE_SSIM, or coarse SSIM >= COARSE_SSIM_LINE or an identification among
-    >= MIN_DECOY_POOL candidates, beating the zero and public prior images' coarse SSIM by
-    BEAT_MARGIN (a flat or noise answer does not). Rows without coarse SSIM (older runs): SSIM."""
+    SSIM >= RECOGNISABLE_SSIM; or an identification among >= MIN_DECOY_POOL candidates with a
+    coarse SSIM BEAT_MARGIN above the zero and prior images'; or a coarse SSIM >= COARSE_SSIM_LINE
+    STRONG_MARGIN above them (a flat or noise answer does neither). Rows without coarse SSIM
+    (older runs): SSIM."""
     full, own = number(row.get("ssim")), number(row.get("coarse_ssim"))
     name = str(row.get("name") or row.get("index", "?"))
     if full is not None and full >= RECOGNISABLE_SSIM:
         return f"{name}: SSIM {full:.2f} >= {RECOGNISABLE_SSIM:g}"
     if own is None:
         return ""
-    bar = max(number(row.get("zero_coarse_ssim")) or 0.0, number(row.get("prior_coarse_ssim")) or 0.0) + BEAT_MARGIN
+    prior = max(number(row.get("zero_coarse_ssim")) or 0.0, number(row.get("prior_coarse_ssim")) or 0.0)
     among = number(row.get("identified_among")) or 0
     identified = row.get("identified") is True and among >= MIN_DECOY_POOL
-    if own < bar or not (own >= COARSE_SSIM_LINE or identified):
+    if not ((identified and own >= prior + BEAT_MARGIN)
+            or (own >= COARSE_SSIM_LINE and own >= prior + STRONG_MARGIN)):
         return ""
     how = [f"coarse SSIM {own:.2f}" + (f" >= {COARSE_SSIM_LINE:g}" if own >= COARSE_SSIM_LINE else "")]
     if identified:
         how.append(f"identified among {among:.0f}")
     return (f"{name}: {', '.join(how)}, above the zero image's {_fmt(row.get('zero_coarse_ssim'))} and the "
-            f"public prior image's {_fmt(row.get('prior_coarse_ssim'))}")
+            f"prior images' {_fmt(row.get('prior_coarse_ssim'))}")
 
 
 def _without_truth(ev: Evidence, out: Any) -> Outcome:
@@ -531,6 +541,6 @@ def console_line(outcome: Outcome) -> str:
 
 
 __all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
-           "MIN_IIP_POOL", "MIN_DECOY_POOL", "COARSE_SSIM_LINE", "BEAT_MARGIN", "TEXT_SET_PRECISION",
+           "MIN_IIP_POOL", "MIN_DECOY_POOL", "COARSE_SSIM_LINE", "BEAT_MARGIN", "STRONG_MARGIN", "TEXT_SET_PRECISION",
            "TEXT_SET_RECALL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
            "evidence_from_metrics", "judge", "DECOY_TEST", "PRESUME_RATIO", "decoy_evidence", "decoy_separated", "recognisable_row", "recovered_words", "needs_control", "number", "worst"]

@@ -110,29 +110,34 @@ def _docs_state_the_defenses_smoke(rows) -> None:
         assert len(said) == len(got) and all(abs(a - b) <= (6.0 if b >= 35 else 0.1) for a, b in zip(said, got, strict=True)), \
             (before, said, got)
     strong = ("gaussian:0.1", "laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")
-    # DP-SGD's clipping and pruning are not in the attacker's simulation: the truth's fit is no
-    # yardstick there (outcome.py), so nothing here earns "defended"
-    assert not any(r["defended"] for r in rows if r["attack"] in ("dlg", "idlg", "imprint"))
-    assert "no setting earns `defended` against DLG, iDLG or imprint" in readme
-    assert all(cell["idlg", s]["verdict"] == "inconclusive" for s in strong)
-    stated("iDLG rebuilds nothing (", " dB) but the true image fits", 'idlg', *strong[:2])
+    # the decoy test (outcome.py): Laplace 0.1 and DP-SGD leave the truth among the decoys, Gaussian
+    # 0.1 and prune 0.9 do not (an attack on the objective could single the truth out)
+    assert {(r["attack"], r["spec"]) for r in rows if r["attack"] in ("dlg", "idlg", "imprint") and r["defended"]} == \
+        {("dlg", "laplace:0.1"), ("dlg", strong[3]), ("idlg", "laplace:0.1"), ("idlg", strong[3]), ("imprint", strong[3])}
+    assert "DLG and iDLG earn `defended` under Laplace 0.1 and DP-SGD only, imprint under DP-SGD only" in readme
+    assert [cell["idlg", s]["verdict"] for s in strong] == ["inconclusive", "defended", "inconclusive", "defended"]
+    stated("Laplace 0.1 iDLG rebuilds nothing (", " dB)", 'idlg', *strong[:2])
     stated("it rebuilds nothing either (", " dB)", 'idlg', *strong[2:])
     assert f"DP-SGD (noise 1, epsilon {cell['idlg', strong[3]]['epsilon']:.2f})" in readme
-    assert [cell["imprint", s]["verdict"] for s in strong] == ["leaked", "leaked", "inconclusive", "inconclusive"]
+    assert [cell["imprint", s]["verdict"] for s in strong] == ["leaked", "leaked", "inconclusive", "defended"]
     stated("Gaussian 0.1 and Laplace 0.1 (", " dB)", 'imprint', *strong[:2])
-    stated("prune 0.9 and DP-SGD (", " dB, inconclusive:", 'imprint', *strong[2:])
+    stated("prune 0.9 and DP-SGD (", " dB, inconclusive and defended)", 'imprint', *strong[2:])
     weak = ("gaussian:0.0001", "fp16", "int8")
     assert all(cell[a, s]["verdict"] == "leaked" for a in ("idlg", "imprint") for s in weak)
     stated("leak to both attacks (iDLG ", " dB", 'idlg', *weak)
     assert all(cell["dlg", s]["verdict"] == "leaked" for s in weak)
-    assert all(cell["dlg", s]["verdict"] == "inconclusive" for s in strong)
+    assert [cell["dlg", s]["verdict"] for s in strong] == ["inconclusive", "defended", "inconclusive", "defended"]
     stated("it leaks under Gaussian 1e-4, fp16 and int8 (", " dB)", 'dlg', *weak)
     stated("Laplace 0.1, prune 0.9 and DP-SGD (", " dB)", 'dlg', *strong)
     # the trap weights (closed form: stable numbers) and CPA's verdicts (its numbers are ICA's)
     stated("rebuild it under Gaussian 0.1, Laplace 0.1 and prune 0.9 (", " dB)", 'trap', *strong[:3])
-    stated("stop only under DP-SGD (", " dB, inconclusive", 'trap', strong[3])
-    assert ("CPA (mlp, 16 images) earns `defended` under Gaussian 0.1, Laplace 0.1 and DP-SGD, is inconclusive "
-            "under prune 0.9 and leaks under Gaussian 1e-4, fp16 and int8") in readme
+    stated("stop only under DP-SGD (", " dB, defended)", 'trap', strong[3])
+    assert ("CPA (mlp, 16 images) earns `defended` under Gaussian 0.1, Laplace 0.1 and DP-SGD, is borderline under "
+            "prune 0.9") in readme
+    # prune 0.9: two of CPA's 16 answers sit at the recognisability line (coarse SSIM ~0.6), and ICA's
+    # two runs of 2026-12-02 differed (leaked, inconclusive; why was not analysed); never defended
+    verdicts = [cell["cpa", s]["verdict"] for s in strong]
+    assert verdicts[:2] == ["defended", "defended"] and verdicts[3] == "defended" and verdicts[2] in ("leaked", "inconclusive")
 
 
 def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path):
@@ -160,7 +165,7 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
         assert text[spec]["token_accuracy"] < 0.5 and text[spec]["accuracy"] is None
     assert text["prune:0.9"]["verdict"] == "leaked" and text["prune:0.9"]["exact_sentences"] == 0
     # DLG on the same image (measured: none 52.4, gaussian 1e-4 54.0, fp16 52.2, int8 39.7 dB, leaked;
-    # gaussian 0.1 5.2, laplace 0.1 4.7, prune 0.9 4.2, DP-SGD 3.8 dB, inconclusive, never defended)
+    # gaussian 0.1 5.2, laplace 0.1 4.7, prune 0.9 4.2, DP-SGD 3.8 dB: defended only by the decoy test)
     dlg = {r["spec"]: r for r in result.rows if r["attack"] == "dlg"}
     for spec in ("", "gaussian:0.0001", "fp16"):
         assert dlg[spec]["verdict"] == "leaked" and dlg[spec]["psnr"] > RECOVERED_DB + MARGIN_DB, dlg[spec]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.outcome import (BEAT_MARGIN, COARSE_SSIM_LINE, CONVERGED_BELOW, LEAK_PSNR_DB, MIN_DECOY_POOL,
-                              PRESUME_RATIO, PRESUMED_LEAKED, RECOGNISABLE_SSIM, TEXT_LEAK_TOKEN_ACCURACY,
+                              PRESUME_RATIO, PRESUMED_LEAKED, RECOGNISABLE_SSIM, STRONG_MARGIN, TEXT_LEAK_TOKEN_ACCURACY,
                               TEXT_SET_PRECISION, TEXT_SET_RECALL, TRUTH_FIT_SLACK, Evidence, evidence_from_metrics,
                               number)
 from gradleak.outcome import judge as outcome_judge
@@ -235,9 +235,10 @@ def rules(*, truth: bool, no_truth: bool, unit: str = "update") -> str:
     items = [
         f"<li>{badge(LEAKED, title='')} rebuilt: mean PSNR over the batch &ge; <b>{LEAK_THRESHOLD_DB:g} dB</b> "
         "(MSE &le; 0.01 on [0, 1] pixels), or <b>recognisable</b> whatever the pixel noise: an image whose SSIM "
-        f"against the client's is &ge; {RECOGNISABLE_SSIM:g}, or whose coarse SSIM (4x4 blocks) is &ge; "
-        f"{COARSE_SSIM_LINE:g} or that the identification search picks out among &ge; {MIN_DECOY_POOL} candidates (public decoys "
-        f"included), beating the zero and the public prior image by {BEAT_MARGIN:g}; text: a sentence recovered "
+        f"against the client's is &ge; {RECOGNISABLE_SSIM:g}, or that the identification search picks out among "
+        f"&ge; {MIN_DECOY_POOL} candidates (public decoys included) with a coarse SSIM (4x4 blocks) {BEAT_MARGIN:g} "
+        f"above the zero and prior images' (the public photos' and the source's mean), or whose coarse SSIM is "
+        f"&ge; {COARSE_SSIM_LINE:g} and {STRONG_MARGIN:g} above them; text: a sentence recovered "
         f"exactly, &ge; {TEXT_LEAK_TOKEN_ACCURACY:.0%} of the tokens in place, or the set of words (token-set "
         f"precision &ge; {TEXT_SET_PRECISION:g}, recall &ge; {TEXT_SET_RECALL:g}). Whatever the attack's own "
         "verdict.</li>",
