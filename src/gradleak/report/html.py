@@ -183,7 +183,7 @@ def _number(key: str, value: float) -> str:
     return f"{value:.4g}"
 
 
-def _fmt(key: str, value: Any) -> str:
+def format_metric(key: str, value: Any) -> str:
     """Human-readable, HTML-escaped rendering of one value, with units inferred from its key."""
     return format_value(key, value, _number)
 
@@ -193,19 +193,19 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _cell(key: str, value: Any) -> str:
-    return value_cell(value, _fmt(key, value))
+    return value_cell(value, format_metric(key, value))
 
 
 def _kv_table(items: Mapping[str, Any]) -> str:
     """Two-column key/value table; keys and values escaped."""
-    return kv_table(items, _fmt)
+    return kv_table(items, format_metric)
 
 
 def _label(value: Any, class_names: Sequence[Any]) -> str:
     """A label with its class name when known, e.g. ``3 (cat)``; escaped."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(class_names):
         return f"{escape(str(value))} ({escape(str(class_names[value]))})"
-    return _fmt("label", value)
+    return format_metric("label", value)
 
 
 # --------------------------------------------------------------------------- sections
@@ -293,14 +293,14 @@ def _attacked(metrics: Mapping[str, Any]) -> str:
     if isinstance(threat, Mapping) and threat:
         parts.append(_kv_table(threat))
     elif threat:
-        parts.append(f"<p>{_fmt('threat', threat)}</p>")
+        parts.append(f"<p>{format_metric('threat', threat)}</p>")
     else:
         parts.append('<p class="muted">not recorded</p>')
     defenses = metrics.get("defenses")
     parts.append("<h3>Defenses</h3>")
     if isinstance(defenses, Sequence) and not isinstance(defenses, str) and defenses:
         items = "".join(
-            f"<li>{escape(d) if isinstance(d, str) else _fmt('defense', d)}</li>" for d in defenses
+            f"<li>{escape(d) if isinstance(d, str) else format_metric('defense', d)}</li>" for d in defenses
         )
         parts.append(f"<ul>{items}</ul>")
     elif isinstance(defenses, str) and defenses:

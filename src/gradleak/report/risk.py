@@ -19,7 +19,7 @@ from gradleak.outcome import (BEAT_MARGIN, COARSE_SSIM_LINE, CONVERGED_BELOW, LE
                               number)
 from gradleak.outcome import judge as outcome_judge
 from gradleak.errors import GradleakError
-from gradleak.report.html import REPORT_RULES, _fmt
+from gradleak.report.html import REPORT_RULES, format_metric
 from gradleak.report.page import data_uri, page_css, value_cell
 
 #: Mean PSNR (dB) from which an update's data count as rebuilt: the experiments' THRESHOLD_DB
@@ -194,7 +194,7 @@ def cell_html(key: str, value: Any) -> str:
     """One table cell: Html as is, anything else formatted with the report's units and escaped."""
     if isinstance(value, Html):
         return f"<td>{value}</td>"
-    return value_cell(value, _fmt(key, value))
+    return value_cell(value, format_metric(key, value))
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, keys: Sequence[str] | None = None,

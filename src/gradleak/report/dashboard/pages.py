@@ -14,7 +14,7 @@ from gradleak.report.dashboard.data import (ATTACK_SIDE, RUN_IMAGE, Item, Source
                                             is_numeric, num, plain_file, separated_text, setting_label,
                                             varying_fields)
 from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
-from gradleak.report.html import _fmt, display_name, worst_image
+from gradleak.report.html import format_metric, display_name, worst_image
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, SKIPPED, Html,
                                   ImageBudget, badge, card, chart, count, finite, headline, notice, rules,
                                   setting_verdict, table, worst_first)
@@ -135,7 +135,7 @@ def _constant_accuracy(items: Sequence[Item]) -> str:
     acc = _values(items, "label_accuracy")
     if not acc or _varies(items, "label_accuracy"):
         return ""
-    return (f' Label accuracy is {escape(_fmt("label_accuracy", acc[0]))} in every charted cell: it is not '
+    return (f' Label accuracy is {escape(format_metric("label_accuracy", acc[0]))} in every charted cell: it is not '
             "drawn.")
 
 
