@@ -348,15 +348,19 @@ def test_resume_state_naming_code(tmp_path, capsys):
     """The saved state of an interrupted run is a file as well: a module:callable model in its
     config is refused on --resume unless the user names the same --model again."""
     proc = subprocess.Popen([sys.executable, "-m", "gradleak.cli", "attack", "--attack", "dlg", "--iterations", "100000",
-                             "--no-progress", "--threads", "1", "--checkpoint-every", "0", "--out", str(tmp_path / "run")],
+                             "--no-progress", "--threads", "1", "--checkpoint-every", "5", "--out", str(tmp_path / "run")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:
+    state = tmp_path / ".run.state"
+    # Signal only once the loop has written a checkpoint: a fixed sleep after the staging folder
+    # appeared was not always enough on a loaded machine (CI: the SIGTERM came before the loop
+    # installed its handler, so no state was saved).
+    deadline = time.time() + 240
+    while not (state / "state.json").is_file():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "no checkpoint within 240 s"
         time.sleep(0.2)
-    time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) != 0
-    state = tmp_path / ".run.state"
     cfg = json.loads((state / "config.json").read_text())
     cfg["model"] = "this:d"
     (state / "config.json").write_text(json.dumps(cfg))
