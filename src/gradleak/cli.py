@@ -433,7 +433,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
 SHARE_FIELDS = ("model", "width", "data", "data_root", "split", "batch_size", "seed", "model_seed",
                 "allow_repeats", "image_size", "num_classes", "share_bn_statistics", "defense", "device",
                 "threat", "local_steps", "local_batch_size", "local_lr", "clients", "inner", "checkpoint",
-                "modality", "text", "server")
+                "modality", "text", "server", "local_epochs", "local_optimizer", "local_momentum", "local_nesterov",
+                "local_weight_decay", "local_betas", "local_eps", "local_augment", "local_crop_padding")
 
 
 def cmd_share(args: argparse.Namespace) -> int:

@@ -31,6 +31,18 @@ PRESET_CASES: dict[str, dict[str, Any]] = {
 }
 
 
+def parse_betas(text: str) -> tuple[float, float]:
+    """"b1,b2" -> (b1, b2), each in [0, 1) (torch.optim.Adam's betas); ValueError otherwise."""
+    parts = text.split(",")
+    try:
+        betas = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{text!r} is not two numbers b1,b2") from None
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"{text!r} is not two numbers b1,b2 in [0, 1)")
+    return betas  # type: ignore[return-value]
+
+
 class _RunConfig(BaseModel):
     """Everything one attack run needs but the attacks' own constants (AttackConfig adds them)."""
 
@@ -60,6 +72,21 @@ class _RunConfig(BaseModel):
     local_steps: int = Field(1, ge=1, le=10000, description="fedavg: local SGD steps")
     local_batch_size: int | None = Field(None, ge=1, description="fedavg: local mini-batch size (default: all)")
     local_lr: float = Field(0.01, gt=0, description="fedavg: local learning rate")
+    local_epochs: int | None = Field(None, ge=1, le=1000, description="fedavg: epochs over the client's "
+                                     "--batch-size samples in mini-batches of --local-batch-size, reshuffled privately "
+                                     "each epoch (instead of --local-steps; default: use --local-steps)")
+    local_optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="fedavg: the client's torch.optim "
+                                                             "optimizer: sgd | adam | adamw")
+    local_momentum: float = Field(0.0, ge=0, lt=1, description="fedavg, sgd: momentum (torch.optim.SGD, dampening 0)")
+    local_nesterov: bool = Field(False, description="fedavg, sgd: Nesterov momentum (needs --local-momentum)")
+    local_weight_decay: float = Field(0.0, ge=0, le=1, description="fedavg: weight decay (sgd, adam: L2 added to "
+                                      "the gradient; adamw: decoupled)")
+    local_betas: str = Field("0.9,0.999", description="fedavg, adam/adamw: beta1,beta2, each in [0, 1)")
+    local_eps: float = Field(1e-8, gt=0, le=1, description="fedavg, adam/adamw: eps (torch's default)")
+    local_augment: Literal["none", "flip", "crop-flip"] = Field("none", description="fedavg: the client's private "
+                                                                 "augmentation: none | flip | crop-flip (random crop "
+                                                                 "with zero padding, then a horizontal flip)")
+    local_crop_padding: int = Field(4, ge=0, le=64, description="fedavg, crop-flip: padding in pixels")
     clients: int = Field(1, ge=1, le=1024, description="aggregate: clients averaged (each --batch-size)")
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
@@ -116,6 +143,12 @@ class _RunConfig(BaseModel):
     def _path(cls, v: str | None) -> str | None:
         if v is not None:
             check_path_text(v)
+        return v
+
+    @field_validator("local_betas")
+    @classmethod
+    def _betas(cls, v: str) -> str:
+        parse_betas(v)
         return v
 
     @field_validator("server")

@@ -139,6 +139,8 @@ def _meta(f: Any, path: Path) -> UpdateMeta:
     if len(meta.input_shape) != 3 or min(meta.input_shape) < 1:
         raise UpdateFileError(f"{path}: metadata input_shape {meta.input_shape} is not (C, H, W)")
     check_meta_bounds(meta, path)
+    if meta.bn_buffers_shared:
+        raise UpdateFileError(f"{path}: metadata says BN buffers are shared, but an update file holds no buffers")
     if len(meta.mean) != meta.input_shape[0] or len(meta.std) != meta.input_shape[0] or min(meta.std) <= 0:
         raise UpdateFileError(f"{path}: metadata normalisation does not fit {meta.input_shape[0]} channels")
     return meta

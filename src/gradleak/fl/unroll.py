@@ -1,4 +1,4 @@
-"""One local-SGD unroll: the FedAvg client's local steps, and the attacker's simulation of them."""
+"""One local-training unroll: the FedAvg client's local steps, and the attacker's simulation of them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from .optim import LocalOptimizer, sgd
+
 Mode = Literal["client", "graph", "func"]
 MODES: tuple[str, ...] = ("client", "graph", "func")
 
@@ -15,6 +17,8 @@ MODES: tuple[str, ...] = ("client", "graph", "func")
 # ``data`` indexed by the step's sample indices.
 StepLoss = Callable[..., Any]
 BNStats = list[tuple[torch.Tensor, torch.Tensor]]
+# transform(mini_batch) -> mini_batch: what the client does to a step's data before the loss
+Transform = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 
 def step_assignment(k: int, local_batch_size: int, steps: int, generator: torch.Generator | None) -> list[torch.Tensor]:
@@ -55,20 +59,33 @@ class Unrolled:
 
 def local_sgd(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[torch.Tensor],
               steps: Sequence[torch.Tensor], lr: float, *, mode: Mode, has_aux: bool = False) -> Unrolled:
-    """Unroll the local steps W_s = W_{s-1} - lr * grad L(W_{s-1}; I_s) (docs notes):
-    step s calls ``loss(W_{s-1}, *(d[I_s] for d in data))`` with ``steps[s]`` = I_s.
+    """Unroll plain local SGD, W_s = W_{s-1} - lr * grad L(W_{s-1}; I_s): :func:`local_train`
+    with ``LocalOptimizer("sgd", lr)``."""
+    return local_train(params, loss, data, steps, sgd(lr), mode=mode, has_aux=has_aux)
+
+
+def local_train(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[torch.Tensor],
+                steps: Sequence[torch.Tensor], optimizer: LocalOptimizer, *, mode: Mode, has_aux: bool = False,
+                transform: Transform | None = None) -> Unrolled:
+    """Unroll the local steps: step s calls ``loss(W_{s-1}, *batch_s)`` with batch_s the
+    ``data`` indexed by ``steps[s]`` = I_s (then ``transform(batch_s)``: the client's private
+    augmentation), and moves W by ``optimizer`` (fl.optim: torch.optim's SGD, Adam, AdamW).
 
     ``params`` (W_0, by name) is not modified: "client" takes each step's gradient w.r.t.
     detached copies, "graph" w.r.t. the given tensors themselves (they, or what they depend on,
-    must require grad), "func" w.r.t. the first argument of the loss via torch.func."""
+    must require grad), "func" w.r.t. the first argument of the loss via torch.func. The
+    optimizer's state (momentum buffers, Adam's moments) is carried the same way."""
     if mode not in MODES:
-        raise ValueError(f"local_sgd mode {mode!r}; known: {', '.join(MODES)}")
+        raise ValueError(f"local_train mode {mode!r}; known: {', '.join(MODES)}")
     p = dict(params)
     out = Unrolled(start=dict(params), params=p)
+    state = optimizer.init(p)
     step_grad = torch.func.grad_and_value(loss, has_aux=has_aux) if mode == "func" else None
     with torch.enable_grad() if mode != "func" else nullcontext():
-        for idx in steps:
+        for t, idx in enumerate(steps, start=1):
             batch = [d[idx] for d in data]
+            if transform is not None:
+                batch = transform(batch)
             if step_grad is not None:
                 grads, value = step_grad(p, *batch)
             else:
@@ -79,9 +96,10 @@ def local_sgd(params: dict[str, torch.Tensor], loss: StepLoss, data: Sequence[to
                                         create_graph=mode == "graph")
                 grads = dict(zip(p, g, strict=True))
             step_loss, aux = value if has_aux else (value, None)
-            p = {n: w - lr * grads[n] for n, w in p.items()}
+            p, state = optimizer.step(p, grads, state, t)
             if mode == "client":
                 p = {n: w.detach() for n, w in p.items()}
+                state = {n: {k: v.detach() for k, v in s.items()} for n, s in state.items()}
             out.losses.append(step_loss.detach())
             out.aux.append(aux)
     out.params = p
@@ -98,4 +116,4 @@ def mean_over_steps(per_step: Sequence[BNStats]) -> BNStats:
             for i in range(len(per_step[0]))]
 
 
-__all__ = ["MODES", "Unrolled", "local_sgd", "mean_over_steps", "step_assignment"]
+__all__ = ["MODES", "Unrolled", "local_sgd", "local_train", "mean_over_steps", "step_assignment"]

@@ -21,7 +21,9 @@ FORMAT_VERSION = 1
 class UpdateMeta:
     """Public metadata of a shared update (what a server knows anyway).
 
-    threat: {"name": "fedsgd"} or, for later threat models, their public hyper-parameters.
+    threat: {"name": "fedsgd"} or, for later threat models, their public hyper-parameters
+            (fedavg: local steps, mini-batch size, lr, and, where not plain SGD, the optimizer and
+            its constants, epochs, augmentation policy: fl.threats.ThreatModel.record).
     """
 
     model: str
@@ -35,6 +37,9 @@ class UpdateMeta:
     threat: dict[str, Any] = field(default_factory=lambda: {"name": "fedsgd"})
     defenses: list[str] = field(default_factory=list)
     bn_statistics_shared: bool = False
+    # the BatchNorm running statistics (buffers) after local training: gradleak's clients share
+    # only parameters (gradients or W_S - W_0), never them
+    bn_buffers_shared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -9,7 +9,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from ..config import AttackConfig
+from ..config import AttackConfig, parse_betas
 from ..errors import ConfigError, UnknownNameError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
@@ -119,6 +119,16 @@ class Observer:
 # other than the default), a flag would be ignored, so it is an error.
 THREAT_FLAGS = {"local_steps": "fedavg", "local_batch_size": "fedavg", "local_lr": "fedavg",
                 "clients": "aggregate", "inner": "aggregate"}
+# The FedAvg client's local training (fl.optim, fl.augment): fedavg flags too; with --update the
+# file decides them (a record without them is plain SGD)
+LOCAL_TRAINING_FIELDS = ("local_epochs", "local_optimizer", "local_momentum", "local_nesterov", "local_weight_decay",
+                         "local_betas", "local_eps", "local_augment", "local_crop_padding")
+THREAT_FLAGS.update(dict.fromkeys(LOCAL_TRAINING_FIELDS, "fedavg"))
+# flags that apply only with another one: (field, what it needs, is it met)
+_NEEDS = (("local_betas", "--local-optimizer adam or adamw", lambda c: c.local_optimizer != "sgd"),
+          ("local_eps", "--local-optimizer adam or adamw", lambda c: c.local_optimizer != "sgd"),
+          ("local_crop_padding", "--local-augment crop-flip", lambda c: c.local_augment == "crop-flip"),
+          ("local_steps", "no --local-epochs (which sets the steps: E x ceil(K / B))", lambda c: c.local_epochs is None))
 
 
 def threat_model(cfg: AttackConfig) -> ThreatModel:
@@ -132,9 +142,25 @@ def threat_model(cfg: AttackConfig) -> ThreatModel:
                 else "--threat aggregate"
             raise ConfigError(f"--{name.replace('_', '-')} applies to {where}, not to --threat {cfg.threat}"
                               + (f" --inner {cfg.inner}" if cfg.threat == "aggregate" else ""))
-    return ThreatModel(name=cfg.threat, local_steps=cfg.local_steps, local_batch_size=cfg.local_batch_size,
+    defaults = {k: AttackConfig.model_fields[k].get_default() for k in LOCAL_TRAINING_FIELDS + ("local_steps",)}
+    for name, needs, met in _NEEDS:
+        if getattr(cfg, name) != defaults[name] and not met(cfg):
+            raise ConfigError(f"--{name.replace('_', '-')} applies with {needs}")
+    if cfg.modality != "image" and any(getattr(cfg, k) != defaults[k] for k in LOCAL_TRAINING_FIELDS):
+        raise ConfigError("--local-epochs, --local-optimizer and their constants, and --local-augment apply to the "
+                          "image modality (the text client trains with plain SGD over --local-steps)")
+    steps = cfg.local_steps if cfg.local_epochs is None else \
+        ThreatModel.epoch_steps(cfg.batch_size, cfg.local_batch_size, cfg.local_epochs)
+    if steps > ThreatModel.MAX_LOCAL_STEPS:
+        raise ConfigError(f"--local-epochs {cfg.local_epochs} over {cfg.batch_size} samples are {steps} local steps, "
+                          f"more than {ThreatModel.MAX_LOCAL_STEPS}")
+    return ThreatModel(name=cfg.threat, local_steps=steps, local_batch_size=cfg.local_batch_size,
                        local_lr=cfg.local_lr, clients=cfg.clients if cfg.threat == "aggregate" else 1,
-                       inner=cfg.inner)
+                       inner=cfg.inner, local_epochs=cfg.local_epochs, local_optimizer=cfg.local_optimizer,
+                       local_momentum=cfg.local_momentum, local_nesterov=cfg.local_nesterov,
+                       local_weight_decay=cfg.local_weight_decay, local_betas=parse_betas(cfg.local_betas),
+                       local_eps=cfg.local_eps, local_augment=cfg.local_augment,
+                       local_crop_padding=cfg.local_crop_padding)
 
 
 def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_only: tuple[str, ...]) -> dict[str, Any]:
@@ -160,6 +186,15 @@ def file_values(cfg: AttackConfig, meta: Any, decides: tuple[str, ...], client_o
         "share_bn_statistics": bool(meta.bn_statistics_shared),
         "server": meta.model_kwargs.get("server") or "honest",
     }
+    for key in LOCAL_TRAINING_FIELDS:  # a record without them: plain SGD (files of before)
+        values[key] = rec.get(key, defaults[key]) if fedavg else defaults[key]
+    if fedavg and "local_betas" in rec:
+        values["local_betas"] = ",".join(f"{float(b):g}" for b in rec["local_betas"])
+    if fedavg and rec.get("local_epochs") is not None:
+        values["local_steps"] = defaults["local_steps"]  # the file's steps follow from its epochs
+    if fedavg and values["local_optimizer"] == "sgd":
+        values["local_betas"], values["local_eps"] = defaults["local_betas"], defaults["local_eps"]
+    decides = tuple(decides) + tuple(k for k in LOCAL_TRAINING_FIELDS if k not in decides)
 
     def agrees(key: str, given: Any) -> bool:
         if given == values[key]:
