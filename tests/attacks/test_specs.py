@@ -161,7 +161,7 @@ SPEC = {
     "flags": {"copies": ["int[1,8]", 2, "echo: how many times the token is repeated"]},
 }
 
-from ..inversion import TextAttackSettings, bow_attack
+from ..leak import TextAttackSettings, bow_attack
 
 
 def run(config, update, model, engine):

@@ -226,7 +226,7 @@ def test_labels_help_lists_what_the_code_accepts():
     """--labels (attack and audit-flower) names every label method the attacks accept (the README
     listed llg while the help listed idlg; both are accepted) and the text modes."""
     from gradleak.attacks.labels import LABEL_METHODS
-    from gradleak.text.inversion import LABEL_MODES
+    from gradleak.text.leak import LABEL_MODES
 
     for command, flag in (("attack", "--labels"), ("audit-flower", "--labels")):
         listed = re.findall(r"[a-z]+", _help_of(command_parser(command), flag).split("(default")[0])

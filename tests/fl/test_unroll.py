@@ -204,7 +204,7 @@ def test_fedavg_client_update_equals_the_attacker_simulation_on_the_true_inputs(
 def test_text_fedavg_client_update_equals_the_text_simulation_on_the_true_inputs():
     pytest.importorskip("tokenizers")
     from gradleak.text import build_text_model, text_batch
-    from gradleak.text.inversion import TextSimulator
+    from gradleak.text.simulate import TextSimulator
     from gradleak.text.client import text_fedavg
 
     model = build_text_model("tiny-transformer", seed=0)

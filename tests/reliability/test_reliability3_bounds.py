@@ -294,7 +294,7 @@ def test_text_attack_refuses_a_batch_its_tensors_cannot_simulate(tiny_text):
 
 def _moves_as_listed(candidates, k, n, num_classes, lengths):
     """The order search's move list as it was built before (the reference order)."""
-    from gradleak.text.inversion import MAX_BLOCK
+    from gradleak.text.order import MAX_BLOCK
 
     slots = [(a, p) for a in range(k) for p in range(n)]
     moves = [("swap", *slots[i], *slots[j]) for i in range(len(slots)) for j in range(i + 1, len(slots))]
@@ -313,7 +313,7 @@ def test_order_search_moves_are_decoded_not_listed():
     swaps) cost nothing to set up."""
     import random
 
-    from gradleak.text.inversion import MoveList, OrderSearch
+    from gradleak.text.order import MoveList, OrderSearch
 
     rng = random.Random(0)
     for k, n, classes, lengths in ((1, 1, 0, False), (1, 6, 2, False), (2, 5, 3, True), (3, 7, 0, True),

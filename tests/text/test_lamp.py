@@ -15,7 +15,8 @@ from gradleak.fl.threats import ThreatModel  # noqa: E402
 from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
 from gradleak.text.attacks.lamp import TRANSFORMS, LampRun, transform  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
-from gradleak.text.inversion import _BagRelaxation, bag_of_words  # noqa: E402
+from gradleak.text.leak import bag_of_words  # noqa: E402
+from gradleak.text.search import BagRelaxation  # noqa: E402
 from gradleak.text.metrics import evaluate_text  # noqa: E402
 from gradleak.text.prior import held_out_sentences, stdlib_docstring_sentences, stdlib_prior  # noqa: E402
 
@@ -80,7 +81,7 @@ def test_discrete_step_puts_a_swapped_sentence_back_in_order(tiny, prior):
     content = [t for t in bag.token_ids if t not in tiny.tokenizer.special_ids]
     n = batch.lengths[0] - 2
     gen = torch.Generator().manual_seed(0)
-    relax = _BagRelaxation(tiny, update, content, 1, n, torch.float64, torch.device("cpu"), gen)
+    relax = BagRelaxation(tiny, update, content, 1, n, torch.float64, torch.device("cpu"), gen)
     run = LampRun(relax, n + 2, None, batch.labels, None, prior=prior, lm_weight=0.2, every=1, candidates=400,
                   seed=0, gen=gen)
     true_idx = [content.index(t) for t in batch.input_ids[0, 1:-1].tolist()]

@@ -1,4 +1,4 @@
-"""text/inversion.truth_relative_distance: how well the client's true sentences explain the
+"""text/simulate.truth_relative_distance: how well the client's true sentences explain the
 (defended) update on the text DLG attacks' own measure: the evidence outcome.py needs before a
 defense may be called "defended" (issue 42: the defenses experiment's text row)."""
 
@@ -12,7 +12,8 @@ import torch  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
 from gradleak.text import build_text_model, text_batch, text_share  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
-from gradleak.text.inversion import bag_of_words, truth_relative_distance  # noqa: E402
+from gradleak.text.leak import bag_of_words  # noqa: E402
+from gradleak.text.simulate import truth_relative_distance  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,9 @@ def test_python_docs_sentences_are_offline_held_out_sentences():
 
 @pytest.mark.parametrize("restricted", [True, False])
 def test_equals_the_attacks_own_score_of_the_true_sentences(case, restricted):
-    """The yardstick is the attack's measure: _TextDLG.score of the true sentences (2 sentences
+    """The yardstick is the attack's measure: TextDLG.score of the true sentences (2 sentences
     of different lengths, padded) over the update's squared norm, under noise."""
-    from gradleak.text.inversion import _BagRelaxation, _FreeRelaxation, _TextDLG
+    from gradleak.text.search import BagRelaxation, FreeRelaxation, TextDLG
 
     model, batch = case
     update = text_share(model, batch, ThreatModel("fedsgd"), defenses=["gaussian:0.001"], seed=0)
@@ -70,9 +71,9 @@ def test_equals_the_attacks_own_score_of_the_true_sentences(case, restricted):
     truth = [[t for t in s if t not in special] for s in batch.token_ids()]
     bag = sorted(set(bag) | {t for s in truth for t in s})   # the true tokens all in the attack's rows
     n = batch.input_ids.shape[1] - 2
-    relax_cls = _BagRelaxation if restricted else _FreeRelaxation
+    relax_cls = BagRelaxation if restricted else FreeRelaxation
     relax = relax_cls(model, update, bag, 2, n, torch.float64, torch.device("cpu"), torch.Generator().manual_seed(0))
-    run = _TextDLG(relax, n + 2, None, batch.labels, None)
+    run = TextDLG(relax, n + 2, None, batch.labels, None)
     ids = torch.zeros((2, n), dtype=torch.long)
     for a, s in enumerate(truth):
         ids[a, :len(s)] = torch.tensor([bag.index(t) for t in s] if restricted else s)

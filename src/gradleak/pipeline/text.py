@@ -17,7 +17,7 @@ from ..modalities import TEXT
 from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
-from ..text.inversion import matched_tensors, truth_relative_distance
+from ..text.simulate import matched_tensors, truth_relative_distance
 from ..text.metrics import evaluate_text, pair_sentences, token_accuracy, token_set_scores
 from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
@@ -183,7 +183,7 @@ class TextCase(Case):
         return metrics
 
     def matched(self, recon: Any) -> dict[str, list[int] | None] | None:
-        """The shared tensors the text attack's distance is measured on (text.inversion.matched_tensors)."""
+        """The shared tensors the text attack's distance is measured on (text.simulate.matched_tensors)."""
         return matched_tensors(self.model, self.update, recon)
 
     def write_files(self, folder: Path, recon: Any) -> None:

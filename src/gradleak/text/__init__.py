@@ -2,7 +2,7 @@
 
 from ..catalog import TEXT_ATTACKS
 from .configs import run_text_attack, text_attack_names
-from .inversion import BagOfWords, TextAttackSettings, TextReconstruction, bag_of_words
+from .leak import BagOfWords, TextAttackSettings, TextReconstruction, bag_of_words
 from .client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
 from .data import TextBatch, read_sentences, text_batch
 from .metrics import evaluate_text

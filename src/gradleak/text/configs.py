@@ -15,7 +15,7 @@ from ..engine import Engine
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..specs import attack_specs
-from .inversion import TextAttackSettings, TextObserver, TextReconstruction, TextResolution
+from .leak import TextAttackSettings, TextObserver, TextReconstruction, TextResolution
 from .models import TextModel
 
 TEXT_ATTACK_CONFIGS: dict[str, type[AttackConfigBase]] = {name: make_config_class(spec)

@@ -24,7 +24,8 @@ from ...errors import GradleakError
 from ...fl.update import SharedUpdate
 from ...paths import one_line
 from ..configs import resolve_text_attack
-from ..inversion import TextReconstruction, matched_tensors
+from ..leak import TextReconstruction
+from ..simulate import matched_tensors
 from ..models import TextModel
 
 __all__ = ["EXACT_FIRST", "PORTFOLIO", "SPEC", "run"]

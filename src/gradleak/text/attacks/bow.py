@@ -1,6 +1,6 @@
 """The bag of words: the batch's token set read off the word-embedding gradient's non-zero rows
 (embedding backward is an index-add), and the longest sentence's length off the position
-embedding's. No optimisation: text/inversion.py ``bag_of_words`` and ``bow_attack``."""
+embedding's. No optimisation: text/leak.py ``bag_of_words`` and ``bow_attack``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..inversion import TextAttackSettings, TextReconstruction, bow_attack
+from ..leak import TextAttackSettings, TextReconstruction, bow_attack
 from ..models import TextModel
 
 

@@ -26,7 +26,8 @@ from ...engine import Engine
 from ...errors import GradleakError
 from ...fl.threats import ThreatModel
 from ...fl.update import SharedUpdate
-from ..inversion import BagOfWords, TextReconstruction, _progress, bag_of_words, bias_labels
+from ..leak import BagOfWords, TextReconstruction, bag_of_words, bias_labels
+from ..search import progress_bar
 from ..models import TextModel
 
 __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
@@ -516,7 +517,7 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
         bar.update(task, advance=1, loss=float("nan"))
 
     cap = max(PASSES, k + 1)   # passes; the bar expects PASSES and grows when more run
-    with _progress("dager (sentences)", PASSES * (length - 1), progress) as bar:
+    with progress_bar("dager (sentences)", PASSES * (length - 1), progress) as bar:
         task = bar.add_task("dager (sentences)", total=PASSES * (length - 1), loss=float("nan"))
         splice_jobs = spliced = 0
         tried: set[tuple[int, tuple[int, ...]]] = set()

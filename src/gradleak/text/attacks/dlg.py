@@ -1,5 +1,5 @@
 """DLG for text (Zhu et al. 2019, Sec. 4.2), restricted to the leaked bag of words, then a greedy
-search over discrete sentences (text/inversion.py ``dlg_text``)."""
+search over discrete sentences (text/search.py ``dlg_text``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Any
 
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..inversion import TextReconstruction, TextResolution, dlg_text, settings_from_config
+from ..leak import TextReconstruction, TextResolution, settings_from_config
+from ..search import dlg_text
 from ..models import TextModel
 
 

@@ -1,6 +1,6 @@
 """Plain DLG for text: free dummy embeddings (no token set), each position mapped to its nearest
 row of the word embedding, then the same search among each position's nearest tokens
-(text/inversion.py ``dlg_text`` with ``restrict=False``)."""
+(text/search.py ``dlg_text`` with ``restrict=False``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Any
 
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..inversion import TextReconstruction, dlg_text, settings_from_config
+from ..leak import TextReconstruction, settings_from_config
+from ..search import dlg_text
 from ..models import TextModel
 from .dlg import resolve  # the same label rule as dlg
 

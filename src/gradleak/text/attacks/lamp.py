@@ -39,8 +39,8 @@ import torch
 from ...attacks.objectives import cosine
 from ...engine import Engine, StateHooks
 from ...fl.update import SharedUpdate
-from ..inversion import (TextObserver, TextReconstruction, _FreeRelaxation, _Relaxation, _TextDLG, dlg_text,
-                         settings_from_config)
+from ..leak import TextObserver, TextReconstruction, settings_from_config
+from ..search import FreeRelaxation, Relaxation, TextDLG, dlg_text
 from ..models import TextModel
 from ..prior import BigramPrior, stdlib_prior
 from .dlg import resolve  # the same label rule as dlg
@@ -77,16 +77,16 @@ def transform(n: int, gen: torch.Generator) -> tuple[str, list[int]]:
     return kind, order
 
 
-class LampRun(_TextDLG):
-    """One LAMP run: DLG for text's run (text/inversion.py) with LAMP's objective, initialisation
+class LampRun(TextDLG):
+    """One LAMP run: DLG for text's run (text/search.py) with LAMP's objective, initialisation
     and discrete steps (Alg. 1)."""
 
-    def __init__(self, relax: _Relaxation, length: int, y_soft: torch.Tensor | None, fixed_labels: torch.Tensor | None,
+    def __init__(self, relax: Relaxation, length: int, y_soft: torch.Tensor | None, fixed_labels: torch.Tensor | None,
                  observer: TextObserver | None, *, prior: BigramPrior, lm_weight: float, every: int,
                  candidates: int, seed: int, gen: torch.Generator):
         super().__init__(relax, length, y_soft, fixed_labels, observer)
         self.prior, self.lm_weight, self.every, self.candidates, self.seed = prior, lm_weight, every, candidates, seed
-        self.free = isinstance(relax, _FreeRelaxation)
+        self.free = isinstance(relax, FreeRelaxation)
         if self.free:
             w = relax.w  # type: ignore[attr-defined]
             self.mean_norm = float(w[relax.allowed].norm(dim=-1).mean())  # type: ignore[attr-defined]
@@ -176,7 +176,7 @@ def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> 
     prior_seconds = time.perf_counter() - start
     runs: list[LampRun] = []
 
-    def make_run(relax: _Relaxation, length: int, y_soft: torch.Tensor | None, fixed_labels: torch.Tensor | None,
+    def make_run(relax: Relaxation, length: int, y_soft: torch.Tensor | None, fixed_labels: torch.Tensor | None,
                  observer: TextObserver | None) -> LampRun:
         gen = torch.Generator().manual_seed(config.seed + 11)
         runs.append(LampRun(relax, length, y_soft, fixed_labels, observer, prior=prior,

@@ -1,6 +1,6 @@
 """TAG (Deng et al., Findings of EMNLP 2021): free dummy token embeddings matched under TAG's
 distance (Euclidean plus alpha times Manhattan, Sec. 3), then each position mapped to its nearest
-row of the word embedding (text/inversion.py ``dlg_text``)."""
+row of the word embedding (text/search.py ``dlg_text``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from typing import Any
 
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..inversion import TextReconstruction, dlg_text, settings_from_config
+from ..leak import TextReconstruction, settings_from_config
+from ..search import dlg_text
 from ..models import TextModel
 from .dlg import resolve  # the same label rule as dlg
 
