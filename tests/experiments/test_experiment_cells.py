@@ -37,7 +37,7 @@ def test_rerun_resumes_and_rebuilds_identical_outputs(tmp_path):
     csv1 = (out / "results.csv").read_bytes()
     rows = _rows(out)
     assert len(rows) == 1 and rows[0]["attack"] == "ig" and rows[0]["width"] == "4" and rows[0]["iterations"] == "5"
-    assert 0 < float(rows[0]["psnr"]) < 100
+    assert 0 < float(rows[0]["psnr_oracle_pairing"]) < 100
     # the first sample's reconstruction beside its photo, from the cell's run folder
     assert "reconstructions.png" in first.figures and (out / "reconstructions.png").stat().st_size > 1000
     assert len(list((out / CELLS / "runs").iterdir())) == 1

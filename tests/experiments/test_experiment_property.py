@@ -20,6 +20,7 @@ from gradleak.data import batch_of
 from gradleak.errors import ConfigError
 from gradleak.experiments import make_options, run_experiment
 from gradleak.experiments import property_inference as pi
+from gradleak.experiments.base import output_name
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -97,7 +98,7 @@ def test_smoke_run_end_to_end(tmp_path):
     for fig in result.figures:
         assert (folder / fig).read_bytes()[:8] == PNG
     rows = _csv(folder / "results.csv")
-    assert list(rows[0]) == pi.COLUMNS
+    assert list(rows[0]) == [output_name(c) for c in pi.COLUMNS]
     # every target is a row, half of them with the property (the plan), none dropped
     assert [int(r["target"]) for r in rows] == [0, 1, 2, 3]
     assert [r["property"] for r in rows] == ["False", "True", "False", "True"]
@@ -117,7 +118,8 @@ def test_smoke_run_end_to_end(tmp_path):
     # DLG really rebuilt the smoke targets (measured: 65-72 dB, label accuracy 1) and so reads the
     # property off them: its score is the truth's up to the reconstruction error, its AUC 1
     for r in rows:
-        assert r["verdict"] == "leaked" and float(r["psnr"]) >= 40.0, r
+        assert r["verdict"] == "leaked" and float(r["psnr_oracle_pairing"]) >= 40.0, r
+        assert float(r["psnr_by_label"]) >= 40.0 and r["images_leaked"] == str(len(r["images"].split())), r
         assert sorted(r["labels_restored"].split()) == sorted(r["labels"].split())
         assert math.isclose(float(r["dlg_score"]), float(r["truth_score"]), abs_tol=1e-3)
     assert float(summary["dlg"]["auc"]) == 1.0 and int(summary["dlg"]["leaked"]) == 4

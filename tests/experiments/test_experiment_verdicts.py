@@ -152,7 +152,10 @@ def test_a_two_iteration_attack_is_inconclusive_not_a_protected_client(tmp_path)
     run_experiment("batch-size", make_options(out=str(out), smoke=True, progress=False, executor="inline",
                                               attacks=["idlg"], batch_sizes=[1], samples=1, iterations=2))
     (row,) = _csv(out / "results.csv")
-    assert float(row["psnr"]) < 20.0 and row["recovered"] == "False"
+    assert float(row["psnr_oracle_pairing"]) < 20.0 and row["recovered"] == "False"
+    # one image: the paper's pairing by restored label is the pixels' pairing
+    assert float(row["psnr_by_label"]) == pytest.approx(float(row["psnr_oracle_pairing"]))
+    assert float(row["zero_psnr"]) > 0 and float(row["prior_psnr"]) > 0 and row["images_leaked"] in ("0", "1")
     assert row["converged"] in ("False", "")   # "" until the runs record their verdict
     # never a protected client; measured: 16.1 dB but SSIM 0.54 against the photo, which
     # outcome.py's recognisable line (SSIM >= 0.5) reads as a leak whatever the PSNR
@@ -178,7 +181,8 @@ def test_batch_size_flags_a_row_against_its_trend(tmp_path, monkeypatch):
     assert "CONTRADICTS the stated trend (leakage falls as the batch size grows) for attack dlg: batch_size 1 -> 2" in md
     assert "31.00 -> 32.00" in md and "inconclusive 0/3 / 1/3" in md
     (s1, s2) = _csv(out / "summary.csv")
-    assert (s2["psnr_mean"], s2["psnr_mean_converged"], s2["non_converged"]) == ("32.0", "44.5", "1")
+    assert (s2["psnr_oracle_pairing_mean"], s2["psnr_oracle_pairing_mean_converged"], s2["non_converged"]) == \
+        ("32.0", "44.5", "1")
 
 
 # --------------------------------------------------------------------------- default samples

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gradleak.cli import main
+from gradleak.experiments.common import PAIRING_COLUMNS
 from gradleak.experiments import make_options, run_experiment
 from gradleak.metrics.image import PSNR_CAP_DB
 from gradleak.sweep.worker import run_cell
@@ -147,7 +148,8 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     short training: 0.58 undefended, 0.37 under prune 0.9, 0.16 under DP-SGD."""
     result, folder, all_lines = _smoke("defenses", tmp_path / "defenses")
     assert "reconstructions.png" in result.figures   # the held-out image under every defense and attack
-    assert result.columns[:7] == ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended"]
+    assert [c for c in result.columns if c not in PAIRING_COLUMNS][:7] == ["attack", "defense", "strength", "accuracy",
+                                                                          "psnr", "ssim", "defended"]
     # DLG: the rebuttal's attack; trap and cpa (issue 41): which defenses stop them
     assert {r["attack"] for r in result.rows} == {"dlg", "idlg", "imprint", "trap", "cpa", "text-dlg"}
     assert "cpa_reconstructions.png" in result.figures   # cpa's first batch under every defense
@@ -199,7 +201,7 @@ def test_defenses_smoke_strongest_gaussian_defends_and_weakest_does_not(tmp_path
     assert (op, threshold) == (">=", RECOVERED_DB)
     for ln in lines:
         assert ln["defended"] == str(ln["verdict"] == "defended"), ln
-        if float(ln["psnr"]) >= threshold:
+        if float(ln["psnr_oracle_pairing"]) >= threshold:
             assert ln["verdict"] == "leaked", ln
         else:
             assert ln["verdict"] in ("defended", "inconclusive", "leaked"), ln
@@ -331,7 +333,7 @@ def test_batch_size_smoke(tmp_path):
     op, threshold = _declared_threshold(folder)
     assert (op, threshold) == (">=", RECOVERED_DB)
     for ln in lines:
-        assert ln["recovered"] == str(float(ln["psnr"]) >= threshold), ln
+        assert ln["recovered"] == str(float(ln["psnr_oracle_pairing"]) >= threshold), ln
 
 
 def test_model_size_smoke_through_the_cli(tmp_path, capsys):
@@ -342,10 +344,11 @@ def test_model_size_smoke_through_the_cli(tmp_path, capsys):
     data = json.loads((out / "experiment.json").read_text())
     rows = data["rows"]
     with (out / "results.csv").open(newline="") as fh:
-        assert next(csv.reader(fh))[:7] == ["attack", "model", "width", "parameters", "sample", "seed", "psnr"]
+        assert next(csv.reader(fh))[:8] == ["attack", "model", "width", "parameters", "sample", "seed", "psnr_by_label",
+                                            "psnr_oracle_pairing"]
     by_width = {r["width"]: r for r in rows}
     assert sorted(by_width) == [4, 16]
     assert by_width[16]["parameters"] > 4 * by_width[4]["parameters"]
-    assert by_width[16]["psnr"] >= by_width[4]["psnr"] + 2.0
+    assert by_width[16]["psnr_oracle_pairing"] >= by_width[4]["psnr_oracle_pairing"] + 2.0
     for r in rows:
-        assert math.isfinite(r["psnr"]) and 0 <= r["mse"] <= 1 and -1 <= r["ssim"] <= 1
+        assert math.isfinite(r["psnr_oracle_pairing"]) and 0 <= r["mse"] <= 1 and -1 <= r["ssim"] <= 1

@@ -8,7 +8,7 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (VERDICT_RULE, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, THRESHOLD_DB, IMAGE_VERDICT_COLUMNS, convergence_notes, gradinversion_cell, image_rows, mean,
                      one_batch_victim, save_grid, settings_of, summarize, summary_columns, verdict_fields, victim_setup)
 
 # Each step's fields on top of the cpu preset (BN exact: the client shares its BN statistics).
@@ -21,11 +21,12 @@ STEPS: dict[str, dict[str, Any]] = {
 }
 STEP_TEXT = {"noise": "N(0, I) start", "grad": "L_grad", "+fidelity": "+ R_fidelity (BN exact)",
              "+group lazy": "+ R_group lazy", "+group registered": "+ R_group registered"}
-COLUMNS = ["step", "sample", "seed", "image", "name", "label", "psnr", "ssim", "fft2d", "rpsnr", "lpips",
-           "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "answer", *VERDICT_COLUMNS,
+COLUMNS = ["step", "sample", "seed", "image", "name", "label", "label_restored", "psnr_by_label", "psnr", "ssim", "ssim_by_label", "zero_psnr", "prior_psnr",
+           "fft2d", "rpsnr", "lpips", "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "answer",
+           *IMAGE_VERDICT_COLUMNS,
            "iterations", "seeds", "wall_seconds"]
-SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "psnr", "ssim",
-           "fft2d", "rpsnr", "lpips"]
+SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_distance_mean", "psnr_by_label",
+           "psnr", "ssim", "fft2d", "rpsnr", "lpips", "zero_psnr", "prior_psnr"]
 LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_distance_mean", "fft2d", "lpips")
 
 
@@ -51,12 +52,12 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                   "wall_seconds": round(float(m["wall_seconds"]), 2)}
         img_rows = image_rows(cell, **common)
         for r in img_rows:
-            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB))
+            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB, image=r["image"]))
         rows += img_rows
         per_step[step] += img_rows
     summary = [{"step": s, **{c: mean([r[c] for r in per_step[s]]) for c in SUMMARY[1:]}} for s in STEPS]
     notes = ["Means over every image (and sample) per step:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
-    spread = summarize(rows, ["step"], values=("psnr", "rpsnr"), images=True)
+    spread = summarize(rows, ["step"], values=("psnr_by_label", "psnr", "rpsnr", "zero_psnr", "prior_psnr"), images=True)
     notes += _monotonicity_notes(summary, {r["step"]: r for r in spread})
     notes += convergence_notes(cells.values())
     figs = ["ablation_quality.png", "ablation_distance.png", "ablation_images.png"]
@@ -73,7 +74,7 @@ def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="ablation", title="GradInversion ablation (Table 2): each loss term in turn",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
-        summary_columns=summary_columns(["step"], ("psnr", "rpsnr"), images=True),
+        summary_columns=summary_columns(["step"], ("psnr_by_label", "psnr", "rpsnr", "zero_psnr", "prior_psnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
                "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
                                     f"{VERDICT_RULE}",

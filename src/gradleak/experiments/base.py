@@ -181,33 +181,69 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+#: The names a row key takes in the files an experiment writes (results.csv, summary.csv, results.md,
+#: experiment.json): the PSNR of a slot paired with the truth by pixels is an oracle's pairing
+#: (metrics/matching.py), beside ``psnr_by_label``, the paper's and the attacker's. Older folders
+#: (their ``psnr``) are read under either name (reproduction/collect.py).
+OUTPUT_NAMES = {"psnr": "psnr_oracle_pairing"}
+_SUFFIXES = ("", "_mean", "_std", "_min", "_max", "_mean_converged")
+
+
+def output_name(column: str) -> str:
+    """The name ``column`` (a row key, or a summary's ``<key>_mean``...) takes in the written files."""
+    for old, new in OUTPUT_NAMES.items():
+        for suffix in _SUFFIXES:
+            if column == old + suffix:
+                return new + suffix
+    return column
+
+
+def output_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with their keys under :func:`output_name`."""
+    return [{output_name(k): v for k, v in r.items()} for r in rows]
+
+
 def write_result(result: ExperimentResult, out: Path) -> None:
     """Write results.csv (one row per sample), summary.csv (per setting, if the experiment has a
-    summary), results.md and experiment.json into ``out`` (figures already there)."""
-    from .common import IMAGES_NOTE, MEANS_NOTE
-
+    summary), results.md and experiment.json into ``out`` (figures already there), every row key
+    under its written name (:func:`output_name`)."""
     # each file is written whole or not at all (an experiment's --out is reused by its reruns, so a
     # file cut short by a signal would stay there)
-    atomic_write_text(out / "results.csv", _csv_text(result.columns, result.rows))
-    summary_md = ""
-    if result.summary_columns:
-        atomic_write_text(out / "summary.csv", _csv_text(result.summary_columns, result.summary))
-        means_note = MEANS_NOTE + (f" {IMAGES_NOTE}" if "images" in result.summary_columns else "")
-        summary_md = (f"## Summary per setting (summary.csv)\n\n{markdown_table(result.summary_columns, result.summary)}"
-                      f"\n\n{means_note}\n\n")
-    setup = "\n".join(f"- **{k}**: {_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)}"
-                      for k, v in result.setup.items())
-    notes = "\n".join(f"- {n}" for n in result.notes)
-    figs = "\n".join(f"![{f}]({f})" for f in result.figures)
-    md = (f"# {result.title}\n\nExperiment `{result.name}`, {len(result.rows)} rows, "
-          f"{result.wall_seconds:.0f} s.\n\n## Setup\n\n{setup}\n\n## Results\n\n"
-          f"{markdown_table(result.columns, result.rows)}\n\n" + summary_md
-          + (f"## Notes\n\n{notes}\n\n" if notes else "") + figs + "\n")
-    atomic_write_text(out / "results.md", md)
-    record = {"name": result.name, "title": result.title, "setup": result.setup, "rows": result.rows,
-              "summary": result.summary, "notes": result.notes, "figures": result.figures,
+    columns, rows = [output_name(c) for c in result.columns], output_rows(result.rows)
+    summary_columns, summary = [output_name(c) for c in result.summary_columns], output_rows(result.summary)
+    atomic_write_text(out / "results.csv", _csv_text(columns, rows))
+    if summary_columns:
+        atomic_write_text(out / "summary.csv", _csv_text(summary_columns, summary))
+    atomic_write_text(out / "results.md", results_markdown(result.name, result.title, result.setup, columns, rows,
+                                                           summary_columns, summary, result.notes, result.figures,
+                                                           result.wall_seconds))
+    record = {"name": result.name, "title": result.title, "setup": result.setup, "rows": rows,
+              "summary": summary, "notes": result.notes, "figures": result.figures,
               "wall_seconds": result.wall_seconds, "cells": result.cells, "machine": machine()}
     atomic_write_text(out / "experiment.json", json.dumps(record, indent=2, default=str))
+
+
+def results_markdown(name: str, title: str, setup: dict[str, Any], columns: list[str], rows: list[dict[str, Any]],
+                     summary_columns: list[str], summary: list[dict[str, Any]], notes: list[str],
+                     figures: list[str], wall_seconds: float) -> str:
+    """results.md of an experiment from what its files hold (rows and summary under their written
+    names): what :func:`write_result` writes, and what reproduction/collect.py writes again from a
+    folder's committed results.csv, summary.csv and experiment.json."""
+    from .common import IMAGES_NOTE, MEANS_NOTE
+
+    summary_md = ""
+    if summary_columns:
+        means_note = MEANS_NOTE + (f" {IMAGES_NOTE}" if "images" in summary_columns else "")
+        summary_md = (f"## Summary per setting (summary.csv)\n\n{markdown_table(summary_columns, summary)}"
+                      f"\n\n{means_note}\n\n")
+    setup_md = "\n".join(f"- **{k}**: {_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)}"
+                         for k, v in setup.items())
+    notes_md = "\n".join(f"- {n}" for n in notes)
+    figs = "\n".join(f"![{f}]({f})" for f in figures)
+    return (f"# {title}\n\nExperiment `{name}`, {len(rows)} rows, "
+            f"{wall_seconds:.0f} s.\n\n## Setup\n\n{setup_md}\n\n## Results\n\n"
+            f"{markdown_table(columns, rows)}\n\n" + summary_md
+            + (f"## Notes\n\n{notes_md}\n\n" if notes_md else "") + figs + "\n")
 
 
 def run_experiment(name: str, options: ExperimentOptions) -> tuple[ExperimentResult, Path]:

@@ -10,8 +10,11 @@ from typing import Any
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, convergence_notes, iterations_run, leakage_rows,
                      save_grids, scored_title, series, summarize, summary_columns, trend_notes)
+
+# The summary's values: the paper's pairing first, then pixels', then the leak-free baselines.
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "zero_psnr", "prior_psnr")
 
 BATCH_SIZES = (1, 2, 4, 8)
 SMOKE_BATCH_SIZES = (1, 2)
@@ -68,7 +71,7 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     cells = ws.run(plan, run_folders=[(a, k, 0) for a in attacks for k in sizes])
     rows = leakage_rows(cells, ("attack", "batch_size", "sample"))
     by = ["attack", "batch_size"]
-    summary = summarize(rows, by)
+    summary = summarize(rows, by, values=SUMMARY_VALUES)
     fig = "psnr_vs_batch_size.png"
     save_line_plot(ws.out / fig, [str(k) for k in sizes],
                    {a: series(rows, "batch_size", sizes, attack=a) for a in attacks}, xlabel="batch size K", ylabel=f"PSNR (dB), mean of {samples} batch(es)",
@@ -81,9 +84,9 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.append("reconstructions.png")
     return ExperimentResult(
         name="batch-size", title="Leakage vs batch size",
-        columns=["attack", "batch_size", "sample", "psnr", "ssim", "mse", "label_accuracy", "model", "width", "seed", "psnr_min",
-                 "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by),
+        columns=["attack", "batch_size", "sample", "psnr_by_label", "psnr", *PAIRING_COLUMNS[1:], "ssim", "mse", "label_accuracy", "model", "width", "seed", "psnr_min",
+                 "recovered", *BATCH_VERDICT_COLUMNS, "iterations", "wall_seconds"],
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, SUMMARY_VALUES),
         setup={"data": f"{data} (each batch: K photos with distinct labels)",
                "model": models,
                "attacks": attacks, "batch sizes": sizes,

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..outcome import DEFENDED as OUTCOME_DEFENDED
 from ..outcome import INCONCLUSIVE as OUTCOME_INCONCLUSIVE
 from ..outcome import LEAKED as OUTCOME_LEAKED
-from ..outcome import PRESUMED_LEAKED, evidence_from_metrics, judge
+from ..outcome import MIN_IIP_POOL, PRESUMED_LEAKED, evidence_from_metrics, judge, number, recognisable_row, worst
 from .base import ExperimentOptions
 from .cells import CellResult
 
@@ -128,8 +128,31 @@ def leakage_rows(cells: dict[tuple[Any, ...], CellResult], names: tuple[str, ...
         rows.append({**dict(zip(names, key, strict=True)), **q,
                      "model": c["model"], "width": c["width"], "seed": c["seed"],
                      "psnr_min": min(r["psnr"] for r in cell.metrics["per_image"]),
-                     "recovered": recovered, **verdict_fields(cell, recovered)})
+                     **pairing_fields(cell), "recovered": recovered, **verdict_fields(cell, recovered)})
     return rows
+
+
+#: The columns of a batch row beside its PSNR: the paper's pairing and the leak-free baselines
+#: (pairing_fields), and how many of its images leaked (verdict_fields).
+PAIRING_COLUMNS = ["psnr_by_label", "psnr_by_label_min", "zero_psnr", "prior_psnr"]
+#: The columns of an image row beside its PSNR (image_rows).
+IMAGE_PAIRING_COLUMNS = ["psnr_by_label", "ssim_by_label", "zero_psnr", "prior_psnr"]
+
+
+def pairing_fields(cell: CellResult) -> dict[str, Any]:
+    """A batch row's scores by the paper's pairing (each slot with the photo of its restored label:
+    mean and worst image) and the leak-free baselines (the zero image's and the public prior
+    image's mean PSNR); None where the cell recorded none (computed before they existed)."""
+    per = cell.metrics.get("per_image") or []
+
+    def over(key: str, how: Any) -> float | None:
+        vals = [number(p.get(key)) for p in per]
+        return how(vals) if vals and all(v is not None for v in vals) else None
+
+    return {"psnr_by_label": over("psnr_by_label", lambda v: sum(v) / len(v)),
+            "psnr_by_label_min": over("psnr_by_label", min),
+            "zero_psnr": over("zero_psnr", lambda v: sum(v) / len(v)),
+            "prior_psnr": over("prior_psnr", lambda v: sum(v) / len(v))}
 
 
 def image_rows(cell: CellResult, **common: Any) -> list[dict[str, Any]]:
@@ -138,6 +161,7 @@ def image_rows(cell: CellResult, **common: Any) -> list[dict[str, Any]]:
     for p in cell.metrics["per_image"]:
         rows.append({**common, "image": p["index"], "name": p.get("name", ""), "label": p["label_true"],
                      "label_restored": p["label_restored"], "psnr": p["psnr"], "ssim": p["ssim"],
+                     **{k: p.get(k) for k in IMAGE_PAIRING_COLUMNS},
                      "fft2d": p.get("fft2d"), "rpsnr": p.get("rpsnr"), "lpips": p.get("lpips"),
                      "identified": p.get("identified")})
     return rows
@@ -328,6 +352,10 @@ def settings_of(cells: Iterable[CellResult]) -> dict[str, Any] | None:
 LEAKED, DEFENDED, INCONCLUSIVE = OUTCOME_LEAKED, OUTCOME_DEFENDED, OUTCOME_INCONCLUSIVE
 VERDICTS = (LEAKED, INCONCLUSIVE, DEFENDED)
 VERDICT_COLUMNS = ["converged", "verdict", "relative_gradient_distance"]
+#: A row per image adds its batch's verdict (the worst over the batch's images) beside its own; a
+#: row per batch adds how many of its images leaked.
+IMAGE_VERDICT_COLUMNS = [*VERDICT_COLUMNS, "batch_verdict"]
+BATCH_VERDICT_COLUMNS = [*VERDICT_COLUMNS, "images_leaked"]
 #: How the verdict column is decided, as results.md's setup states it (after the experiment's leak rule).
 VERDICT_RULE = ("defended = gradleak/outcome.py's positive evidence (a defense, an answer that fits the defended "
                 "update as well as the truth, nothing identified, a positive control that leaked); else inconclusive")
@@ -350,21 +378,68 @@ def converged_of(metrics: dict[str, Any]) -> bool | None:
     return None if value is None else bool(value)
 
 
-def verdict_of(metrics: dict[str, Any], rebuilt: bool | None) -> str:
-    """The sample's verdict: leaked when the experiment's own rule says rebuilt, else the outcome
-    module's verdict on the cell's evidence ("presumed leaked" cannot occur: cells have the truth)."""
+def image_leak(metrics: dict[str, Any], row: dict[str, Any]) -> str:
+    """Why one image of a cell leaked ("" when it did not): rebuilt (its PSNR >= THRESHOLD_DB),
+    recognisable (outcome.recognisable_row, the rule every surface uses) or identified by IIP
+    among at least outcome.MIN_IIP_POOL candidates."""
+    psnr = number(row.get("psnr"))
+    if psnr is not None and psnr >= THRESHOLD_DB:
+        return f"rebuilt: PSNR {psnr:.1f} dB"
+    why = recognisable_row(row)
+    if why:
+        return why
+    pool = number(metrics.get("iip_pool_size"))
+    if row.get("identified") is True and (pool is None or pool >= MIN_IIP_POOL):
+        return "identified by IIP"
+    return ""
+
+
+def image_verdict(metrics: dict[str, Any], row: dict[str, Any], rebuilt: bool | None = None) -> str:
+    """One image's verdict: leaked when the experiment's own rule (``rebuilt``) or
+    :func:`image_leak` says so; otherwise the outcome module's verdict on the run's evidence
+    (convergence, defenses, control) with this image's scores alone."""
+    if rebuilt or image_leak(metrics, row):
+        return LEAKED
+    alone = {**metrics, "psnr_mean": row.get("psnr"), "ssim_mean": row.get("ssim"), "per_image": [row]}
+    verdict = judge(evidence_from_metrics(alone)).verdict
+    return LEAKED if verdict == PRESUMED_LEAKED else verdict
+
+
+def verdict_of(metrics: dict[str, Any], rebuilt: bool | None, image: int | None = None) -> str:
+    """A sample's verdict. ``image`` given: that image's (:func:`image_verdict`). Else the run's:
+    leaked when the experiment's own rule says rebuilt, else the worst over its images (a run
+    without per-image rows, e.g. text: the outcome module's verdict on the cell's evidence).
+    "presumed leaked" cannot occur: cells have the truth."""
+    rows = [r for r in metrics.get("per_image") or [] if isinstance(r, dict)]
+    if image is not None:
+        row = next((r for r in rows if r.get("index") == image), None)
+        if row is None:
+            raise ValueError(f"verdict_of: the metrics hold no per-image row of image {image}")
+        return image_verdict(metrics, row, rebuilt)
     if rebuilt:
         return LEAKED
+    if rows:
+        return worst(image_verdict(metrics, r) for r in rows)
     verdict = judge(evidence_from_metrics(metrics)).verdict
     return LEAKED if verdict == PRESUMED_LEAKED else verdict
 
 
-def verdict_fields(cell: CellResult, rebuilt: bool | None) -> dict[str, Any]:
-    """The verdict columns of a row of ``cell`` (VERDICT_COLUMNS)."""
+def images_leaked(metrics: dict[str, Any]) -> int | None:
+    """How many of a cell's images leaked (:func:`image_leak`); None without per-image rows."""
+    rows = [r for r in metrics.get("per_image") or [] if isinstance(r, dict)]
+    return sum(1 for r in rows if image_leak(metrics, r)) if rows else None
+
+
+def verdict_fields(cell: CellResult, rebuilt: bool | None, image: int | None = None) -> dict[str, Any]:
+    """The verdict columns of a row of ``cell``: with ``image``, an image row's
+    (IMAGE_VERDICT_COLUMNS: its own verdict and its batch's, the worst over the batch's images);
+    else a batch row's (BATCH_VERDICT_COLUMNS: the run's verdict and how many images leaked)."""
     m = cell.metrics
     conv = m.get("convergence") if isinstance(m.get("convergence"), dict) else {}
-    return {"converged": converged_of(m), "verdict": verdict_of(m, rebuilt),
-            "relative_gradient_distance": conv.get("relative_gradient_distance")}
+    fields = {"converged": converged_of(m), "relative_gradient_distance": conv.get("relative_gradient_distance")}
+    if image is not None:
+        return {**fields, "verdict": verdict_of(m, rebuilt, image), "batch_verdict": verdict_of(m, None)}
+    return {**fields, "verdict": verdict_of(m, rebuilt), "images_leaked": images_leaked(m)}
 
 
 def _std(vals: Sequence[float]) -> float | None:

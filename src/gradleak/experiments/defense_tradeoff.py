@@ -17,7 +17,7 @@ from ..outcome import RECOGNISABLE_SSIM, TEXT_LEAK_TOKEN_ACCURACY
 from ..text.data import python_docs_sentences
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (DEFENDED, INCONCLUSIVE, LBFGS_INIT, LEAKED, VERDICT_COLUMNS, convergence_notes, converged_of,
+from .common import (DEFENDED, INCONCLUSIVE, LBFGS_INIT, LEAKED, PAIRING_COLUMNS, VERDICT_COLUMNS, pairing_fields, convergence_notes, converged_of,
                      lbfgs_cell, save_grids, save_paired_rows, setting, summarize, summary_columns, verdict_fields)
 
 # The attack fails below 20 dB (MSE > 0.01 on [0, 1] pixels): undefended iDLG reaches 75-90 dB on
@@ -109,7 +109,7 @@ def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
            if opt.smoke else []))
 
 
-COLUMNS = ["attack", "defense", "strength", "accuracy", "psnr", "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
+COLUMNS = ["attack", "defense", "strength", "accuracy", "psnr_by_label", "psnr", *PAIRING_COLUMNS[1:], "ssim", "defended", *VERDICT_COLUMNS, "sample", "seed",
            "mse", "label_accuracy", "epsilon", "spec", "model", "images", "images_leaked", "token_accuracy", "rougeL",
            "exact_sentences"]
 
@@ -170,11 +170,11 @@ def _row(cell: Any, key: tuple[str, int, int], settings: list[tuple[str, float |
     v = verdict_fields(cell, m["psnr_mean"] >= THRESHOLD_DB)
     per = m.get("per_image") or []
     return {"attack": a, "defense": name, "strength": strength, "accuracy": trained.final_accuracy,
-            "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "defended": v["verdict"] == DEFENDED,
+            "psnr": m["psnr_mean"], **pairing_fields(cell), "ssim": m["ssim_mean"], "defended": v["verdict"] == DEFENDED,
             **v, "sample": s, "seed": seed + s, "mse": m["mse_mean"], "label_accuracy": m["label_accuracy"],
             "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None, "spec": spec or "",
             "model": cell.config.get("model"), "images": len(per),
-            "images_leaked": sum(1 for p in per if p["psnr"] >= THRESHOLD_DB or p["ssim"] >= RECOGNISABLE_SSIM),
+            "images_leaked": v["images_leaked"],
             "token_accuracy": None, "rougeL": None, "exact_sentences": None}
 
 

@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import CellResult, Workspace
-from .common import (VERDICT_COLUMNS, VERDICT_RULE, THRESHOLD_DB, convergence_notes, gradinversion_cell, image_rows,
+from .common import (IMAGE_VERDICT_COLUMNS, VERDICT_RULE, THRESHOLD_DB, convergence_notes, gradinversion_cell, image_rows,
                      save_grids, scored_title, settings_of, summarize, summary_columns, verdict_fields)
 
 
@@ -61,10 +61,10 @@ PAPER = {"ResNet-50 (MoCo v2)": (0.175, 12.929, 0.484), "ResNet-50 (standard)": 
          "ResNet-18 (standard)": (0.218, 10.729, 0.693)}
 CLAIM = "gradients from a stronger feature extractor leak more (GradInversion Table 3)"
 COLUMNS = ["pair", "role", "network", "model", "parameters", "sample", "seed", "image", "name", "label",
-           "label_restored", "psnr", "flat_psnr", "ssim", "fft2d", "rpsnr", "lpips", "gradient_distance",
-           *VERDICT_COLUMNS, "iterations", "wall_seconds"]
+           "label_restored", "psnr_by_label", "psnr", "ssim", "ssim_by_label", "zero_psnr", "prior_psnr", "flat_psnr", "fft2d", "rpsnr", "lpips",
+           "gradient_distance", *IMAGE_VERDICT_COLUMNS, "iterations", "wall_seconds"]
 BY = ["pair", "role", "network"]
-VALUES = ("psnr", "fft2d", "flat_psnr")
+VALUES = ("psnr_by_label", "psnr", "fft2d", "flat_psnr", "zero_psnr", "prior_psnr")
 
 
 def _refuse_fixed_options(opt: ExperimentOptions) -> None:
@@ -162,7 +162,7 @@ def _rows(cells: dict[tuple[str, str, int], CellResult], opt: ExperimentOptions,
                          iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
         for i, r in enumerate(img):
             r["flat_psnr"] = flats[i] if i < len(flats) else None
-            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB))
+            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB, image=r["image"]))
         rows += img
     return rows
 
@@ -237,11 +237,13 @@ def feature_extractor(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult
     cells = ws.run(plan, run_folders=[(p.name, role, 0) for p in PAIRS for role in ROLES])
     rows = _rows(cells, opt, facts)
     summary = summarize(rows, BY, values=VALUES, images=True)
-    means = [{"pair": s["pair"], "network": s["network"], "psnr": s["psnr_mean"], "fft2d": s["fft2d_mean"],
+    means = [{"pair": s["pair"], "network": s["network"], "psnr_by_label": s["psnr_by_label_mean"],
+              "psnr": s["psnr_mean"], "fft2d": s["fft2d_mean"], "prior_psnr": s["prior_psnr_mean"],
               "flat_psnr": s["flat_psnr_mean"], "not converged": f"{s['non_converged']}/{s['samples']}"}
              for s in summary]
     notes = ["Means over every image per network:\n\n"
-             + markdown_table(["pair", "network", "psnr", "fft2d", "flat_psnr", "not converged"], means) + "\n",
+             + markdown_table(["pair", "network", "psnr_by_label", "psnr", "fft2d", "flat_psnr", "prior_psnr", "not converged"],
+                            means) + "\n",
              "The paper's Table 3 (ImageNet, 224 px, its full budget; FFT2D / PSNR / LPIPS): "
              + "; ".join(f"{k} {v[0]} / {v[1]} dB / {v[2]}" for k, v in PAPER.items())
              + ". FFT2D here is on this project's scale (metrics/paper.py): compare it within a pair only."]

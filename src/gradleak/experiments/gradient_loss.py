@@ -15,7 +15,7 @@ from ..models import ModelSpec, build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import CellResult, Workspace
-from .common import (VERDICT_RULE, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, gradinversion_cell, one_batch_victim,
+from .common import (VERDICT_RULE, THRESHOLD_DB, IMAGE_VERDICT_COLUMNS, convergence_notes, gradinversion_cell, one_batch_victim,
                      image_rows, mean, save_grid, settings_of, summarize, summary_columns,
                      verdict_fields, victim_setup)
 
@@ -31,10 +31,10 @@ OBJECTIVE_TEXT = {"grad": "L_grad alone (no prior, no group term)",
 PAPER = {"cosine": {"gradient_l2": 5.965, "sign_match": 79.0, "cosine_distance": 0.139},
          "l2": {"gradient_l2": 3.835, "sign_match": 80.9, "cosine_distance": 0.110}}
 FIT = ("gradient_l2", "gradient_l2_total", "sign_match", "cosine_distance", "relative_distance")
-COLUMNS = ["objective", "distance", "sample", "seed", "image", "name", "label", "label_restored", "psnr", "ssim",
-           "fft2d", "rpsnr", *FIT, "gradient_distance", *VERDICT_COLUMNS, "iterations", "seeds", "wall_seconds"]
-SUMMARY = ["objective", "distance", "gradient_l2", "sign_match", "cosine_distance", "relative_distance", "psnr",
-           "ssim"]
+COLUMNS = ["objective", "distance", "sample", "seed", "image", "name", "label", "label_restored", "psnr_by_label", "psnr", "ssim", "ssim_by_label", "zero_psnr", "prior_psnr",
+           "fft2d", "rpsnr", *FIT, "gradient_distance", *IMAGE_VERDICT_COLUMNS, "iterations", "seeds", "wall_seconds"]
+SUMMARY = ["objective", "distance", "gradient_l2", "sign_match", "cosine_distance", "relative_distance",
+           "psnr_by_label", "psnr", "ssim", "zero_psnr", "prior_psnr"]
 LOWER_IS_BETTER = ("gradient_l2", "gradient_l2_total", "cosine_distance", "relative_distance")
 
 
@@ -99,7 +99,7 @@ def _rows(cells: dict[tuple[str, str, int], CellResult], seed: int, seeds: int) 
                   **cell_fit(cell, model), "gradient_distance": m.get("gradient_distance"),
                   "iterations": m["iterations"], "seeds": seeds, "wall_seconds": round(float(m["wall_seconds"]), 2)}
         for r in image_rows(cell, **common):
-            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB))
+            r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB, image=r["image"]))
             rows.append(r)
     return rows
 
@@ -185,14 +185,15 @@ def gradient_loss(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     notes += _paired_notes(rows, objectives)
     notes += _clamp_notes(rows)
     notes += convergence_notes(cells.values())
-    spread = summarize(rows, ["objective", "distance"], values=("psnr", "gradient_l2", "sign_match",
-                                                                 "cosine_distance"), images=True)
+    spread = summarize(rows, ["objective", "distance"], values=("psnr_by_label", "psnr", "gradient_l2", "sign_match",
+                                                                 "cosine_distance", "zero_psnr", "prior_psnr"), images=True)
     figs = _figures(ws, cells, summary, f"{model} K={k}, {samples} batch(es)")
     return ExperimentResult(
         name="gradient-loss", title="GradInversion gradient loss: l2 vs cosine (Table 5)",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
-        summary_columns=summary_columns(["objective", "distance"], ("psnr", "gradient_l2", "sign_match",
-                                                                    "cosine_distance"), images=True),
+        summary_columns=summary_columns(["objective", "distance"], ("psnr_by_label", "psnr", "gradient_l2", "sign_match",
+                                                                    "cosine_distance", "zero_psnr", "prior_psnr"),
+                                        images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed),
                "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
                                     f"{VERDICT_RULE}",

@@ -14,11 +14,12 @@ from ..models import build_model, default_image_size
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
 from .cells import Workspace
-from .common import (VERDICT_RULE, refuse_attacks, trained_victim, VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
+from .common import (VERDICT_RULE, refuse_attacks, trained_victim, IMAGE_VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grids, summarize, summary_columns, trend_notes, verdict_fields, victim)
 
-COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "grad_norm", "psnr", "ssim",
-           "rpsnr", "fft2d", "lpips", "identified", "batch_iip", *VERDICT_COLUMNS, "iterations", "wall_seconds"]
+COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "label_restored", "grad_norm",
+           "psnr_by_label", "psnr", "ssim", "ssim_by_label", "zero_psnr", "prior_psnr", "rpsnr", "fft2d", "lpips", "identified",
+           "batch_iip", *IMAGE_VERDICT_COLUMNS, "iterations", "wall_seconds"]
 
 
 def vulnerable_indices(source: Any, norms: torch.Tensor, k: int) -> list[int]:
@@ -93,7 +94,7 @@ def _attacked_images(cells: dict[Any, Any], spec: Any) -> tuple[list[dict[str, A
                          wall_seconds=round(float(m["wall_seconds"]), 2))
         for r in img:
             r["grad_norm"] = float(batch_norms[r["image"]])
-            r.update(verdict_fields(cell, bool(r["identified"]) if r["identified"] is not None else None))
+            r.update(verdict_fields(cell, bool(r["identified"]) if r["identified"] is not None else None, image=r["image"]))
         rows += img
     return rows, feature_space, pool_size
 
@@ -107,7 +108,9 @@ def _iip_rows(rows: list[dict[str, Any]], batch_sizes: list[int]) -> list[dict[s
             if sel:
                 iip_rows.append({"batch_size": k, "population": population, "images": len(sel),
                                  "iip": mean([float(bool(r["identified"])) for r in sel]),
+                                 "psnr_by_label": mean([r["psnr_by_label"] for r in sel]),
                                  "psnr": mean([r["psnr"] for r in sel]),
+                                 "prior_psnr": mean([r["prior_psnr"] for r in sel]),
                                  "grad_norm": mean([r["grad_norm"] for r in sel])})
     return iip_rows
 
@@ -118,7 +121,8 @@ def _iip_notes(rows: list[dict[str, Any]], iip_rows: list[dict[str, Any]], pool_
     rho_random = spearman([r["grad_norm"] for r in rows if r["population"] == "random"],
                           [r["psnr"] for r in rows if r["population"] == "random"])
     return ["IIP per batch size and population (share of images whose nearest neighbour is their original):\n\n"
-            + markdown_table(["batch_size", "population", "images", "iip", "psnr", "grad_norm"], iip_rows) + "\n",
+            + markdown_table(["batch_size", "population", "images", "iip", "psnr_by_label", "psnr", "prior_psnr",
+                             "grad_norm"], iip_rows) + "\n",
             f"Spearman rank correlation of per-sample gradient norm and reconstruction PSNR: "
             f"{'n/a' if rho is None else f'{rho:.3f}'} over all {len(rows)} images; "
             f"{'n/a' if rho_random is None else f'{rho_random:.3f}'} over the random batches only.",
@@ -166,7 +170,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     cells = ws.run(plan, run_folders=[key for key in plan if key[2] == 0])
     rows, feature_space, pool_size = _attacked_images(cells, spec)
     by = ["batch_size", "population"]
-    spread = summarize(rows, by, values=("psnr", "identified"), images=True)
+    spread = summarize(rows, by, values=("psnr_by_label", "psnr", "identified", "prior_psnr"), images=True)
     iip_rows = _iip_rows(rows, batch_sizes)
     notes = _iip_notes(rows, iip_rows, pool_size)
     notes += convergence_notes(cells.values())
@@ -177,7 +181,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
-        summary_columns=summary_columns(by, ("psnr", "identified"), images=True),
+        summary_columns=summary_columns(by, ("psnr_by_label", "psnr", "identified", "prior_psnr"), images=True),
         setup={"data": f"{data} ({len(source)} images)", "model": f"{model} (width {width}, {victim_state})",
                "attack": f"gradinversion, cpu preset at {iterations} iterations x {seeds} seeds, BN exact",
                "batch sizes": batch_sizes, "random batches per size": samples,

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, save_grids,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, convergence_notes, lbfgs_cell, leakage_rows, save_grids,
                      scored_title, series, setting, summarize, summary_columns, trend_notes)
 
 # THRESHOLD_DB (common.py), the PSNR at which a reconstruction counts as recovered: MSE 0.01 on
@@ -53,7 +53,7 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     for r in rows:
         r["attack"] = attack
     by = ["sweep", "batch_size", "local_steps", "local_batch_size"]
-    summary = summarize(rows, by, values=("psnr", "mse"))
+    summary = summarize(rows, by, values=("psnr_by_label", "psnr", "mse", "prior_psnr"))
     xs = sorted({r["local_steps"] for r in rows})
     figs = {"psnr_vs_local_steps.png": ("psnr", "PSNR (dB)", False), "mse_vs_local_steps.png": ("mse", "MSE", True)}
     for fig, (key, label, logy) in figs.items():
@@ -81,9 +81,9 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figures.append("reconstructions.png")
     return ExperimentResult(
         name="local-iterations", title="Leakage vs FedAvg local iterations and local batch size",
-        columns=["sweep", "local_steps", "local_batch_size", "batch_size", "sample", "seed", "attack", "mse", "psnr",
-                 "ssim", "psnr_min", "label_accuracy", "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
+        columns=["sweep", "local_steps", "local_batch_size", "batch_size", "sample", "seed", "attack", "mse", "psnr_by_label",
+                 "psnr", *PAIRING_COLUMNS[1:], "ssim", "psnr_min", "label_accuracy", "recovered", *BATCH_VERDICT_COLUMNS, "iterations", "wall_seconds"],
+        rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, ("psnr_by_label", "psnr", "mse", "prior_psnr")),
         setup={"data": f"{data} (real photos; a batch holds distinct labels)", "model": f"{model}, random weights "
                "(model seed 0)", "threat": f"fedavg, local lr {LOCAL_LR}, the client shares W_S - W_0",
                "sweep local_steps": f"K=1 photo, local steps {list(steps_list)} on the full batch",

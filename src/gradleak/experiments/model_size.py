@@ -11,8 +11,11 @@ from ..models import build_model
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, iterations_run, leakage_rows,
+from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, convergence_notes, iterations_run, leakage_rows,
                      save_grids, scored_title, series, summarize, summary_columns, trend_notes)
+
+# The summary's values: the paper's pairing first, then pixels', then the leak-free baselines.
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "zero_psnr", "prior_psnr")
 
 WIDTHS = (4, 8, 16, 32, 64)
 SMOKE_WIDTHS = (4, 16)
@@ -48,7 +51,7 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     for r in rows:
         r["parameters"] = params[r["width"]]
     by = ["attack", "width"]
-    summary = summarize(rows, by)
+    summary = summarize(rows, by, values=SUMMARY_VALUES)
     fig = "psnr_vs_width.png"
     save_line_plot(ws.out / fig, [f"{w}\n({params[w]:,})" for w in widths],
                    {a: series(rows, "width", widths, attack=a) for a in attacks},
@@ -62,9 +65,10 @@ def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.append("reconstructions.png")
     return ExperimentResult(
         name="model-size", title="Leakage vs model size",
-        columns=["attack", "model", "width", "parameters", "sample", "seed", "psnr", "ssim", "mse", "label_accuracy",
-                 "recovered", *VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by),
+        columns=["attack", "model", "width", "parameters", "sample", "seed", "psnr_by_label", "psnr",
+                 *PAIRING_COLUMNS[1:], "ssim", "mse", "label_accuracy",
+                 "recovered", *BATCH_VERDICT_COLUMNS, "iterations", "wall_seconds"],
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, SUMMARY_VALUES),
         setup={"data": data, "model": f"{model}, widths {widths}, random weights (model seed 0), train-mode BN",
                "parameters": {str(w): p for w, p in params.items()},
                "attack": {a: f"{a}, {iterations_run(rows, a, iterations[a])} iterations"

@@ -8,7 +8,7 @@ from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
 from .common import THRESHOLD_DB as LEAK_DB
-from .common import (DLG_STOP, refuse_attacks, VERDICT_COLUMNS, convergence_notes, first_reaching, psnr_curve, save_grids,
+from .common import (DLG_STOP, refuse_attacks, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, convergence_notes, first_reaching, psnr_curve, save_grids,
                      scored_title, summarize, summary_columns, verdict_fields)
 
 # The time-to-quality target of this experiment ("reached", iterations/seconds to threshold). The
@@ -43,7 +43,7 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         m = cell.metrics
         rows.append({"optimizer": name, "sample": s, "lr": cell.config["lr"], "iterations": m["iterations"],
                      "wall_seconds": round(float(m["wall_seconds"]), 2), "psnr": m["psnr_mean"],
-                     "mse": m["mse_mean"], "ssim": m["ssim_mean"], "reached": it is not None,
+                     "mse": m["mse_mean"], "ssim": m["ssim_mean"], **pairing_fields(cell), "reached": it is not None,
                      "iterations_to_threshold": it, "seconds_to_threshold": None if sec is None else round(sec, 2),
                      **verdict_fields(cell, m["psnr_mean"] >= LEAK_DB)})
         if s == 0:
@@ -61,8 +61,8 @@ def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.append("reconstructions.png")
     return ExperimentResult(
         name="optimizers", title="DLG: L-BFGS vs Adam vs SGD",
-        columns=["optimizer", "sample", "lr", "iterations", "wall_seconds", "psnr", "mse", "ssim", "reached",
-                 "iterations_to_threshold", "seconds_to_threshold", *VERDICT_COLUMNS],
+        columns=["optimizer", "sample", "lr", "iterations", "wall_seconds", "psnr_by_label", "psnr", *PAIRING_COLUMNS[1:],
+                 "mse", "ssim", "reached", "iterations_to_threshold", "seconds_to_threshold", *BATCH_VERDICT_COLUMNS],
         rows=rows, figures=figs, summary=summarize(rows, ["optimizer"], values=("psnr", "wall_seconds")),
         summary_columns=summary_columns(["optimizer"], ("psnr", "wall_seconds")),
         notes=[f"Every sample attacked is a row; reached = the observed PSNR reached {THRESHOLD_DB:g} dB at some "

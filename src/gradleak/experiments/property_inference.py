@@ -22,7 +22,7 @@ from ..models import ModelSpec, build_model
 from ..paths import one_line
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import CellResult, Workspace
-from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, Setting, convergence_notes, lbfgs_cell,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, Setting, convergence_notes, lbfgs_cell,
                      setting, verdict_fields)
 
 NAME = "property-inference"
@@ -43,7 +43,8 @@ REBUTTAL = {"Eyeglasses": (0.94, 1.00), "Asian": (0.92, 1.00)}
 # Summary rows: the scorer's check, the property classifier, the attack (its name in the table)
 METHODS = ("truth", "classifier", "attack", "attack (converged)")
 COLUMNS = ["target", "property", "bright_images", "labels", "images", "truth_score", "classifier_score",
-           "dlg_score", "labels_restored", "psnr", "ssim", "label_accuracy", "recovered", *VERDICT_COLUMNS,
+           "dlg_score", "labels_restored", "psnr_by_label", "psnr", *PAIRING_COLUMNS[1:], "ssim", "label_accuracy",
+           "recovered", *BATCH_VERDICT_COLUMNS,
            "iterations", "wall_seconds", "seed", "attack_status"]
 SUMMARY_COLUMNS = ["method", "targets", "with_property", "auc", "auc_ci_low", "auc_ci_high", "accuracy",
                    "psnr_mean", "psnr_min", "non_converged", "leaked", "inconclusive", "defended"]
@@ -488,7 +489,7 @@ def _row(t: Target, p: float, cell: CellResult, prop: Brightness, seed: int) -> 
     restored = [int(v) for v in rec["labels"].flatten()]
     recovered = m["psnr_mean"] >= THRESHOLD_DB
     row.update({"dlg_score": prop.score(rec["images"], restored), "labels_restored": " ".join(map(str, restored)),
-                "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "label_accuracy": m["label_accuracy"],
+                "psnr": m["psnr_mean"], "ssim": m["ssim_mean"], "label_accuracy": m["label_accuracy"], **pairing_fields(cell),
                 "recovered": recovered, **verdict_fields(cell, recovered), "iterations": m["iterations"],
                 "wall_seconds": round(float(m["wall_seconds"]), 2)})
     return row

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
 from .cells import Workspace
-from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, VERDICT_COLUMNS, convergence_notes, lbfgs_cell, quality, save_grids,
+from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, convergence_notes, lbfgs_cell, quality, save_grids,
                      scored_title, series, setting, summarize, summary_columns, verdict_fields)
 
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
@@ -62,11 +62,11 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         recovered = q["psnr"] >= THRESHOLD_DB
         rows.append({"fraction": fraction, "test_accuracy": accuracy[fraction], "sample": s, "seed": opt.seed + s,
                      "image": m["per_image"][0].get("name", ""), "mse": q["mse"], "psnr": q["psnr"],
-                     "ssim": q["ssim"], "label_accuracy": q["label_accuracy"],
+                     "ssim": q["ssim"], "label_accuracy": q["label_accuracy"], **pairing_fields(cell),
                      "recovered": recovered, **verdict_fields(cell, recovered), "update_loss": m["update"].get("loss"),
                      "iterations": q["iterations"], "wall_seconds": q["wall_seconds"]})
     by = ["fraction", "test_accuracy"]
-    summary = summarize(rows, by, values=("psnr", "mse"))
+    summary = summarize(rows, by, values=("psnr", "mse", "prior_psnr"))
     fig = "psnr_vs_training_stage.png"
     xs = [cp.fraction for cp in trained.checkpoints]
     save_line_plot(ws.out / fig, [f"{x:.0%}" for x in xs],
@@ -85,9 +85,10 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         figs.append("reconstructions.png")
     return ExperimentResult(
         name="training-stage", title=f"{name} at different stages of training (held-out test images)",
-        columns=["fraction", "test_accuracy", "sample", "seed", "image", "mse", "psnr", "ssim", "label_accuracy",
-                 "recovered", *VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
-        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse")),
+        columns=["fraction", "test_accuracy", "sample", "seed", "image", "mse", "psnr_by_label", "psnr",
+                 *PAIRING_COLUMNS[1:], "ssim", "label_accuracy",
+                 "recovered", *BATCH_VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse", "prior_psnr")),
         setup={"data": f"{data}: model trained on the train split, attacked on test-split images (held out)",
                "model": model,
                "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,

@@ -1,8 +1,8 @@
 """What leaked: image similarity, slot matching and the evaluation against ground truth."""
 
-from gradleak.metrics.evaluate import Evaluation, ImageScore, evaluate, label_accuracy
+from gradleak.metrics.evaluate import Evaluation, ImageScore, evaluate, label_accuracy, prior_psnr
 from gradleak.metrics.image import mse, psnr, ssim
-from gradleak.metrics.matching import match
+from gradleak.metrics.matching import match, pair_by_label
 
 __all__ = [
     "Evaluation",
@@ -10,6 +10,8 @@ __all__ = [
     "evaluate",
     "label_accuracy",
     "match",
+    "pair_by_label",
+    "prior_psnr",
     "mse",
     "psnr",
     "ssim",

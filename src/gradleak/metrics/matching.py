@@ -48,3 +48,23 @@ def match(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     perm = torch.empty(len(rows), dtype=torch.long)
     perm[torch.as_tensor(rows, dtype=torch.long)] = torch.as_tensor(cols, dtype=torch.long)
     return perm
+
+
+def pair_by_label(restored: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+    """The attacker's pairing (GradInversion Fig. 4: "labels rearranged in ascending order to match
+    ground truth after label restoration"): slots sorted by restored label and truths sorted by true
+    label, both ascending and stable (equal labels keep batch order), paired in that order.
+
+    restored, true: [K] integer labels. Returns ``perm`` [K] int64 (a permutation of 0..K-1) with
+    ``recon[perm[k]]`` paired with ``truth[k]``, as :func:`match` returns. Uses no pixels: a wrong
+    restored label pairs a slot with another class's photo, as it would for the attacker.
+    """
+    r = restored.detach().reshape(-1).to("cpu", torch.long)
+    t = true.detach().reshape(-1).to("cpu", torch.long)
+    if r.numel() != t.numel():
+        raise ModelMismatchError(f"cannot pair {r.numel()} restored labels with {t.numel()} true labels")
+    slots = torch.sort(r, stable=True).indices
+    truths = torch.sort(t, stable=True).indices
+    perm = torch.empty_like(slots)
+    perm[truths] = slots
+    return perm

@@ -178,6 +178,7 @@ def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> At
 def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session: Session,
                 device: torch.device) -> dict[str, Any]:
     metrics = case.metrics(cfg, recon, device)
+    add_prior_baseline(case, metrics)
     # as resolved (aggregates default to GradInversion; "auto" names the attack it used)
     family = str(recon.extra.get("attack_used") or attack.attack)
     metrics["attack"] = family
@@ -238,6 +239,26 @@ def score_portfolio(cfg: AttackConfig, case: Case, recon: Any, metrics: dict[str
     own = judge(evidence_from_metrics({k: v for k, v in metrics.items() if k != "auto"}))   # the kept answer alone
     entries[metrics["attack"]].update(**{k: metrics.get(k) for k in case.spec.portfolio_keys}, verdict=own.verdict,
                                       verdict_reason=own.reason)
+
+
+def add_prior_baseline(case: Case, metrics: dict[str, Any]) -> None:
+    """The second leak-free yardstick beside the zero image (metrics.prior_psnr: the public photos'
+    mean image scored against each true image), where the case scored images against a truth:
+    ``prior_psnr`` on each row, ``prior_psnr_mean`` and ``above_prior_image`` (images whose
+    PSNR, paired by pixels, is above their own prior image's)."""
+    from ..metrics import prior_psnr
+
+    images = getattr(getattr(case, "truth", None), "images", None)
+    rows = metrics.get("per_image")
+    if not rows or not isinstance(images, torch.Tensor):
+        return
+    scores = prior_psnr(images)
+    if scores is None:
+        return
+    for row in rows:
+        row["prior_psnr"] = float(scores[row["index"]])
+    metrics["prior_psnr_mean"] = float(scores.mean())
+    metrics["above_prior_image"] = sum(1 for row in rows if row["psnr"] > row["prior_psnr"])
 
 
 def add_references(case: Case, recon: Any, metrics: dict[str, Any], device: torch.device) -> None:
@@ -301,5 +322,5 @@ def observed_history(case: Case, recon: Any, observer: Any) -> list[dict[str, An
     return history
 
 
-__all__ = ["add_references", "attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name",
+__all__ = ["add_prior_baseline", "add_references", "attack_case", "check_state_name", "observed_history", "recorded_config", "run", "run_metrics", "run_name",
            "run_shard", "score_portfolio"]
