@@ -5,16 +5,29 @@ from __future__ import annotations
 import torch
 from torch.func import grad, vmap
 
+from ..errors import ConfigError
 from ..fl.threats import ThreatModel
-from ..fl.unroll import local_sgd, mean_over_steps
+from ..fl.unroll import local_train, mean_over_steps
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .victim import BNStats, DummyGradient
 
 
+# The largest autograd graph the attacker's unroll may hold (estimated before the run): above it
+# the attack is refused with the estimate rather than swapping or being killed part-way.
+MAX_UNROLL_BYTES = 32 * 2**30
+
+
 class UpdateSimulator:
     """Callable (x [K, C, H, W] normalised, labels [K] or soft [K, N]) -> list of tensors in the
-    order of ``names``, comparable with ``target`` (the shared update)."""
+    order of ``names``, comparable with ``target`` (the shared update).
+
+    FedAvg: the announced client (fl.threats.ThreatModel: optimizer with momentum, weight decay
+    or Adam's moments, epochs, mini-batches) is unrolled exactly and differentiably (fl.unroll,
+    fl.optim). One set of K dummies is shared by every epoch (Dimitrov et al., "Data Leakage in
+    Federated Averaging", TMLR 2022), simulated in the attacker's own fixed order 0..K-1;
+    the client's private order across epochs and its augmentation draws are not known, and
+    ``client_model`` says so (the answer is then a lower bound)."""
 
     def __init__(self, model: ModelSpec, update: SharedUpdate, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
@@ -25,8 +38,39 @@ class UpdateSimulator:
         self.batch_size = update.meta.batch_size
         self.clients = self.threat.clients if self.threat.name == "aggregate" else 1
         self.client_batch = self.batch_size // self.clients
+        self.input_shape = tuple(model.input_shape)
+        self.client_model = self.threat.client_model(self.client_batch)
         if self.threat.client_threat == "fedavg":
             self.steps = self.threat.local_schedule(self.client_batch, None)  # the fixed order 0..K-1
+            # no augmentation modelled: the client's draws are private (client_model says so)
+            self.optimizer = self.threat.optimizer
+            self._activations: int | None = None
+            self.check_memory(1)
+
+    def unroll_bytes(self, candidates: int = 1) -> int:
+        """Estimated bytes of the autograd graph one simulation keeps for ``candidates`` dummy
+        batches: per local step, the forward activations of its mini-batch three times (the
+        forward, and the backward kept for the outer derivative), and per parameter the
+        gradient, the new weights and the optimizer's state (fl.optim.state_tensors) twice."""
+        if self.threat.client_threat != "fedavg":
+            return 0
+        if self._activations is None:
+            self._activations = _activations_per_sample(self.gradient, self.input_shape)
+        g = self.gradient
+        params = sum(p.numel() for p in g.params.values())
+        per_param = 3 + 2 * self.optimizer.state_tensors()
+        elems = sum(3 * self._activations * len(idx) + per_param * params for idx in self.steps)
+        item = next(iter(g.params.values())).element_size()
+        return int(elems * item * self.clients * candidates)
+
+    def check_memory(self, candidates: int = 1) -> None:
+        """ConfigError with the estimate when the unroll would hold more than MAX_UNROLL_BYTES."""
+        need = self.unroll_bytes(candidates)
+        if need > MAX_UNROLL_BYTES:
+            raise ConfigError(f"the attacker's unroll of {len(self.steps)} local steps x {self.clients} client(s) x "
+                              f"{candidates} candidate(s) would hold about {need / 2**30:.1f} GiB of autograd graph "
+                              f"(limit {MAX_UNROLL_BYTES / 2**30:.0f} GiB): fewer local epochs or steps, larger "
+                              "local mini-batches, or a smaller batch")
 
     @property
     def is_fedsgd(self) -> bool:
@@ -42,7 +86,7 @@ class UpdateSimulator:
             return DummyGradient.loss(g.forward(params, buffers, x), labels)
         # The client's local steps (fl.unroll), the graph kept through every step (even when the
         # caller needs values only, create_graph=False), as in Geiping et al. 2020, Sec. 5.
-        run = local_sgd(g.params, loss, (x, labels), self.steps, self.threat.local_lr, mode="graph")
+        run = local_train(g.params, loss, (x, labels), self.steps, self.optimizer, mode="graph")
         return list(run.update(self.names).values())
 
     # ------------------------------------------------------------------ G candidates at once
@@ -55,8 +99,8 @@ class UpdateSimulator:
         g = self.gradient
         if self.threat.client_threat == "fedsgd":
             return grad(g._loss_and_stats, has_aux=True)(params, x, labels)
-        run = local_sgd(params, g._loss_and_stats, (x, labels), self.steps, self.threat.local_lr, mode="func",
-                        has_aux=True)
+        run = local_train(params, g._loss_and_stats, (x, labels), self.steps, self.optimizer, mode="func",
+                          has_aux=True)
         return run.update(), mean_over_steps(run.aux)
 
     def _candidate(self, params: dict[str, torch.Tensor], x: torch.Tensor,
@@ -78,6 +122,7 @@ class UpdateSimulator:
         does for FedSGD (which this equals under fedsgd with one client)."""
         if self.is_fedsgd:
             return self.gradient.batched(x, labels)
+        self.check_memory(x.shape[0])  # before the first unroll of G candidates
         params = {n: p.detach() for n, p in self.gradient.params.items()}
         update, stats = vmap(self._candidate, in_dims=(None, 0, None))(params, x, labels)
         return [update[n] for n in self.names], stats
@@ -89,6 +134,27 @@ class UpdateSimulator:
         parts = [self._client(x[i * k:(i + 1) * k], labels[i * k:(i + 1) * k], create_graph)
                  for i in range(self.clients)]
         return [sum(p[j] for p in parts) / self.clients for j in range(len(self.names))]
+
+
+def _activations_per_sample(g: DummyGradient, input_shape: tuple[int, ...]) -> int:
+    """Output elements of every module in a forward pass, per sample (no graph kept): the
+    activations a step's graph holds per sample, for :meth:`UpdateSimulator.unroll_bytes`."""
+    count = [0]
+
+    def hook(_m: torch.nn.Module, _i: object, out: object) -> None:
+        if isinstance(out, torch.Tensor):
+            count[0] += out.numel()
+    handles = [m.register_forward_hook(hook) for m in g.module.modules()]
+    try:
+        first = next(iter(g.params.values()))
+        # two samples: BatchNorm in training mode needs more than one value per channel
+        x = torch.zeros((2, *input_shape), dtype=first.dtype, device=first.device)
+        with torch.no_grad():
+            g.forward({n: p.detach() for n, p in g.params.items()}, {n: b.clone() for n, b in g.buffers.items()}, x)
+    finally:
+        for h in handles:
+            h.remove()
+    return max(1, count[0] // 2)
 
 
 def label_evidence(update: SharedUpdate, classifier_name: str) -> torch.Tensor:

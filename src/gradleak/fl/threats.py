@@ -198,6 +198,13 @@ class ThreatModel:
             raise ConfigError(f"threat record is invalid: {exc}") from None
 
 
+def client_model_of(record: dict[str, Any], batch_size: int) -> str:
+    """ThreatModel.client_model for an update's record over ``batch_size`` samples (all clients):
+    metrics.json's ``client_model``."""
+    threat = ThreatModel.from_record(record)
+    return threat.client_model(batch_size // threat.clients)
+
+
 def augment_generator(private_seed: int) -> torch.Generator:
     """The client's private stream of augmentation draws (apart from its shuffling stream, so
     that turning augmentation on leaves the order unchanged)."""
