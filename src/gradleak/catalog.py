@@ -77,7 +77,7 @@ def did_you_mean(name: object, known: Iterable[str]) -> str:
 def unknown(kind: str, name: object, known: Iterable[str], extra: str = "") -> UnknownNameError:
     """The error for an unknown ``kind`` name: the name (cut to one short line), the closest
     known one, and the list of known names (``extra`` appended, e.g. "or a folder")."""
-    from .paths import one_line
+    from .paths.bounded import one_line
 
     known = sorted(known)
     return UnknownNameError(f"unknown {kind} {one_line(repr(name), 80)}{did_you_mean(name, known)}; known: "
@@ -119,7 +119,7 @@ def check_defense(spec: object) -> str:
     their bounds), else the ConfigError (UnknownNameError for the name) that defenses/spec.py's
     parse_defense gives, without importing torch."""
     from .errors import ConfigError
-    from .paths import one_line
+    from .paths.bounded import one_line
 
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"defense spec must be a non-empty string like 'gaussian:0.01', got {one_line(repr(spec), 80)}")
@@ -141,7 +141,7 @@ def defense_values(name: str, spec: str, rest: str) -> dict[str, str]:
     """The ``key=value`` texts after the ':' of a spec (a bare first value fills the positional one):
     the spec grammar, shared by this torch-free check and defenses/spec.py's parser."""
     from .errors import ConfigError
-    from .paths import one_line
+    from .paths.bounded import one_line
 
     positional, params = DEFENSE_PARAMETERS[name]
     fields = [p[0] for p in params]
@@ -177,7 +177,7 @@ def _check_defense_value(name: str, param: Param, text: str) -> None:
     import math
 
     from .errors import ConfigError
-    from .paths import one_line
+    from .paths.bounded import one_line
 
     field, kind, _, low, high, choices = param
     if kind == "str":

@@ -91,7 +91,7 @@ def test_share_model_out_round_trip_and_inspect_finds_the_server(tmp_path, capsy
 
 
 def test_share_model_out_is_written_with_the_others_or_not_at_all(tmp_path, capsys, monkeypatch):
-    import gradleak.paths as paths
+    import gradleak.paths.atomic as paths
 
     u, t, m = tmp_path / "u.safetensors", tmp_path / "t.safetensors", tmp_path / "m.safetensors"
     m.write_bytes(b"already here")

@@ -235,7 +235,7 @@ def test_output_appearing_during_a_run_keeps_the_result(tmp_path, capsys, monkey
 @pytest.mark.parametrize("what", ["folder", "file"])
 def test_output_appearing_inside_commit_keeps_the_result(what, tmp_path, monkeypatch):
     """R appears between the commit's check and its rename (the rename then fails)."""
-    import gradleak.paths as paths
+    import gradleak.paths.staging as paths
 
     out = tmp_path / "R"
     stage = paths.StagedDir(out)

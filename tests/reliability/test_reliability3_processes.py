@@ -316,9 +316,9 @@ def test_dashboard_keeps_the_temporary_file_of_a_live_writer(tmp_path):
 
 
 def _host() -> str:
-    from gradleak.paths import _HOST
+    from gradleak.paths import HOST
 
-    return _HOST
+    return HOST
 
 
 def test_sweep_rerun_removes_the_csv_temporary_file_of_a_killed_sweep(tmp_path):

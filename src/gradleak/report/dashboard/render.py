@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 
 from gradleak.errors import ConfigError, DataError
-from gradleak.paths import _HOST, _alive, one_line
+from gradleak.paths import HOST, one_line, process_alive
 from gradleak.report.dashboard.compare import compare_body
 from gradleak.report.dashboard.data import (EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Cell, Source, StoreAccess, cell_verdict,
                                             load_source, read_audit)
@@ -196,7 +196,7 @@ _UNNAMED = re.compile(r"[a-z0-9_]{8}\.tmp")
 def _temp_stem(target: Path) -> str:
     """``.<page name>.``, the name cut (whole UTF-8 characters) so that the temporary file's
     name fits a 255-byte name limit with the host, the process id and mkstemp's 8 characters."""
-    room = _NAME_MAX - len(f"..{_HOST}-{2**22}-12345678.tmp")
+    room = _NAME_MAX - len(f"..{HOST}-{2**22}-12345678.tmp")
     data = target.name.encode("utf-8", "surrogateescape")
     name = target.name if len(data) <= room else data[:room].decode("utf-8", "ignore")
     return f".{name}."
@@ -220,7 +220,7 @@ def stale_page_temps(target: Path) -> list[Path]:
         rest = entry.name[len(stem):]
         ours = _OURS.fullmatch(rest)
         if ours is not None:
-            if ours["host"] == _HOST and not _alive(int(ours["pid"])):
+            if ours["host"] == HOST and not process_alive(int(ours["pid"])):
                 stale.append(Path(entry.path))
         elif _UNNAMED.fullmatch(rest):
             try:
@@ -244,7 +244,7 @@ def write_dashboard_page(target: Path, page: str) -> Path:
     data = page.encode("utf-8")
     tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{_temp_stem(target)}{_HOST}-{os.getpid()}-",
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{_temp_stem(target)}{HOST}-{os.getpid()}-",
                                    suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
