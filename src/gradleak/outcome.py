@@ -127,6 +127,8 @@ class Evidence:
     references:      without truth, the distances of the attacks' starts and of decoy batches
                      with the restored labels (pipeline/decoys.py); () where not measured.
     auto:            the run was ``auto`` (it already tried several attacks: the advice differs).
+    client_model:    how completely the attacker modelled the announced FedAvg client ("exact", or
+                     what it could not know, e.g. "order unknown: lower bound"; fl.threats).
     """
 
     status: str = "ok"
@@ -157,6 +159,7 @@ class Evidence:
     decoy_spread: float | None = None
     references: tuple[float, ...] = ()
     auto: bool = False
+    client_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,9 @@ def judge(ev: Evidence) -> Outcome:
         how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
         return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
                                  "here, which protects nobody", retry)
+    if ev.client_model not in ("", "exact"):  # announced local training is never why "defended"
+        return out(INCONCLUSIVE, f"the attack {nothing}, but it models the client incompletely ({ev.client_model})",
+                   retry)
     fit = _truth_fit(ev, out, nothing, retry)
     if isinstance(fit, Outcome):
         return fit
@@ -246,9 +252,15 @@ def judge(ev: Evidence) -> Outcome:
 def _retry(ev: Evidence) -> str:
     """What an auditor can try after an optimisation failure, given what was run (``auto``
     already tried every attack that applies: another seed or a larger budget, not auto again)."""
+    missing = ""
+    if ev.client_model not in ("", "exact"):
+        names = {"order unknown": "mini-batch order across epochs", "augmentation unknown": "augmentation draws"}
+        unknown = " and ".join(names.get(p.strip(), p.strip()) for p in ev.client_model.split(":")[0].split(","))
+        missing = f"the attacker does not know the client's {unknown} (private: the answer is a lower bound); " \
+                  "audit where they are known, or "
     if ev.auto:
-        return "rerun with another --seed (new starts for every attack auto tries)"
-    return "run --attack auto (it tries several attacks), or another --seed"
+        return missing + "rerun with another --seed (new starts for every attack auto tries)"
+    return missing + "run --attack auto (it tries several attacks), or another --seed"
 
 
 def decoy_separated(truth: float, decoys: Iterable[float], spread: float | None) -> bool:
@@ -490,7 +502,8 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
         attack_line=CONVERGED_BELOW.get(modality.verdict_family or attack),
         noise_floor=number(floor) if floor is not None else None,
         unmodelled=tuple(str(u) for u in conv.get("unmodelled_defenses", ()) or ()),
-        control=control, others_leaked=others if has_truth else (), **decoy_evidence(metrics, has_truth))
+        control=control, others_leaked=others if has_truth else (), **decoy_evidence(metrics, has_truth),
+        client_model=str(metrics.get("client_model") or ""))
 
 
 def decoy_evidence(metrics: Mapping[str, Any], has_truth: bool) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from ..data import SOURCE_NAMES, Batch, batch_of, open_source, sample_batch
 from ..errors import ConfigError, GradleakError
 from ..fl import SharedUpdate, load_truth, load_update
 from ..fl.files import truth_bytes, update_bytes
-from ..fl.threats import client_share, share
+from ..fl.threats import client_model_of, client_share, share
 from ..metrics import evaluate, match, psnr
 from ..modalities import IMAGE
 from ..models import ModelSpec, build_model, default_image_size
@@ -269,6 +269,7 @@ class ImageCase(Case):
             "psnr_mean": None, "ssim_mean": None, "mse_mean": None, "label_accuracy": None, "per_image": [],
             "label_method": recon.label_method, "labels_restored": recon.labels.tolist(),
             "threat": meta.threat, "defenses": list(meta.defenses), "bn_statistics_shared": meta.bn_statistics_shared,
+            "client_model": client_model_of(meta.threat, meta.batch_size),  # how completely the attacker models it
             "seed": cfg.seed, "update": meta.to_dict(),
         }
         if self.truth is not None:
