@@ -600,7 +600,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.name in TEXT_EXPERIMENTS:  # text only: its --model and --attacks are text names
         check_names(model=options.model, attacks=attacks, text=True)
     else:  # an experiment's text rows name their text attack as text-NAME (defenses: text-dlg, text-tag)
-        check_names(model=options.model, data=options.data, attacks=[a for a in attacks if not a.startswith("text-")])
+        # comparison's DeepInversion row is no attack of its own (GradInversion with alpha_G = 0)
+        own = ("deepinversion",) if args.name == "comparison" else ()
+        check_names(model=options.model, data=options.data,
+                    attacks=[a for a in attacks if not a.startswith("text-") and a not in own])
         check_names(attacks=[a.removeprefix("text-") for a in attacks if a.startswith("text-")], text=True)
     from .experiments import run_experiment
 
