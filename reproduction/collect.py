@@ -3,6 +3,7 @@
     python reproduction/collect.py NAME OUT_DIR
     python reproduction/collect.py FOLDER OUT_DIR -- --data fashion-mnist     # the same experiment, other flags
     python reproduction/collect.py NAME RUN_DIR --run "gradleak attack ..."   # one attack run
+    python reproduction/collect.py --rewrite [NAME ...]   # results.md again from the committed files
 
 The second form is for a table that is one long `gradleak attack` run (gradinversion-imagenet):
 RUN_DIR is its run folder; results.csv gets one row per image (with the run's verdict),
@@ -13,6 +14,11 @@ OUT_DIR is the folder `gradleak experiment NAME --out OUT_DIR ...` wrote. Copied
 where it is: it is what makes a rerun recompute nothing). results.md gets the hand-written
 reading of reproduction/NAME/reading.md appended (the paper's numbers beside ours, where we agree
 and where we do not), and command.txt records the command that regenerates the folder.
+
+``--rewrite`` writes each folder's results.md (every folder without a NAME) from what the folder
+holds: results.csv, summary.csv and experiment.json (setup, notes, figures) for an experiment,
+config.json and metrics.json for an attack run; then reading.md. A results.csv written before
+issue 62 (no ``psnr_by_label``, no verdict per image) is shown as it is, and results.md says so.
 """
 
 from __future__ import annotations
@@ -38,11 +44,7 @@ def collect(name: str, out_dir: Path, extra: list[str] | None = None) -> Path:
     for f in sorted({p.name for p in out_dir.glob("*.csv")} | {"experiment.json", *doc.get("figures", [])}):
         if (out_dir / f).is_file():
             shutil.copy2(out_dir / f, dest / f)
-    md = (out_dir / "results.md").read_text()
-    reading = dest / "reading.md"
-    if reading.is_file():
-        md = md.rstrip() + "\n\n" + reading.read_text().strip() + "\n"
-    (dest / "results.md").write_text(md)
+    (dest / "results.md").write_text(experiment_markdown(dest))
     command = (f"gradleak experiment {experiment}{flags} --out reproduction/{name}/run --workers 1 --threads 1\n"
                f"# then: python reproduction/collect.py {name} reproduction/{name}/run"
                + (f" --{flags}" if flags else "") + "\n")
@@ -50,9 +52,83 @@ def collect(name: str, out_dir: Path, extra: list[str] | None = None) -> Path:
     return dest
 
 
-RUN_COLUMNS = ["index", "name", "label_true", "label_restored", "psnr", "zero_psnr", "ssim", "mse", "fft2d", "rpsnr",
-               "lpips", "identified", "converged", "verdict", "relative_gradient_distance", "iterations", "seeds",
-               "wall_seconds"]
+#: What says a results.csv was written by today's experiments (issue 62): the paper's pairing and a
+#: verdict per image (image rows: batch_verdict beside it; batch rows: images_leaked).
+NEW_COLUMNS = ("psnr_by_label",)
+PRE_62 = ("> **Computed before issue 62.** This folder's results.csv predates the paper's pairing: its `psnr` "
+          "is the PSNR after pairing each photo with its closest reconstruction in pixels (an oracle's pairing, "
+          "today's `psnr_oracle_pairing`), and it has no `psnr_by_label` (each slot paired with the photo of its "
+          "restored label, as GradInversion pairs), no public prior image's PSNR and {verdicts}. Nothing here is "
+          "filled in afterwards: the numbers need the run again (command.txt; the cell store under run/ is "
+          "git-ignored and gone, so that is a full rerun).")
+
+
+def _typed(v: str) -> Any:
+    """A CSV field back as the value an experiment wrote: int, float, else the text ("" -> None)."""
+    if v == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [{k: _typed(v) for k, v in r.items()} for r in reader]
+        return list(reader.fieldnames or []), rows
+
+
+def experiment_markdown(dest: Path) -> str:
+    """results.md of an experiment folder, from its results.csv, summary.csv and experiment.json
+    (experiments/base.results_markdown, what the experiment itself writes), then reading.md."""
+    from gradleak.experiments.base import results_markdown
+
+    doc = json.loads((dest / "experiment.json").read_text())
+    columns, rows = _read_csv(dest / "results.csv")
+    summary_columns, summary = _read_csv(dest / "summary.csv") if (dest / "summary.csv").is_file() else ([], [])
+    md = results_markdown(doc.get("name") or dest.name, doc.get("title") or dest.name, doc.get("setup") or {},
+                          columns, rows, summary_columns, summary, doc.get("notes") or [], doc.get("figures") or [],
+                          float(doc.get("wall_seconds") or 0.0))
+    images = any(c in columns for c in ("psnr", "psnr_oracle_pairing"))
+    if images and not all(c in columns for c in NEW_COLUMNS):
+        verdicts = ("a verdict per image (each image row's `verdict` is its batch's, judged on the whole batch)"
+                    if "image" in columns else "a count of the images that leaked")
+        title, _, rest = md.partition("\n\n")
+        md = f"{title}\n\n{PRE_62.format(verdicts=verdicts)}\n\n{rest}"
+    reading = dest / "reading.md"
+    if reading.is_file():
+        md = md.rstrip() + "\n\n" + reading.read_text().strip() + "\n"
+    return md
+
+
+def rewrite(name: str) -> Path:
+    """results.md of reproduction/NAME again from its committed files (no rerun): an experiment
+    folder's (experiment.json) or an attack run's (metrics.json, command.txt's first line)."""
+    dest = HERE / name
+    if (dest / "experiment.json").is_file():
+        (dest / "results.md").write_text(experiment_markdown(dest))
+        return dest
+    if (dest / "metrics.json").is_file():
+        command = (dest / "command.txt").read_text().splitlines()[0]
+        return collect_run(name, dest, command)
+    raise SystemExit(f"{dest}: neither experiment.json nor metrics.json")
+
+
+def folders() -> list[str]:
+    """Every folder (and nested run folder) under reproduction/ that has a results.md."""
+    return sorted(str(p.parent.relative_to(HERE)) for p in HERE.glob("**/results.md")
+                  if "run" not in p.relative_to(HERE).parts[:-1])
+
+
+RUN_COLUMNS = ["index", "name", "label_true", "label_restored", "psnr_by_label", "psnr_oracle_pairing", "zero_psnr",
+               "prior_psnr", "ssim", "mse", "fft2d", "rpsnr", "lpips", "identified", "converged", "verdict",
+               "batch_verdict", "relative_gradient_distance", "iterations", "seeds", "wall_seconds"]
+#: metrics.json's per-image key of a column, where it is named otherwise
+RUN_KEYS = {"psnr_oracle_pairing": "psnr"}
 RUN_FILES = ("config.json", "metrics.json", "history.csv", "reconstruction.png", "candidates.png")
 # The paper's ResNet-50 budget (Sec. 4, implementation details): 20k iterations x 8 seeds.
 PAPER_ITERATIONS, PAPER_SEEDS = 20_000, 8
@@ -76,10 +152,12 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     m = json.loads((run_dir / "metrics.json").read_text())
     conv = m.get("convergence") or {}
     iterations, seeds = int(m["iterations"]), int(cfg.get("seeds") or 1)
-    rows = [{**{c: img.get(c) for c in RUN_COLUMNS[:RUN_COLUMNS.index("converged")]}, "converged": m.get("converged"),
-             "verdict": verdict_of(m.get("converged"), img["psnr"] >= THRESHOLD_DB),
-             "relative_gradient_distance": conv.get("relative_gradient_distance"), "iterations": iterations,
-             "seeds": seeds, "wall_seconds": round(float(m["wall_seconds"]), 1)} for img in m["per_image"]]
+    batch = verdict_of(m, None)
+    rows = [{**{c: img.get(RUN_KEYS.get(c, c)) for c in RUN_COLUMNS[:RUN_COLUMNS.index("converged")]},
+             "converged": m.get("converged"), "verdict": verdict_of(m, img["psnr"] >= THRESHOLD_DB, image=img["index"]),
+             "batch_verdict": batch, "relative_gradient_distance": conv.get("relative_gradient_distance"),
+             "iterations": iterations, "seeds": seeds, "wall_seconds": round(float(m["wall_seconds"]), 1)}
+            for img in m["per_image"]]
     with (dest / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RUN_COLUMNS)
         w.writeheader()
@@ -87,14 +165,23 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     for f in RUN_FILES:
         if f == "candidates.png" and seeds == 1:
             continue  # one seed: the candidates are the reconstruction
-        if (run_dir / f).is_file():
+        if (run_dir / f).is_file() and (run_dir / f).resolve() != (dest / f).resolve():
             shutil.copy2(run_dir / f, dest / f)
     per_it = float(m["wall_seconds"]) / max(1, iterations)
     per_image_seed = per_it / (seeds * int(m["batch_size"]))
     paper_s = per_image_seed * int(m["batch_size"]) * PAPER_SEEDS * PAPER_ITERATIONS
-    means = {k: m.get(k) for k in ("psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "fft2d_mean",
-                                   "rpsnr_mean", "lpips_mean", "label_accuracy", "iip")}
-    md = [f"# {name}: `{command}`", "",
+    means = {k: m.get(k) for k in ("psnr_by_label_mean", "psnr_mean", "zero_psnr_mean", "above_zero_image",
+                                   "prior_psnr_mean", "above_prior_image", "ssim_mean", "fft2d_mean", "rpsnr_mean",
+                                   "lpips_mean", "label_accuracy", "iip")}
+    means["psnr_oracle_pairing_mean"] = means.pop("psnr_mean")
+    own = sum(1 for img in m["per_image"] if img.get("label_true") == img.get("label_restored"))
+    pre = [] if "psnr_by_label" in m["per_image"][0] else [
+        PRE_62.format(verdicts="a verdict per image from the run's scores alone").replace(
+            "results.csv", "metrics.json").replace("the cell store under run/ is git-ignored and gone, so that is a "
+                                                   "full rerun", "the run folder is git-ignored"), "",
+        f"What metrics.json does say about the pairing: {own} of the {len(m['per_image'])} photos were paired (by "
+        "pixels) with the slot of their own restored label.", ""]
+    md = [f"# {name}: `{command}`", "", *pre,
           "## Setup", "",
           *(f"- **{k}**: {_fmt(cfg.get(k))}" for k in ("attack", "preset", "model", "data", "batch_size", "seeds",
                                                           "group", "bn", "iterations", "threads", "seed")),
@@ -116,13 +203,17 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     if reading.is_file():
         md += [reading.read_text().strip(), ""]
     (dest / "results.md").write_text("\n".join(md))
-    (dest / "command.txt").write_text(command + f"\n# then: python reproduction/collect.py {name} {run_dir} "
-                                      f"--run \"<the command above>\"\n")
+    if run_dir.resolve() != dest.resolve():   # a rewrite from the folder itself keeps its command.txt
+        (dest / "command.txt").write_text(command + f"\n# then: python reproduction/collect.py {name} {run_dir} "
+                                          f"--run \"<the command above>\"\n")
     return dest
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[3] == "--run":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--rewrite":
+        for folder in sys.argv[2:] or folders():
+            print(rewrite(folder))
+    elif len(sys.argv) == 5 and sys.argv[3] == "--run":
         print(collect_run(sys.argv[1], Path(sys.argv[2]), sys.argv[4]))
     elif len(sys.argv) == 3 or (len(sys.argv) > 4 and sys.argv[3] == "--"):
         print(collect(sys.argv[1], Path(sys.argv[2]), sys.argv[4:]))
