@@ -15,8 +15,9 @@ from safetensors.torch import save
 from gradleak.defenses import dp_epsilon
 from gradleak.errors import ConfigError, ModelMismatchError, NonFiniteError, UnknownNameError, UpdateFileError
 from gradleak.models import build_model
-from gradleak.training import (TrainConfig, _decode, _derive_seed, apply_checkpoint, checkpoint_name,
-                               evaluate_accuracy, load_checkpoint, read_checkpoint_meta, train)
+from gradleak.training import (TrainConfig, apply_checkpoint, checkpoint_name, evaluate_accuracy, load_checkpoint,
+                               read_checkpoint_meta, train)
+from gradleak.training.loop import _decode, _derive_seed
 
 
 # DLG's sigmoid LeNet with U(-0.5, 0.5) weights needs a small lr; ~190 steps of batch 32 reach ~65 %.

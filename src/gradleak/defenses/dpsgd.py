@@ -23,7 +23,8 @@ CLIP_EPS = 1e-6  # Opacus' DPOptimizer: clip factor = C / (norm + 1e-6)
 DEFAULT_DELTA = 1e-5
 
 
-def _check_no_batchnorm(model: ModelSpec) -> None:
+def check_no_batchnorm(model: ModelSpec) -> None:
+    """ConfigError for a model with BatchNorm: per-sample gradients (DP-SGD) are undefined under it."""
     bn = [n or "<root>" for n, m in model.module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if bn:
         raise ConfigError(
@@ -38,7 +39,7 @@ def per_sample_gradients(model: ModelSpec, batch: Batch, *, chunk_size: int = 32
     of each sample's own cross-entropy (torch.func vmap over grad of functional_call), the model
     in training mode, parameters as the client received them. Chunks bound the memory."""
     check_batch_fits(model, batch)
-    _check_no_batchnorm(model)
+    check_no_batchnorm(model)
     module = model.module
     params = {n: p.detach() for n, p in trainable_parameters(module).items()}
     buffers = {n: b.detach() for n, b in module.named_buffers()}
@@ -183,7 +184,7 @@ class DPSGD(Defense):
         Global weights and metadata are FedSGD's. Note: meta.loss is the exact batch loss,
         which DP-SGD does not privatise (the guarantee covers the gradients only).
         """
-        _check_no_batchnorm(model)
+        check_no_batchnorm(model)
         base = fedsgd(model, batch)
         grads = self.gradient(model, batch, generator)
         return base.replace(gradients=grads, meta=record_defense(base.meta, self.spec))

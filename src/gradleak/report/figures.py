@@ -37,16 +37,16 @@ _PNG_METADATA: dict[str, str | None] = {"Software": None}
 # --------------------------------------------------------------------------- saving
 
 
-def _atomic_savefig(fig: Figure, path: str | os.PathLike[str]) -> Path:
+def atomic_savefig(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Render ``fig`` as PNG and write it to ``path`` atomically (see the module's notes in docs/)."""
     from ..paths import atomic_write_bytes
 
     path = Path(path)
-    atomic_write_bytes(path, _png_bytes(fig))
+    atomic_write_bytes(path, png_bytes(fig))
     return path
 
 
-def _png_bytes(fig: Figure) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
     """Render ``fig`` to PNG bytes in memory."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, metadata=_PNG_METADATA)
@@ -172,13 +172,13 @@ def save_image_grid(
 
     # figimage places the array 1:1 in device pixels (figure dpi == savefig dpi), no resampling.
     fig.figimage(canvas, xo=0, yo=0, origin="upper", zorder=0)
-    return _atomic_savefig(fig, path)
+    return atomic_savefig(fig, path)
 
 
 # --------------------------------------------------------------------------- plots
 
 
-def _as_float(value: Any) -> float | None:
+def plottable_float(value: Any) -> float | None:
     """A plottable float from a history cell (float, int, numeric string): finite and at most
     MAX_PLOTTED in magnitude, else None."""
     if value is None or value == "":
@@ -197,12 +197,12 @@ def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
     it_loss: list[tuple[float, float]] = []
     it_psnr: list[tuple[float, float]] = []
     for i, row in enumerate(history):
-        it = _as_float(row.get("iteration"))
+        it = plottable_float(row.get("iteration"))
         it = float(i) if it is None else it
-        loss = _as_float(row.get("loss"))
+        loss = plottable_float(row.get("loss"))
         if loss is not None:
             it_loss.append((it, loss))
-        p = _as_float(row.get("psnr"))
+        p = plottable_float(row.get("psnr"))
         if p is not None:
             it_psnr.append((it, p))
 
@@ -236,7 +236,7 @@ def _loss_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
 
 def loss_plot_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     """The :func:`save_loss_plot` figure as in-memory PNG bytes (for embedding in HTML)."""
-    return _png_bytes(_loss_figure(history))
+    return png_bytes(_loss_figure(history))
 
 
 def save_loss_plot(path: str | os.PathLike[str], history: Sequence[Mapping[str, Any]]) -> Path:
@@ -247,7 +247,7 @@ def save_loss_plot(path: str | os.PathLike[str], history: Sequence[Mapping[str, 
     axis; if any row carries a finite "psnr", PSNR is drawn on a second y-axis.
     An empty history still yields a (labelled) figure. Returns ``path``.
     """
-    return _atomic_savefig(_loss_figure(history), path)
+    return atomic_savefig(_loss_figure(history), path)
 
 
 def save_line_plot(
@@ -282,7 +282,7 @@ def save_line_plot(
     ax.grid(True, alpha=0.3)
     if series:
         ax.legend(loc="best", fontsize=8)
-    return _atomic_savefig(fig, path)
+    return atomic_savefig(fig, path)
 
 
 # --------------------------------------------------------------------------- dashboard charts
@@ -332,7 +332,7 @@ def errorbar_png(groups: Mapping[str, Mapping[Any, Sequence[float]]], xlabel: st
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=8)
-    return _png_bytes(fig)
+    return png_bytes(fig)
 
 
 def bars_png(groups: Mapping[str, Mapping[str, Sequence[float]]], ylabel: str, title: str, *,
@@ -363,7 +363,7 @@ def bars_png(groups: Mapping[str, Mapping[str, Sequence[float]]], ylabel: str, t
     ax.grid(True, axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0] and (len(names) > 1 or hline is not None):
         ax.legend(loc="best", fontsize=8)
-    return _png_bytes(fig)
+    return png_bytes(fig)
 
 
 def scatter_png(points: Mapping[str, Sequence[tuple[float, float]]], xlabel: str, ylabel: str, title: str, *,
@@ -389,7 +389,7 @@ def scatter_png(points: Mapping[str, Sequence[tuple[float, float]]], xlabel: str
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=8)
-    return _png_bytes(fig)
+    return png_bytes(fig)
 
 
 #: The verdict colours of the dashboards (gradleak.report.risk's badges).
@@ -424,4 +424,4 @@ def verdict_bars_png(counts: Mapping[str, Mapping[str, int]], order: Sequence[st
     ax.grid(True, axis="x", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
-    return _png_bytes(fig)
+    return png_bytes(fig)

@@ -10,7 +10,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..report.figures import _as_float, _png_bytes
+from ..report.figures import plottable_float, png_bytes
 from ..report.html import (_check_run_dir, folded_json, check_report_target, read_csv_rows, read_json_file, read_metrics,
                            report_subtitle)
 from ..report.page import data_uri, format_value, html_page, kv_table, page_css, verdict_notice, write_page
@@ -121,7 +121,7 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
     from matplotlib.figure import Figure
 
     def num(v: str | None) -> float:
-        x = _as_float(v)   # finite and plottable, else NaN (left out)
+        x = plottable_float(v)   # finite and plottable, else NaN (left out)
         return float("nan") if x is None else x
     fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
@@ -146,7 +146,7 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
         handles, labels = handles + h2, labels + l2
     if handles:
         ax.legend(handles, labels, loc="center right", fontsize=8)
-    return _png_bytes(fig)
+    return png_bytes(fig)
 
 
 def _read_history(path: Path) -> list[dict[str, str]]:
