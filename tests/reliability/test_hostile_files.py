@@ -383,6 +383,19 @@ def test_resume_state_naming_code(tmp_path, capsys):
     ["attack", "--batch-size", "1000000"], ["attack", "--threads", "100000"],
     ["attack", "--threat", "aggregate", "--clients", "100000"],
     ["attack", "--threat", "fedavg", "--local-steps", "1000000000"],
+    # the FedAvg client's local training (fl.optim, fl.augment): out of range, or not applying
+    *[["attack", "--threat", "fedavg", *flags] for flags in (
+        ["--local-epochs", "0"], ["--local-epochs", "100000"], ["--local-momentum", "1"],
+        ["--local-momentum", "-0.1"], ["--local-weight-decay", "-0.1"], ["--local-weight-decay", "2"],
+        ["--local-optimizer", "adam", "--local-betas", "0.9,1"], ["--local-optimizer", "adam", "--local-betas", "x"],
+        ["--local-optimizer", "adam", "--local-betas", "0.9"], ["--local-optimizer", "adam", "--local-eps", "0"],
+        ["--local-optimizer", "rmsprop"], ["--local-augment", "rotate"],
+        ["--local-augment", "crop-flip", "--local-crop-padding", "65"], ["--local-nesterov"],
+        ["--local-epochs", "2", "--local-steps", "3"], ["--local-optimizer", "adam", "--local-momentum", "0.9"],
+        ["--local-betas", "0.8,0.9"], ["--local-eps", "1e-6"], ["--local-crop-padding", "2"],
+        ["--batch-size", "256", "--local-batch-size", "1", "--local-epochs", "1000"])],
+    ["attack", "--local-optimizer", "adam"], ["attack", "--local-epochs", "2"],
+    ["attack", "--modality", "text", "--threat", "fedavg", "--local-momentum", "0.9"],
 ])
 def test_absurd_flags(args, tmp_path, capsys, no_attack):
     clean_error([*args, "--out", tmp_path / "o"], capsys)
@@ -414,7 +427,9 @@ def test_flags_that_an_update_file_decides(tmp_path, capsys, no_attack):
                  "--batch-size", "2", "--out", str(u)]) == 0
     for flags in (["--threat", "fedsgd"], ["--batch-size", "4"], ["--model", "lenet-dlg"], ["--width", "16"],
                   ["--local-steps", "3"], ["--local-lr", "0.5"], ["--model-seed", "3"], ["--allow-repeats"],
-                  ["--share-bn-statistics"], ["--threat", "aggregate", "--clients", "2"]):
+                  ["--share-bn-statistics"], ["--threat", "aggregate", "--clients", "2"],
+                  ["--local-optimizer", "adam"], ["--local-momentum", "0.9"], ["--local-epochs", "2"],
+                  ["--local-augment", "flip"], ["--local-weight-decay", "1e-4"]):
         line = clean_error(["attack", *FAST, "--update", u, *flags, "--out", tmp_path / "r"], capsys)
         assert "update file" in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["u.safetensors"]
