@@ -105,11 +105,11 @@ def _clusters(cand: torch.Tensor, strength: torch.Tensor) -> list[torch.Tensor]:
     return groups
 
 
-# Values of one chunk of the batched vector-Jacobian products in _slot_labels ([classes, logits]).
+# Values of one chunk of the batched vector-Jacobian products in slot_labels ([classes, logits]).
 SLOT_CHUNK_VALUES = 1 << 22
 
 
-def _slot_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Tensor, slot_rows: list[torch.Tensor],
+def slot_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Tensor, slot_rows: list[torch.Tensor],
                  target: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
     """The restored label multiset assigned to the slots: the misfit of class c on slot k is
     ||dL(x_k, c)/dy_k - K db||^2 / ||K db||^2 over the slot's pure rows (slots without pure rows
@@ -125,7 +125,7 @@ def _slot_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Ten
     classes, column = torch.unique(multiset, return_inverse=True)
     misfit = torch.ones(k, len(classes), dtype=torch.float64)
     if all(rows is None or len(rows) == 0 for rows in slot_rows):
-        return _assign(misfit[:, column], multiset)
+        return assign_labels(misfit[:, column], multiset)
     module = copy.deepcopy(model.module).double()
     module.load_state_dict({n: t.double() if t.is_floating_point() else t for n, t in update.global_weights.items()})
     module.train()
@@ -155,7 +155,7 @@ def _slot_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torch.Ten
                 misfit[slot, s:s + len(chunk)] = (got - want).pow(2).sum(1) / scale
     finally:
         hook.remove()
-    return _assign(misfit[:, column], multiset)
+    return assign_labels(misfit[:, column], multiset)
 
 
 def _pullback(logits: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -169,7 +169,7 @@ def _pullback(logits: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.T
                             for row in v])
 
 
-def _assign(cost_matrix: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
+def assign_labels(cost_matrix: torch.Tensor, multiset: torch.Tensor) -> torch.Tensor:
     """Hungarian assignment of the multiset's labels to the slots (cost [slots, multiset])."""
     k = cost_matrix.shape[0]
     r, col = linear_sum_assignment(cost_matrix.numpy())
@@ -183,8 +183,8 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
     """The inputs read off the first fully connected layer's gradient (see the module's notes in docs/).
     ``layer``: the name of that layer when the caller has checked it (the trap attack reads the
     server's trap layer); by default the model's first layer, checked by :func:`check_analytic`.
-    ``labeller``: a function with :func:`_slot_labels`'s signature that assigns the restored
-    label multiset to the slots of a batch (default :func:`_slot_labels`)."""
+    ``labeller``: a function with :func:`slot_labels`'s signature that assigns the restored
+    label multiset to the slots of a batch (default :func:`slot_labels`)."""
     start = time.perf_counter()
     name = check_analytic(update, model) if layer is None else layer
     k = int(update.meta.batch_size)
@@ -226,7 +226,7 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
             # a one-step FedAvg update is -lr times the gradient
             threat = ThreatModel.from_record(update.meta.threat)
             grad_db = db / (-threat.local_lr) if threat.client_threat == "fedavg" else db
-            labels = (labeller or _slot_labels)(model, update, name, x, slot_rows, grad_db, labels)
+            labels = (labeller or slot_labels)(model, update, name, x, slot_rows, grad_db, labels)
     # the attacker's own check (verdict.py): the update the answer would produce vs the shared one
     victim = copy.deepcopy(model)
     sim = UpdateSimulator(victim, update, dtype=torch.float64, device=device)

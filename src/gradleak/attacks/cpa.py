@@ -36,7 +36,7 @@ from ..errors import ConfigError, ModelMismatchError, NonFiniteError, Terminated
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .analytic import _slot_labels, first_linear
+from .analytic import slot_labels, first_linear
 from .labels import restore_labels
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
@@ -352,7 +352,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
         choices = torch.arange(model.num_classes).repeat(k) if len(found) == k - 1 else labels
         label_method = "per-slot columns" if len(found) == k - 1 else "counts"
         with torch.enable_grad():
-            labels = _slot_labels(model, update, name, model.normalize(images.double()), rows, target, choices)
+            labels = slot_labels(model, update, name, model.normalize(images.double()), rows, target, choices)
     poll()
     victim = copy.deepcopy(model)
     sim = UpdateSimulator(victim, update, dtype=torch.float64, device=device)

@@ -24,7 +24,7 @@ from ..errors import ConfigError, ModelMismatchError, NonFiniteError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .analytic import ACTIVE_ABOVE, _assign, analytic
+from .analytic import ACTIVE_ABOVE, assign_labels, analytic
 from .cpa import no_stop, stop_poll
 from .reconstruction import Reconstruction
 
@@ -134,7 +134,7 @@ def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torc
     misfit = torch.ones(k, len(classes), dtype=torch.float64)
     key = f"{model.classifier_name}.weight"
     if not read or key not in update.gradients:
-        return _assign(misfit[:, column], multiset)
+        return assign_labels(misfit[:, column], multiset)
     module = copy.deepcopy(model.module).double()
     module.load_state_dict({n: t.double() if t.is_floating_point() else t for n, t in update.global_weights.items()})
     module.train()
@@ -157,7 +157,7 @@ def classifier_labels(model: ModelSpec, update: SharedUpdate, name: str, x: torc
     # samples is explained by their sum; the misfit of slot k with class c is (1 - a_ck)^2
     a = torch.linalg.lstsq(h.T, t[classes].T).solution  # [read, classes]
     misfit[read] = (1.0 - a).pow(2)
-    return _assign(misfit[:, column], multiset)
+    return assign_labels(misfit[:, column], multiset)
 
 
 def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",

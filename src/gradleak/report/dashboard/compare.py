@@ -13,7 +13,7 @@ from typing import Any
 from gradleak.errors import DataError
 from gradleak.report.dashboard.data import (RUN_ONLY_FIELDS, Item, Source, derived_fields, field_text, num,
                                             setting_label, varying_fields)
-from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, _answer
+from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, answer_list
 from gradleak.report.figures import scatter_png
 from gradleak.report.html import display_name
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, VERDICTS, Html,
@@ -198,7 +198,7 @@ def compare_body(a: Source, b: Source) -> str:
     if not pairs:
         body.append(notice("No pair matched: the two runs attacked different settings."))
     else:
-        body.append(_answer(_answer_lines(pairs)))
+        body.append(answer_list(_answer_lines(pairs)))
         body.append(_transitions(pairs))
         body.append(_scatter(pairs, shown_changed))
         body.append(_pairs_table(a, b, pairs, shown, shown_changed))

@@ -64,7 +64,8 @@ def _worst_box(worst: Item | None, what: str, counts: Mapping[str, int], noun: s
     return ""
 
 
-def _answer(lines: Sequence[str]) -> str:
+def answer_list(lines: Sequence[str]) -> str:
+    """The page's answer: its non-empty ``lines`` (HTML) as one list, "" without any."""
     return f'<ul class="answer">{"".join(f"<li>{line}</li>" for line in lines if line)}</ul>' if lines else ""
 
 
@@ -485,7 +486,7 @@ def sweep_body(src: Source) -> str:
     no_truth = any(not it.verdict.truth and it.status == "ok" for it in src.items)
     body = [_setup(src, axes, reps, derived), headline(counts, "cells"),
             _worst_box(worst, f"{worst_what} (cell {escape(str(worst.key))})", counts, "cells"),
-            _answer(lines), _worst_over_attacks(src, axes), settings_html,
+            answer_list(lines), _worst_over_attacks(src, axes), settings_html,
             rules(truth=has_truth, no_truth=no_truth, unit="cell"),
             _gallery_cells(src, axes, reps), _charts(src, axes), _cells_table(src, axes, reps)]
     return "".join(body)
@@ -647,7 +648,7 @@ def audit_body(src: Source) -> str:
     if counts.get(SKIPPED):
         lines.append(f"{counts[SKIPPED]} update(s) were not attacked (more examples than max_batch_size).")
     what = f"client {escape(worst.key[1])} in round {worst.key[0]}"
-    body = [headline(counts, "updates"), _worst_box(worst, what, counts, "updates"), _answer(lines),
+    body = [headline(counts, "updates"), _worst_box(worst, what, counts, "updates"), answer_list(lines),
             rules(truth=with_truth > 0, no_truth=with_truth < len(attacked), unit="update"),
             _matrix(items, rounds, clients), _audit_chart(items, rounds, clients), _audit_gallery(src, rounds, clients)]
     ordered = sorted(items, key=lambda it: worst_first(it.label, it.psnr, it.rel))
