@@ -1,7 +1,7 @@
 """Victim models: the papers' small networks, torchvision ResNets, user modules."""
 
-from .registry import (ModelSpec, build_model, default_image_size, describe_models, find_classifier,
-                       model_names, model_shapes, register_model)
+from .registry import build_model, default_image_size, describe_models, model_names, model_shapes, register_model
+from .spec import ModelSpec, find_classifier
 
 __all__ = ["ModelSpec", "build_model", "default_image_size", "describe_models", "find_classifier",
            "model_names", "model_shapes", "register_model"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .registry import ModelSpec
+from .spec import ModelSpec
 
 # How loud and how visible the block is. linear2's weights all hold ``gain``; linear0's rows are
 # the measurement scaled by s = IMPRINT_SHIFT / gain (row s/d, bias -s c_i). The victim sees its

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..server_spec import DEFAULT_BINS, SERVERS, ServerSpec, parse_server
 from .imprint import IMPRINT_GAIN, default_brightness_prior, imprint_model
-from .registry import ModelSpec
+from .spec import ModelSpec
 from .trap import DEFAULT_RATE, DEFAULT_SEED, TRAP_GAIN, calibrate_shrink, default_rows, trap_model
 
 def server_model(spec: ModelSpec, server: str | None) -> ModelSpec:

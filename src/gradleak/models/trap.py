@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .registry import ModelSpec
+from .spec import ModelSpec
 
 # Rows the server sends by default (at most MAX_TRAP_ENTRIES // d: 891 at 224 px RGB). Measured on
 # 5 batches of 8 from each of cifar10-samples and cifar100-samples at the default rate, 32 px: with
