@@ -86,3 +86,8 @@ def test_written_files_name_the_oracle_pairing(tmp_path):
                                        "psnr_oracle_pairing_mean_converged"]
     assert "| k | psnr_by_label | psnr_oracle_pairing | verdict |" in (tmp_path / "results.md").read_text()
     assert output_name("psnr_min") == "psnr_oracle_pairing_min" and output_name("prior_psnr") == "prior_psnr"
+    assert "Experiment `x`, 1 rows, 0 s.\n" in (tmp_path / "results.md").read_text()
+    # a run that replayed its cells from the store says so beside its time (no compute time)
+    result.cells = {"total": 4, "reused": 3, "computed": 1}
+    write_result(result, tmp_path)
+    assert "computed 1 of its 4 cells and replayed 3 from its cell store" in (tmp_path / "results.md").read_text()

@@ -216,7 +216,7 @@ def write_result(result: ExperimentResult, out: Path) -> None:
         atomic_write_text(out / "summary.csv", _csv_text(summary_columns, summary))
     atomic_write_text(out / "results.md", results_markdown(result.name, result.title, result.setup, columns, rows,
                                                            summary_columns, summary, result.notes, result.figures,
-                                                           result.wall_seconds))
+                                                           result.wall_seconds, result.cells))
     record = {"name": result.name, "title": result.title, "setup": result.setup, "rows": rows,
               "summary": summary, "notes": result.notes, "figures": result.figures,
               "wall_seconds": result.wall_seconds, "cells": result.cells, "machine": machine()}
@@ -225,10 +225,11 @@ def write_result(result: ExperimentResult, out: Path) -> None:
 
 def results_markdown(name: str, title: str, setup: dict[str, Any], columns: list[str], rows: list[dict[str, Any]],
                      summary_columns: list[str], summary: list[dict[str, Any]], notes: list[str],
-                     figures: list[str], wall_seconds: float) -> str:
+                     figures: list[str], wall_seconds: float, cells: dict[str, Any] | None = None) -> str:
     """results.md of an experiment from what its files hold (rows and summary under their written
     names): what :func:`write_result` writes, and what reproduction/collect.py writes again from a
-    folder's committed results.csv, summary.csv and experiment.json."""
+    folder's committed results.csv, summary.csv and experiment.json. ``cells`` (CellsReport.to_dict):
+    a run that replayed cells from its store says so beside its time, which is then no compute time."""
     from .common import IMAGES_NOTE, MEANS_NOTE
 
     summary_md = ""
@@ -240,8 +241,12 @@ def results_markdown(name: str, title: str, setup: dict[str, Any], columns: list
                          for k, v in setup.items())
     notes_md = "\n".join(f"- {n}" for n in notes)
     figs = "\n".join(f"![{f}]({f})" for f in figures)
+    took = f"{wall_seconds:.0f} s"
+    if cells and cells.get("reused"):
+        took += (f" for this run, which computed {cells.get('computed', 0)} of its {cells.get('total', 0)} cells and "
+                 f"replayed {cells['reused']} from its cell store (not what computing them takes)")
     return (f"# {title}\n\nExperiment `{name}`, {len(rows)} rows, "
-            f"{wall_seconds:.0f} s.\n\n## Setup\n\n{setup_md}\n\n## Results\n\n"
+            f"{took}.\n\n## Setup\n\n{setup_md}\n\n## Results\n\n"
             f"{markdown_table(columns, rows)}\n\n" + summary_md
             + (f"## Notes\n\n{notes_md}\n\n" if notes_md else "") + figs + "\n")
 
