@@ -58,7 +58,7 @@ NEW_COLUMNS = ("psnr_by_label",)
 PRE_62 = ("> **Computed before issue 62.** This folder's results.csv predates the paper's pairing: its `psnr` "
           "is the PSNR after pairing each photo with its closest reconstruction in pixels (an oracle's pairing, "
           "today's `psnr_oracle_pairing`), and it has no `psnr_by_label` (each slot paired with the photo of its "
-          "restored label, as GradInversion pairs), no public prior image's PSNR and {verdicts}. Nothing here is "
+          "restored label, as GradInversion pairs), no public prior image's PSNR{verdicts}. Nothing here is "
           "filled in afterwards: the numbers need the run again (command.txt; the cell store under run/ is "
           "git-ignored and gone, so that is a full rerun).")
 
@@ -92,11 +92,12 @@ def experiment_markdown(dest: Path) -> str:
     summary_columns, summary = _read_csv(dest / "summary.csv") if (dest / "summary.csv").is_file() else ([], [])
     md = results_markdown(doc.get("name") or dest.name, doc.get("title") or dest.name, doc.get("setup") or {},
                           columns, rows, summary_columns, summary, doc.get("notes") or [], doc.get("figures") or [],
-                          float(doc.get("wall_seconds") or 0.0))
+                          float(doc.get("wall_seconds") or 0.0), doc.get("cells") or None)
     images = any(c in columns for c in ("psnr", "psnr_oracle_pairing"))
     if images and not all(c in columns for c in NEW_COLUMNS):
-        verdicts = ("a verdict per image (each image row's `verdict` is its batch's, judged on the whole batch)"
-                    if "image" in columns else "a count of the images that leaked")
+        verdicts = (" and no verdict per image (each image row's `verdict` is its batch's, judged on the whole "
+                    "batch)" if "image" in columns else
+                    " and no count of its images that leaked by today's per-image rule (its verdict is the batch's)")
         title, _, rest = md.partition("\n\n")
         md = f"{title}\n\n{PRE_62.format(verdicts=verdicts)}\n\n{rest}"
     reading = dest / "reading.md"
@@ -176,7 +177,7 @@ def collect_run(name: str, run_dir: Path, command: str) -> Path:
     means["psnr_oracle_pairing_mean"] = means.pop("psnr_mean")
     own = sum(1 for img in m["per_image"] if img.get("label_true") == img.get("label_restored"))
     pre = [] if "psnr_by_label" in m["per_image"][0] else [
-        PRE_62.format(verdicts="a verdict per image from the run's scores alone").replace(
+        PRE_62.format(verdicts=" (the verdicts below are today's rules applied to its per-image scores)").replace(
             "results.csv", "metrics.json").replace("the cell store under run/ is git-ignored and gone, so that is a "
                                                    "full rerun", "the run folder is git-ignored"), "",
         f"What metrics.json does say about the pairing: {own} of the {len(m['per_image'])} photos were paired (by "
