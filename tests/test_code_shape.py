@@ -68,8 +68,6 @@ LONG_MODULES = {
     "experiments/property_inference.py": "the experiments helper",
     "fl/inspect.py": "the fl helper",
     "outcome.py": "the outcome helper",
-    "report/dashboard/data.py": "the dashboard split",
-    "report/dashboard/pages.py": "the dashboard split",
 }
 PRIVATE_IMPORTS = {   # "importer -> owner.name": who makes the name public
     "text/client.py -> gradleak.fl.files._FLOAT_DTYPES": "the fl helper (fl/files.py)",

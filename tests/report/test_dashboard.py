@@ -291,7 +291,7 @@ def audit_dir(tmp_path_factory):
 
 def test_audit_page_shows_each_clients_reconstruction_and_verdict_per_round(audit_dir):
     from gradleak.audit import INDEX_COLUMNS
-    from gradleak.report.dashboard.data import audit_item
+    from gradleak.report.dashboard.folders import audit_item
 
     rows = list(csv.DictReader(open(audit_dir / "audit.csv")))
     assert list(rows[0]) == list(INDEX_COLUMNS)

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from conftest import refused, run_cli
-from gradleak.report.dashboard import data as dashboard_data
+from gradleak.report.dashboard import folders as dashboard_data
 from gradleak.report.figures import save_image_grid
 
 SECRET = "SECRET-OUTSIDE-THE-FOLDER"

@@ -13,9 +13,10 @@ from pathlib import Path
 from gradleak.errors import ConfigError, DataError
 from gradleak.paths import HOST, one_line, process_alive
 from gradleak.report.dashboard.compare import compare_body
-from gradleak.report.dashboard.data import (EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Cell, Source, StoreAccess, cell_verdict,
-                                            load_source, read_audit)
-from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, audit_body, sweep_body
+from gradleak.report.dashboard.data import EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Cell, Source, StoreAccess, cell_verdict
+from gradleak.report.dashboard.folders import load_source, read_audit
+from gradleak.report.dashboard.audit_page import audit_body
+from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, sweep_body
 from gradleak.report.html import check_folder, display_name
 from gradleak.report.page import html_page
 from gradleak.report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED, notice
