@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gradleak.cli import main
+from gradleak.experiments.base import output_name
 from gradleak.experiments.common import PAIRING_COLUMNS
 from gradleak.experiments import make_options, run_experiment
 from gradleak.metrics.image import PSNR_CAP_DB
@@ -38,7 +39,7 @@ def _check_written(result, folder: Path) -> list[dict[str, str]]:
     experiment.json; the figures; sane quality numbers in every row."""
     with (folder / "results.csv").open(newline="") as fh:
         reader = csv.DictReader(fh)
-        assert reader.fieldnames == result.columns
+        assert reader.fieldnames == [output_name(c) for c in result.columns]   # psnr: psnr_oracle_pairing
         lines = list(reader)
     assert len(lines) == len(result.rows) > 0
     md = (folder / "results.md").read_text()
