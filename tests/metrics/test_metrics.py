@@ -153,7 +153,9 @@ def test_evaluate_clamps_and_serialises() -> None:
     ev = evaluate(rec, make_batch(truth_images, [0, 1]))
     assert ev.mse_mean == 0.0 and ev.psnr_mean == 100.0  # 1.7 clamps to 1.0
     d = ev.to_dict()
-    assert set(d) == {"psnr_mean", "psnr_min", "ssim_mean", "mse_mean", "label_accuracy", "per_image"}
+    assert set(d) == {"psnr_mean", "psnr_oracle_pairing_mean", "psnr_min", "psnr_by_label_mean", "psnr_by_label_min",
+                      "ssim_mean", "mse_mean", "label_accuracy", "per_image"}
+    assert d["psnr_by_label_mean"] == d["psnr_oracle_pairing_mean"] == 100.0   # flat images: either pairing
     assert d["per_image"][0]["matched_slot"] in (0, 1)
     json.loads(json.dumps(d, allow_nan=False))  # plain JSON, no tensors, no NaN
     assert all(math.isfinite(v) for v in (d["psnr_mean"], d["ssim_mean"], d["mse_mean"]))
