@@ -71,6 +71,16 @@ TRUTH_FIT_SLACK = 0.01
 #: Measured (benchmarks/defended_evidence.py, DLG LeNet, 12 photos): Gaussian 0.01-0.1 separated
 #: on 12 of 12 (0.1: by 1.5-12 x the spread), Gaussian 1 and DP-SGD noise 1 on none.
 DECOY_TEST = "separated: truth < min(decoys) - spread (spread: the noise floor's tolerance)"
+#: The truth-start test (pipeline/truth_start.py): with truth, when the answer is no leak under a
+#: defense and the decoy test still separates the truth (an identification among candidates, not
+#: a reconstruction), the same attack (its config, one start, TRUTH_START_SHARE of its iterations)
+#: and a prior-regularised one (truth_start.PRIOR_ATTACK, Inverting Gradients) start from the true
+#: batch on the defended update. Each answer is judged image by image by the leak rules (PSNR >=
+#: LEAK_PSNR_DB or :func:`recognisable_row`). None a leak: even from the truth these objectives
+#: lead to no recognisable image, so no optimiser on them rebuilds one: the defense did it
+#: (defended, given the positive control). A leak: an objective still holds a recognisable image
+#: near the truth, which a stronger optimiser may reach (inconclusive).
+TRUTH_START_TEST = "walked away: started from the true batch, the attack ends on no image at >= 20 dB or recognisable"
 #: Without truth, "presumed leaked" needs the answer's relative distance at most this share of the
 #: best distance that batches nobody optimised score on the same update (the attacks' starts and
 #: decoy batches with the restored labels): measured by benchmarks/defended_evidence.py, converged
@@ -126,6 +136,10 @@ class Evidence:
                      measured them (pipeline/decoys.py); decoy_spread: the noise's spread it allows.
     references:      without truth, the distances of the attacks' starts and of decoy batches
                      with the restored labels (pipeline/decoys.py); () where not measured.
+    truth_start_leak: the truth-start test (TRUTH_START_TEST): why its answers are a leak, "" when
+                     they walked away to no leak, None when not run; truth_start_psnr, _ssim: the
+                     highest means of its answers; truth_start_attacks: the attacks it started,
+                     truth_start_kept: those whose answer stayed a leak.
     auto:            the run was ``auto`` (it already tried several attacks: the advice differs).
     client_model:    how completely the attacker modelled the announced FedAvg client ("exact", or
                      what it could not know, e.g. "order unknown: lower bound"; fl.threats).
@@ -158,6 +172,11 @@ class Evidence:
     decoy_distances: tuple[float, ...] = ()
     decoy_spread: float | None = None
     references: tuple[float, ...] = ()
+    truth_start_leak: str | None = None
+    truth_start_psnr: float | None = None
+    truth_start_ssim: float | None = None
+    truth_start_attacks: tuple[str, ...] = ()
+    truth_start_kept: tuple[str, ...] = ()
     auto: bool = False
     client_model: str = ""
 
@@ -281,11 +300,27 @@ def _decoy_fit(ev: Evidence, out: Any, own: float | None, truth: float | None, a
     seen = (f"the true batch at distance {own:.4g}, the best of {len(decoys)} decoy batches (public photos "
             f"with its labels) at {min(decoys):.4g}, noise spread {spread:.2g}")
     if decoy_separated(own, decoys, spread):
+        started = ", ".join(ev.truth_start_attacks) or "the attack"
+        start = f"at most PSNR {_fmt(ev.truth_start_psnr)} dB, SSIM {_fmt(ev.truth_start_ssim)}"
+        if ev.truth_start_leak == "":   # the truth-start test: even from the truth the attacks walk away
+            return (f"started from the true batch, {started} walked away to answers that are no leak (truth-start test: "
+                    f"{start}, no image recognisable): the defended objectives show no recognisable image near the "
+                    f"truth, so no optimiser on them rebuilds one; the update still picks the true batch out of "
+                    f"{len(decoys)} public decoys ({seen}): an identification, not a reconstruction")
         fits = answer is not None and truth is not None and \
             answer <= truth * (1 + TRUTH_FIT_SLACK) + (finite(ev.tolerance) or 0.0)
         worse = f"the true data explain the defended update better than the attack's answer ({truth:.3g} vs " \
                 f"{answer:.3g}): an optimisation failure, not evidence of protection; and " \
             if answer is not None and truth is not None and not fits else ""
+        if ev.truth_start_leak:
+            kept = ", ".join(ev.truth_start_kept) or "the attack"
+            stays = "stays" if len(ev.truth_start_kept) <= 1 else "stay"
+            return out(INCONCLUSIVE, f"{worse}started from the true batch, {kept} {stays} a leak (truth-start test: "
+                                     f"{ev.truth_start_leak}): the defended objective still holds a recognisable "
+                                     f"image near the truth, which a stronger optimiser may reach; the update tells "
+                                     f"the true batch from decoy batches ({seen})",
+                       f"run --attack {ev.truth_start_kept[0] if ev.truth_start_kept else 'auto'} with more steps "
+                       "per start (--iterations) or more starts (another --seed)")
         return out(INCONCLUSIVE, f"{worse}the defended update still tells the true batch from decoy batches ({seen}): "
                                  "an attack on this objective can single the truth out", retry)
     return (f"the defended update does not tell the true batch from decoy batches ({seen}; decoys up to "
@@ -326,6 +361,17 @@ def _truth_fit(ev: Evidence, out: Any, nothing: str, retry: str) -> "Outcome | s
         return out(INCONCLUSIVE, f"the attack {nothing} under {', '.join(ev.defenses)}, but how well the true data "
                                  "explain the defended update was not recorded", "rerun with this version of gradleak")
     return fit
+
+
+def needs_truth_start(metrics: Mapping[str, Any]) -> bool:
+    """Whether a scored, defended run's answer calls for the truth-start test (TRUTH_START_TEST):
+    the answer is no leak (no image at >= LEAK_PSNR_DB, none recognisable) and the decoy test
+    separated the truth. Run by the image case before the verdict (pipeline/image.py)."""
+    test = metrics.get("decoy_test") if isinstance(metrics.get("decoy_test"), Mapping) else {}
+    rows = [r for r in metrics.get("per_image") or [] if isinstance(r, Mapping)]
+    if not metrics.get("defenses") or test.get("separated") is not True or not rows:
+        return False
+    return not truth_start_leak({"per_image": rows})
 
 
 def needs_control(ev: Evidence) -> bool:
@@ -383,6 +429,30 @@ def recognisable_row(row: Mapping[str, Any]) -> str:
         how.append(f"identified among {among:.0f}")
     return (f"{name}: {', '.join(how)}, above the zero image's {_fmt(row.get('zero_coarse_ssim'))} and the "
             f"prior images' {_fmt(row.get('prior_coarse_ssim'))}")
+
+
+def truth_start_leak(record: Mapping[str, Any]) -> str | None:
+    """Why the truth-start test's answers (metrics.json ``truth_start_test``: its ``runs``, one
+    per attack, or one answer's ``per_image``) are a leak, image by image (PSNR >= LEAK_PSNR_DB,
+    or :func:`recognisable_row`); "" when none is; None when no scored image is recorded."""
+    if isinstance(record.get("runs"), list):
+        runs = [r for r in record["runs"] if isinstance(r, Mapping)]
+        found = [(r.get("attack"), truth_start_leak(r)) for r in runs]
+        if all(why is None for _, why in found):
+            return None
+        return "; ".join(f"{name}: {why}" for name, why in found if why)
+    rows = [r for r in record.get("per_image") or [] if isinstance(r, Mapping)] \
+        if isinstance(record.get("per_image"), list) else []
+    if not rows:
+        return None
+    why = []
+    for r in rows:
+        p = number(r.get("psnr"))
+        if p is not None and p >= LEAK_PSNR_DB:
+            why.append(f"{r.get('name') or r.get('index', '?')}: PSNR {p:.1f} dB >= {LEAK_PSNR_DB:g} dB")
+        elif recognisable_row(r):
+            why.append(recognisable_row(r))
+    return "; ".join(why)
 
 
 def _without_truth(ev: Evidence, out: Any) -> Outcome:
@@ -508,8 +578,9 @@ def evidence_from_metrics(metrics: Mapping[str, Any], *, status: str = "ok", con
 
 def decoy_evidence(metrics: Mapping[str, Any], has_truth: bool) -> dict[str, Any]:
     """The Evidence fields the decoy yardsticks give (pipeline/decoys.py): with truth the decoy
-    test's distances and spread (``decoy_test``), without it the starts' and decoys' distances
-    with the restored labels (``reference_distances``); and whether the run was ``auto``."""
+    test's distances and spread (``decoy_test``) and the truth-start test (``truth_start_test``),
+    without it the starts' and decoys' distances with the restored labels (``reference_distances``);
+    and whether the run was ``auto``."""
     test = metrics.get("decoy_test") if isinstance(metrics.get("decoy_test"), Mapping) else {}
     refs = metrics.get("reference_distances") if isinstance(metrics.get("reference_distances"), Mapping) else {}
 
@@ -517,7 +588,20 @@ def decoy_evidence(metrics: Mapping[str, Any], has_truth: bool) -> dict[str, Any
         return tuple(f for f in (number(v) for v in values) if f is not None) if isinstance(values, list) else ()
 
     same = has_truth and number(test.get("truth")) is not None   # a decoy test needs the truth's own distance
-    return {"decoy_truth": number(test.get("truth")) if same else None,
+    start = metrics.get("truth_start_test") if has_truth and isinstance(metrics.get("truth_start_test"), Mapping) \
+        else {}
+    runs = [r for r in start.get("runs") or [] if isinstance(r, Mapping)] if isinstance(start.get("runs"), list) \
+        else ([start] if start else [])
+
+    def best(key: str) -> float | None:
+        values = [v for v in (number(r.get(key)) for r in runs) if v is not None]
+        return max(values) if values else None
+
+    return {"truth_start_leak": truth_start_leak(start) if start else None,
+            "truth_start_psnr": best("psnr_mean"), "truth_start_ssim": best("ssim_mean"),
+            "truth_start_attacks": tuple(str(r.get("attack")) for r in runs if r.get("attack")),
+            "truth_start_kept": tuple(str(r.get("attack")) for r in runs if r.get("attack") and truth_start_leak(r)),
+            "decoy_truth": number(test.get("truth")) if same else None,
             "decoy_distances": numbers(test.get("decoys")) if same else (),
             "decoy_spread": number(test.get("spread")) if same else None,
             "references": numbers(refs.get("starts")) + numbers(refs.get("decoys")),
@@ -556,4 +640,5 @@ def console_line(outcome: Outcome) -> str:
 __all__ = ["CONVERGED_BELOW", "DEFENDED", "Evidence", "FAILED", "INCONCLUSIVE", "LEAKED", "LEAK_PSNR_DB",
            "MIN_IIP_POOL", "MIN_DECOY_POOL", "COARSE_SSIM_LINE", "BEAT_MARGIN", "STRONG_MARGIN", "TEXT_SET_PRECISION",
            "TEXT_SET_RECALL", "Outcome", "PRESUMED_LEAKED", "RECOGNISABLE_SSIM", "SKIPPED", "TEXT_LEAK_TOKEN_ACCURACY", "TRUTH_FIT_SLACK", "VERDICTS", "console_line", "tried_summary",
-           "evidence_from_metrics", "judge", "DECOY_TEST", "PRESUME_RATIO", "decoy_evidence", "decoy_separated", "recognisable_row", "recovered_words", "needs_control", "number", "worst"]
+           "evidence_from_metrics", "judge", "DECOY_TEST", "PRESUME_RATIO", "decoy_evidence", "decoy_separated", "recognisable_row",
+           "TRUTH_START_TEST", "truth_start_leak", "needs_truth_start", "recovered_words", "needs_control", "number", "worst"]

@@ -33,7 +33,7 @@ from ..defenses.floor import noise_floor
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .base import DTYPES, initial_images, to_pixels
+from .base import DTYPES, start_images, to_pixels
 from .labels import effective_label_method, gradinversion_labels, idlg_label, restore_labels
 from ..engine import Engine, LoopHooks, LoopResult, LoopSettings
 from ..engine.optimizers import check_optimizer_memory
@@ -114,6 +114,9 @@ PRIOR_FRACTION = 1 / 3
 # label was trained in which local step. The trials go through the distinct label-to-slot
 # assignments (at most MAX_ASSIGNMENTS; K! for K distinct labels) before they change the init.
 MAX_ASSIGNMENTS = 24
+# A start batch's labels as DLG's soft-label logits (engine.StartBatch): softmax puts all but
+# (classes - 1) e^-20 (2e-8 for 10 classes) of the mass on the given label.
+START_LABEL_LOGIT = 20.0
 
 
 @dataclass
@@ -318,13 +321,18 @@ class _Portfolio:
         init = init_for_trial(s.init, index, per_init)
         outer.inits = [*outer.inits, init]
         gen = torch.Generator().manual_seed(s.seed + 1_000_003 * index)
-        x = initial_images(model, outer.images_shape, init, gen, self.dtype).to(self.device).requires_grad_(True)
-        y_soft = None
         hard = self.assignments[index % per_init]
+        start = self.engine.start
+        x = start_images(model, outer.images_shape, init, gen, self.dtype, start,
+                         hard).to(self.device).requires_grad_(True)
+        y_soft = None
         if hard is None:
             # DLG's dummy label: N(0, 1) logits, softmax'd in the loss.
-            y_soft = torch.randn((k, model.num_classes), generator=gen,
-                                 dtype=self.dtype).to(self.device).requires_grad_(True)
+            y_soft = torch.randn((k, model.num_classes), generator=gen, dtype=self.dtype)
+            if start is not None:   # a start batch's labels: logits whose softmax is that label to 1e-8
+                y_soft = START_LABEL_LOGIT * torch.nn.functional.one_hot(
+                    start.labels.reshape(-1).long(), model.num_classes).to(self.dtype)
+            y_soft = y_soft.to(self.device).requires_grad_(True)
         target_labels = y_soft if y_soft is not None else hard.to(self.device)
         return _Trial(index=index, gen=gen, x=x, y_soft=y_soft, target_labels=target_labels)
 

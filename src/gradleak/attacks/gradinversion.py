@@ -89,7 +89,7 @@ from ..catalog import unknown
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .base import DTYPES, initial_images, to_pixels
+from .base import DTYPES, start_images, to_pixels
 from .group import GroupConsistency, group_penalty
 from .labels import effective_label_method, restore_labels
 from ..engine import AttackState, Engine, LoopHooks, LoopResult, LoopSettings, Observer, SeedShard
@@ -450,7 +450,7 @@ def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Rec
     noise_gens = gens if device.type == "cpu" else \
         seed_generators(cfg.seed + NOISE_STREAM, len(mine), start=mine.start, device=device)
     shape = (k, *model.input_shape)
-    x = torch.stack([initial_images(model, shape, cfg.init, g, dtype) for g in gens]).to(device)
+    x = torch.stack([start_images(model, shape, cfg.init, g, dtype, engine.start, labels) for g in gens]).to(device)
     x.requires_grad_(True)
     group = GroupConsistency(cfg.group, tuple(x.shape), start=cfg.registration_start,
                              every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)

@@ -33,7 +33,7 @@ import torch
 
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from .base import DTYPES, initial_images, to_pixels
+from .base import DTYPES, start_images, to_pixels
 from .gradinversion import seed_generators
 from .labels import effective_label_method, restore_labels
 from ..engine import AttackState, Engine, LoopHooks, LoopSettings
@@ -115,7 +115,8 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
     gens = seed_generators(s.seed, restarts)
     shape = (k, *model.input_shape)
-    x = torch.stack([initial_images(model, shape, s.init, g, dtype) for g in gens]).to(device).requires_grad_(True)
+    x = torch.stack([start_images(model, shape, s.init, g, dtype, engine.start, labels)
+                     for g in gens]).to(device).requires_grad_(True)
     lo = model.normalize(torch.zeros(1, *model.input_shape, dtype=dtype)).to(device)
     hi = model.normalize(torch.ones(1, *model.input_shape, dtype=dtype)).to(device)
     last: dict[str, torch.Tensor] = {}

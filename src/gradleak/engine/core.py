@@ -21,6 +21,16 @@ from .shard import SeedShard
 from .state import StateHooks
 
 
+@dataclass(frozen=True)
+class StartBatch:
+    """A batch every optimisation start begins from instead of the attack's own init: images
+    [K, C, H, W] in [0, 1] pixels, labels [K] (int64). The evaluation's truth-start test
+    (pipeline/truth_start.py) gives one; an attack never builds it."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
 @dataclass
 class Engine:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -29,6 +39,8 @@ class Engine:
     shard: SeedShard | None = None
     log_every: int = 10
     progress: bool = False
+    #: where optimisation attacks start (attacks/base.start_images); None: their own init
+    start: StartBatch | None = None
 
     def __post_init__(self) -> None:
         self.device = resolve_device(self.device)
@@ -97,4 +109,4 @@ AttackRunner = Callable[[Any, SharedUpdate, Any, Engine], Any]
 ATTACK_RUNNERS: dict[type, AttackRunner] = {}
 
 
-__all__ = ["ATTACK_RUNNERS", "NO_STEP", "Engine", "no_step_evidence"]
+__all__ = ["ATTACK_RUNNERS", "NO_STEP", "Engine", "StartBatch", "no_step_evidence"]

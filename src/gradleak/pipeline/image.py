@@ -22,6 +22,7 @@ from ..fl.files import truth_bytes, update_bytes
 from ..fl.threats import client_model_of, client_share, share
 from ..metrics import evaluate, match, psnr
 from ..modalities import IMAGE
+from ..outcome import needs_truth_start
 from ..models import ModelSpec, build_model, default_image_size
 from ..models.server import server_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
@@ -222,6 +223,8 @@ class ImageCase(Case):
     iip_loaded: bool = False
     #: the decoy test's record (:meth:`decoy_record`), once measured
     decoys: dict[str, Any] | None = field(default=None, repr=False)
+    #: the truth-start test's answers (:meth:`truth_start_record`) as (attack, answer), when it ran
+    truth_start: list[tuple[str, Reconstruction]] = field(default_factory=list, repr=False)
 
     history_columns: ClassVar[tuple[str, ...]] = ("psnr",)
     spec = IMAGE
@@ -291,6 +294,10 @@ class ImageCase(Case):
             metrics["truth_relative_distance"] = truth_distance(self.model, self.update, self.truth, device)
             if meta.defenses:   # can the defended update tell the true batch from public decoys? (outcome.py)
                 metrics["decoy_test"] = self.decoy_record(metrics["truth_relative_distance"], device)
+                if needs_truth_start(metrics):   # separated, yet no leak: does the attack leave the truth? (outcome.py)
+                    record = self.truth_start_record(cfg, recon, device)
+                    if record is not None:
+                        metrics["truth_start_test"] = record
             metrics["class_names"] = list(self.truth.class_names)
             names = self.truth.names
             for row in metrics["per_image"]:
@@ -310,6 +317,60 @@ class ImageCase(Case):
             self.decoys = {} if truth_relative is None else decoy_test(
                 self.model, self.update, self.truth, floor.tolerance, device, scaled=bool(floor.unmodelled)) or {}
         return self.decoys or None
+
+    def truth_start_record(self, cfg: AttackConfig, recon: Reconstruction, device: torch.device) -> dict[str, Any] | None:
+        """The truth-start test (pipeline/truth_start.py) of the attack that gave ``recon`` and of
+        PRIOR_ATTACK: each started from the true batch on this defended update (its own config
+        and budget, one start), its answer scored image by image as any answer is. None for a
+        closed form, or for an answer auto did not keep (its other members count when they leak)."""
+        from ..config import make_config
+        from ..outcome import TRUTH_START_TEST, truth_start_leak
+        from .truth_start import TRUTH_START_SHARE, run_truth_start, truth_start_attacks, truth_start_config
+
+        assert self.truth is not None
+        if cfg.attack == "auto" and "attack_used" not in recon.extra:
+            return None
+        name = str(recon.extra.get("attack_used") or cfg.attack)
+        own = truth_start_config(self.attack_config(cfg), name)
+        if own is None:
+            return None
+        runs, answers = [], []
+        for attack in truth_start_attacks(name, int(self.truth.images.shape[-1])):
+            # the run's own attack as it ran; the prior attack at its defaults (the run's flags are another attack's)
+            config = own if attack == name else truth_start_config(
+                image_attack_config(make_config(attack=attack, seed=cfg.seed).model_dump(), self.update, self.model),
+                attack)
+            if config is None:
+                continue
+            start = run_truth_start(config, self.update, self.model, self.truth, device)
+            answers.append((attack, start))
+            runs.append(self.truth_start_run(attack, config, start))
+        self.truth_start = answers
+        leak = truth_start_leak({"runs": runs})
+        return {"test": TRUTH_START_TEST, "attack": name, "walked_away": leak == "", "leak": leak or "",
+                "budget_share": TRUTH_START_SHARE, "runs": runs}
+
+    def truth_start_run(self, attack: str, config: Any, start: Reconstruction) -> dict[str, Any]:
+        """One truth-start answer's record: PSNR, SSIM and the recognisability evidence per image."""
+        from ..outcome import truth_start_leak
+
+        assert self.truth is not None
+        ev = evaluate(start, self.truth)
+        scored = ev.to_dict()
+        rows = scored["per_image"]
+        self.zero_image_scores(rows)
+        self.recognisability_scores(ev.paired_images, rows)
+        keep = ("index", "name", "psnr", "ssim", "coarse_ssim", "zero_coarse_ssim", "prior_coarse_ssim", "identified",
+                "identified_among", "recognisable", "recognisable_reason")
+        names = self.truth.names
+        per_image = [{k: r[k] for k in keep if k in r} | ({"name": names[r["index"]]} if names and not r.get("name")
+                                                            else {}) for r in rows]
+        leak = truth_start_leak({"per_image": per_image})
+        return {"attack": attack, "walked_away": leak == "", "leak": leak or "", "psnr_mean": scored.get("psnr_mean"),
+                "ssim_mean": scored.get("ssim_mean"), "per_image": per_image,
+                "relative_gradient_distance": start.extra.get("relative_gradient_distance"),
+                "iterations": start.iterations, "budget_iterations": int(getattr(config, "iterations", 0) or 0),
+                "seconds": round(start.wall_seconds, 3)}
 
     def reference_distances(self, recon: Reconstruction, device: torch.device) -> dict[str, list[float]] | None:
         """Without truth, the yardsticks of a converged answer (pipeline/decoys.py): the attacks'
@@ -410,6 +471,12 @@ class ImageCase(Case):
             else:
                 save_image_grid(folder / f"reconstruction-{name}.png", [alt.images], [name],
                                 [[f"label {int(y)}" for y in alt.labels]])
+        if self.truth is not None and self.truth_start:   # the truth-start test's answers (outcome.py)
+            scored = [(name, evaluate(ans, self.truth)) for name, ans in self.truth_start]
+            save_image_grid(folder / "truth-start.png", [self.truth.images, *(ev.paired_images for _, ev in scored)],
+                            ["original", *(f"{name} from the original" for name, _ in scored)],
+                            [[f"label {s.label_true}" for s in scored[0][1].per_image],
+                             *([f"{s.psnr:.1f} dB" for s in ev.per_image] for _, ev in scored)])
         if recon.candidates is not None:
             rows = [c for c in recon.candidates] + [recon.images]
             titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]

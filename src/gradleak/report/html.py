@@ -245,6 +245,47 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
     return out
 
 
+def _defense_evidence(metrics: Mapping[str, Any], start_png: bytes | None) -> str:
+    """The positive evidence a defended run's verdict weighed (outcome.py): the decoy test and,
+    where it ran, the truth-start test (the same attack started from the true batch), per image."""
+    test = metrics.get("decoy_test") if isinstance(metrics.get("decoy_test"), Mapping) else None
+    start = metrics.get("truth_start_test") if isinstance(metrics.get("truth_start_test"), Mapping) else None
+    if test is None and start is None:
+        return ""
+    out = "<h2>Evidence about the defense</h2>"
+    if test is not None:
+        decoys = test.get("decoys") if isinstance(test.get("decoys"), list) else []
+        out += (f'<p>Decoy test ({escape(str(test.get("measure", "")))}): the true batch at '
+                f'{format_metric("", test.get("truth"))}, the best of {len(decoys)} decoy batches (public photos '
+                f'with its labels) at {format_metric("", test.get("best_decoy"))}, noise spread '
+                f'{format_metric("", test.get("spread"))}: '
+                + ("the update still picks the true batch out of the decoys (an identification, not a "
+                   "reconstruction)." if test.get("separated") else "the update cannot tell the true batch from them.")
+                + "</p>")
+    if start is not None:
+        runs = [r for r in start.get("runs") or [] if isinstance(r, Mapping)]
+        out += ("<p>Truth-start test: each attack started from the true batch on the defended update: "
+                + ("every one walked away to an answer that is no leak." if start.get("walked_away") else
+                   f"a leak remains ({escape(str(start.get('leak') or ''))}).") + "</p>"
+                "<table><tr><th>attack</th><th>iterations</th><th>seconds</th><th>relative distance</th><th>image</th>"
+                "<th>PSNR</th><th>SSIM</th><th>coarse SSIM</th><th>recognisable</th></tr>")
+        for run in runs:
+            for r in run.get("per_image") or []:
+                if isinstance(r, Mapping):
+                    out += (f"<tr><td>{escape(str(run.get('attack')))}</td>"
+                            f"<td>{format_metric('', run.get('iterations'))} of "
+                            f"{format_metric('', run.get('budget_iterations'))}</td>"
+                            f"{_cell('seconds', run.get('seconds'))}{_cell('', run.get('relative_gradient_distance'))}"
+                            f"<td>{escape(str(r.get('name') or r.get('index')))}</td>{_cell('psnr', r.get('psnr'))}"
+                            f"{_cell('ssim', r.get('ssim'))}{_cell('ssim', r.get('coarse_ssim'))}"
+                            f"<td>{'yes' if r.get('recognisable') else 'no'}</td></tr>")
+        out += "</table>"
+        if start_png is not None:
+            out += figure(start_png, "truth-start answers", "Originals (top) and each attack's answer when started "
+                                                            "from them on the defended update (below).")
+    return out
+
+
 def worst_image(metrics: Mapping[str, Any]) -> tuple[float, str] | None:
     """The batch's worst-rebuilt image as (PSNR, name): the lowest PSNR of ``per_image`` (a mean of
     86 dB hides an image at 17 dB), or metrics.json's ``psnr_min`` when no row holds one; None
@@ -466,6 +507,7 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
     title = f"{field('attack')} on {field('model')}, {field('data')}"
     body = "\n".join([
         _summary(metrics, has_truth),
+        _defense_evidence(metrics, _read_png(run_dir / "truth-start.png")),
         f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>'
         f'{_pictures(recon, candidates, has_truth, _other_answers(run_dir, metrics))}</div></div>',
         _per_image(metrics, has_truth),
