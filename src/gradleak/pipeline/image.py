@@ -22,6 +22,7 @@ from ..fl.files import truth_bytes, update_bytes
 from ..fl.threats import client_model_of, client_share, share
 from ..metrics import evaluate, match, psnr
 from ..modalities import IMAGE
+from ..defenses.floor import noise_floor
 from ..outcome import needs_truth_start
 from ..models import ModelSpec, build_model, default_image_size
 from ..models.server import server_model
@@ -294,7 +295,9 @@ class ImageCase(Case):
             metrics["truth_relative_distance"] = truth_distance(self.model, self.update, self.truth, device)
             if meta.defenses:   # can the defended update tell the true batch from public decoys? (outcome.py)
                 metrics["decoy_test"] = self.decoy_record(metrics["truth_relative_distance"], device)
-                if needs_truth_start(metrics):   # separated, yet no leak: does the attack leave the truth? (outcome.py)
+                # separated, yet no leak: does the attack leave the truth? (outcome.py) Not under a defense
+                # the attacker's simulation does not reproduce: leaving the truth may be that mismatch
+                if needs_truth_start(metrics) and not noise_floor(self.update).unmodelled:
                     record = self.truth_start_record(cfg, recon, device)
                     if record is not None:
                         metrics["truth_start_test"] = record
