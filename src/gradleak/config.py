@@ -230,6 +230,8 @@ def check_path_text(text: str) -> None:
 def config_error(exc: ValidationError) -> ConfigError:
     """One line naming the first invalid field."""
     err = exc.errors()[0]
+    if not err["loc"] and err["type"] == "value_error":   # a check across fields: its own sentence
+        return ConfigError(str(err["msg"]).removeprefix("Value error, "))
     field = ".".join(str(x) for x in err["loc"]) or "config"
     value = err.get("input")
     shown = "" if isinstance(value, (dict, list)) else f" (got {_short(value)})"

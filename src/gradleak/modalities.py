@@ -123,7 +123,13 @@ TEXT = Modality(
     name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
     report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
     own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)",
-                                  "preset": "--preset applies to GradInversion, an image attack"},
+                                  "preset": "--preset applies to GradInversion, an image attack",
+                                  **dict.fromkeys(("local_epochs", "local_optimizer", "local_momentum", "local_nesterov",
+                                                   "local_weight_decay", "local_betas", "local_eps", "local_augment",
+                                                   "local_crop_padding"),
+                                                  "--local-epochs, --local-optimizer and their constants, and "
+                                                  "--local-augment apply to the image modality (the text client "
+                                                  "trains with plain SGD over --local-steps)")},
     # a text run's default attack is DLG (text/attacks/dlg.py); "auto" is text's own chooser (text/attacks/auto.py)
     default_attack="dlg", run_prefix="text-", files="reconstruction.json",
     summary_keys=("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",

@@ -146,9 +146,6 @@ def threat_model(cfg: AttackConfig) -> ThreatModel:
     for name, needs, met in _NEEDS:
         if getattr(cfg, name) != defaults[name] and not met(cfg):
             raise ConfigError(f"--{name.replace('_', '-')} applies with {needs}")
-    if cfg.modality != "image" and any(getattr(cfg, k) != defaults[k] for k in LOCAL_TRAINING_FIELDS):
-        raise ConfigError("--local-epochs, --local-optimizer and their constants, and --local-augment apply to the "
-                          "image modality (the text client trains with plain SGD over --local-steps)")
     steps = cfg.local_steps if cfg.local_epochs is None else \
         ThreatModel.epoch_steps(cfg.batch_size, cfg.local_batch_size, cfg.local_epochs)
     if steps > ThreatModel.MAX_LOCAL_STEPS:
