@@ -83,6 +83,7 @@ def check_analytic(update: SharedUpdate, model: ModelSpec) -> str:
         raise ConfigError(f"analytic: a FedAvg update over {threat.local_steps} local steps moves the first layer "
                           "between steps; the closed form needs one gradient (fedsgd, an aggregate of fedsgd clients, "
                           "or one local step)")
+    threat.check_one_gradient("analytic")
     for key in (f"{name}.weight", f"{name}.bias"):
         if key not in update.gradients:
             raise ModelMismatchError(f"analytic: the update does not share {key}")

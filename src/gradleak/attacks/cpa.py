@@ -84,6 +84,7 @@ def check_cpa(update: SharedUpdate, model: ModelSpec) -> str:
     if threat.client_threat == "fedavg" and threat.local_steps != 1:
         raise ConfigError(f"cpa: a FedAvg update over {threat.local_steps} local steps moves the first layer between "
                           "steps; the unmixing needs one gradient (fedsgd, an aggregate of fedsgd clients, or one step)")
+    threat.check_one_gradient("cpa")
     keys = [f"{name}.weight"] + ([f"{name}.bias"] if has_bias else [])
     for key in keys:
         if key not in update.gradients:

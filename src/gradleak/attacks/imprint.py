@@ -117,6 +117,7 @@ def check_imprint(update: SharedUpdate, model: ModelSpec) -> None:
     if threat.client_threat == "fedavg" and threat.local_steps > 1:
         raise ConfigError(f"imprint: FedAvg with {threat.local_steps} local steps is not supported: the imprint "
                           "weights move between the steps (one local step, FedSGD or an aggregate of them)")
+    threat.check_one_gradient("imprint")
     if int(update.meta.batch_size) < 1:
         raise ConfigError(f"imprint: batch size must be >= 1, got {update.meta.batch_size}")
     _row_scales(weight.detach().double().cpu())

@@ -229,6 +229,7 @@ def _check_threat(update: SharedUpdate) -> ThreatModel:
     if threat.name == "fedavg" and threat.local_steps != 1:
         raise ConfigError(f"rgap: a FedAvg update over {threat.local_steps} local steps moves the weights between "
                           "steps; R-GAP needs one gradient (fedsgd, or fedavg with local_steps 1)")
+    threat.check_one_gradient("rgap")
     if int(update.meta.batch_size) != 1:
         raise ConfigError(f"rgap: the update is over a batch of {update.meta.batch_size}; R-GAP rebuilds one input "
                           "(batch 1)")

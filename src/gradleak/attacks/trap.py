@@ -89,6 +89,7 @@ def check_trap(update: SharedUpdate, model: ModelSpec) -> str:
     if threat.client_threat == "fedavg" and threat.local_steps > 1:
         raise ConfigError(f"trap: FedAvg with {threat.local_steps} local steps is not supported: the trap layer "
                           "moves between the steps (one local step, FedSGD or an aggregate of them)")
+    threat.check_one_gradient("trap")
     negative = float((_pixel_row_sums(weight.detach(), model) < 0).double().mean())
     if negative <= NEGATIVE_ROWS_ABOVE:
         raise ModelMismatchError(f"trap: only {negative:.0%} of the layer's rows lean negative on pixels: "

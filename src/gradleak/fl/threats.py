@@ -86,6 +86,22 @@ class ThreatModel:
                                   f"{self.local_batch_size or per_client} are {steps} steps, not local_steps "
                                   f"{self.local_steps}")
 
+    def check_one_gradient(self, attack: str) -> None:
+        """The closed forms read a one-step FedAvg update as -lr * g. That holds for plain SGD
+        (with or without momentum: torch's first step's buffer is g itself), not for weight decay
+        (g + wd * w0), Nesterov ((1 + momentum) * g) or Adam/AdamW (about -lr * sign(g), the
+        gradient's magnitudes lost). ConfigError naming the attack otherwise."""
+        if self.client_threat != "fedavg":
+            return
+        o = self.optimizer
+        why = (f"--local-optimizer {o.name} steps by about lr * sign(g), not lr * g" if o.name != "sgd" else
+               f"--local-weight-decay {o.weight_decay:g} adds wd * w0 to the gradient" if o.weight_decay else
+               f"--local-nesterov steps by (1 + momentum) * g" if o.nesterov else "")
+        if why:
+            raise ConfigError(f"{attack}: the closed form reads a one-step FedAvg update as -lr * g, and the client's "
+                              f"{why}; use an optimisation attack (dlg, idlg, ig, gradinversion), which models the "
+                              "client's optimizer")
+
     @staticmethod
     def epoch_steps(k: int, local_batch_size: int | None, epochs: int) -> int:
         """The local steps of ``epochs`` epochs over k samples in mini-batches of B (default k)."""
