@@ -31,7 +31,7 @@ def _update(batch_size, side=32, **threat):
 
 
 def test_the_portfolio_follows_the_case():
-    assert auto_portfolio(_update(1)) == ("idlg",)
+    assert auto_portfolio(_update(1)) == ("idlg", "ig")
     assert auto_portfolio(_update(4)) == ("dlg", "gradinversion", "ig")
     assert auto_portfolio(_update(1, name="aggregate", clients=3)) == ("dlg", "gradinversion", "ig")
     assert auto_portfolio(_update(2, name="fedavg", local_steps=2)) == ("dlg", "gradinversion", "ig")

@@ -168,7 +168,7 @@ def test_auto_falls_back_to_optimisation_and_says_why(tmp_path):
     m = _metrics(out)
     assert m["attack"] == "idlg" and m["auto"]["used"] == "idlg" and "fell back" in m["auto"]["why"]
     assert [t["applies"] for t in m["auto"]["tried"][:3]] == [False, False, False]
-    assert m["settings"]["portfolio"][0]["iterations"] == 5 and m["auto"]["portfolio"] == ["idlg"]
+    assert m["settings"]["portfolio"][0]["iterations"] == 5 and m["auto"]["portfolio"] == ["idlg", "ig"]
     # the API runs the chooser too
     model = build_model("mlp", num_classes=10, seed=0)
     batch = batch_of(open_source("cifar10-samples"), [2], 32, 3)

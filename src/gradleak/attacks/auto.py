@@ -14,10 +14,13 @@ SPEC = {
     "flags": {
         "fallback": ["optimisation attack", None, "auto: run this one optimisation attack when no closed-form attack "
                      "explains the update (default: a portfolio: dlg, gradinversion and ig for a batch or an "
-                     "aggregate, keeping the answer that explains the update best; idlg for one image)"],
+                     "aggregate, keeping the answer that explains the update best; idlg, then ig unless idlg's answer "
+                     "explains the update exactly, for one image)"],
     },
     "changed_defaults": {"fallback": "a portfolio on batches and aggregates (DLG, GradInversion, IG) "
-                                     "(GradInversion alone before)"},
+                                     "(GradInversion alone before); one image: iDLG then IG (2026-12-02: "
+                                     "iDLG alone before; IG rebuilds recognisable images under Gaussian 0.1 "
+                                     "where iDLG fits the noise)"},
 }
 
 import importlib
@@ -47,7 +50,7 @@ from .verdict import Convergence, converged_below, verdict
 
 def auto_portfolio(update: SharedUpdate) -> tuple[str, ...]:
     """The optimisation attacks ``auto`` runs, in their declared order, when no closed form
-    explains the update: those declared for one image (iDLG) for one image of one client; for a
+    explains the update: those declared for one image (iDLG, IG) for one image of one client; for a
     batch, an aggregate of clients or several local steps of a batch, those declared for batches
     whose largest image side (``max_side``) the images fit (DLG, GradInversion, IG)."""
     threat = ThreatModel.from_record(update.meta.threat)

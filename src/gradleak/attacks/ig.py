@@ -18,7 +18,7 @@ SPEC = {
     },
     "default_note": {"alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's "
                                  "count / 14 above (ResNet-18: 0.44)"},
-    "auto": {"order": 3, "one_image": False, "batch": True, "max_side": 64},
+    "auto": {"order": 3, "one_image": True, "batch": True, "max_side": 64},
     "resolve": True,
     # Data, not history: each tag is hashed into stored sweep cells' identities (sweep/spec.py), so
     # it stays word for word, its date included; a new tag says what changed, not when.
