@@ -1,5 +1,5 @@
-"""Issue 62: each image is judged on its own (rebuilt, recognisable or identified -> that image is
-leaked; otherwise the run's convergence evidence), the run's verdict is the worst over its images,
+"""Issue 62: each image is judged on its own (rebuilt or recognisable, an identification with a
+margin over the leak-free priors included -> that image is leaked; otherwise the run's convergence evidence), the run's verdict is the worst over its images,
 and the written files name the pixels' pairing for what it is (an oracle's)."""
 
 from __future__ import annotations
@@ -43,11 +43,20 @@ def test_a_batch_mate_of_a_recognisable_image_is_not_leaked_by_association():
 
 
 def test_identified_image_leaks_and_the_rest_keep_the_defended_evidence():
-    rows = [_row(0, 8.0, 0.05, identified=True), _row(1, 7.0, 0.04, identified=False)]
+    # identified among >= 50 candidates with a coarse SSIM 0.1 above the leak-free priors
+    # (outcome.recognisable_row): that image leaked, its batch-mate keeps the defended evidence
+    shown = {"identified": True, "identified_among": 50, "coarse_ssim": 0.45, "zero_coarse_ssim": 0.1,
+             "prior_coarse_ssim": 0.2}
+    rows = [_row(0, 8.0, 0.05, **shown), _row(1, 7.0, 0.04, identified=False)]
     m = _metrics(rows, iip_pool_size=50, **DEFENDED_EVIDENCE)
     assert verdict_of(m, None, image=0) == LEAKED
     assert verdict_of(m, None, image=1) == DEFENDED
     assert verdict_of(m, None) == LEAKED
+    # a bare identification (no margin over the priors: a flat answer picked out by chance) is no
+    # leak, as outcome.judge reads it: inconclusive, never defended
+    m = _metrics([_row(0, 8.0, 0.05, identified=True), _row(1, 7.0, 0.04)], iip_pool_size=50, **DEFENDED_EVIDENCE)
+    assert verdict_of(m, None, image=0) == INCONCLUSIVE and verdict_of(m, None, image=1) == DEFENDED
+    assert verdict_of(m, None) == INCONCLUSIVE
     # nothing identified: every image defended, and so is the run
     m = _metrics([_row(0, 8.0, 0.05), _row(1, 7.0, 0.04)], **DEFENDED_EVIDENCE)
     assert [verdict_of(m, None, image=i) for i in (0, 1)] == [DEFENDED, DEFENDED] and verdict_of(m, None) == DEFENDED

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..outcome import DEFENDED as OUTCOME_DEFENDED
 from ..outcome import INCONCLUSIVE as OUTCOME_INCONCLUSIVE
 from ..outcome import LEAKED as OUTCOME_LEAKED
-from ..outcome import MIN_IIP_POOL, PRESUMED_LEAKED, evidence_from_metrics, judge, number, recognisable_row, worst
+from ..outcome import PRESUMED_LEAKED, evidence_from_metrics, judge, number, recognisable_row, worst
 from .base import ExperimentOptions
 from .cells import CellResult
 
@@ -380,18 +380,14 @@ def converged_of(metrics: dict[str, Any]) -> bool | None:
 
 def image_leak(metrics: dict[str, Any], row: dict[str, Any]) -> str:
     """Why one image of a cell leaked ("" when it did not): rebuilt (its PSNR >= THRESHOLD_DB),
-    recognisable (outcome.recognisable_row, the rule every surface uses) or identified by IIP
-    among at least outcome.MIN_IIP_POOL candidates."""
+    or recognisable (outcome.recognisable_row, the rule every surface uses, which counts an
+    identification among >= outcome.MIN_DECOY_POOL candidates with a margin over the leak-free
+    priors). A bare IIP identification is no leak here either: outcome.judge reads it as
+    inconclusive (a flat answer can be picked out of a small pool by chance)."""
     psnr = number(row.get("psnr"))
     if psnr is not None and psnr >= THRESHOLD_DB:
         return f"rebuilt: PSNR {psnr:.1f} dB"
-    why = recognisable_row(row)
-    if why:
-        return why
-    pool = number(metrics.get("iip_pool_size"))
-    if row.get("identified") is True and (pool is None or pool >= MIN_IIP_POOL):
-        return "identified by IIP"
-    return ""
+    return recognisable_row(row)
 
 
 def image_verdict(metrics: dict[str, Any], row: dict[str, Any], rebuilt: bool | None = None) -> str:
