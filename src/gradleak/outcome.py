@@ -211,6 +211,20 @@ def number(v: Any) -> float | None:
     return None if f != f else f
 
 
+def _no_defense_to_credit(ev: Evidence, out: Any, nothing: str, retry: str) -> "Outcome | None":
+    """Inconclusive when a failed attack has no defense to credit: the update carries none, or
+    the attacker models the client incompletely (announced local training is never why
+    "defended"); None otherwise."""
+    if not ev.defenses:
+        how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
+        return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
+                                 "here, which protects nobody", retry)
+    if ev.client_model not in ("", "exact"):
+        return out(INCONCLUSIVE, f"the attack {nothing}, but it models the client incompletely ({ev.client_model})",
+                   retry)
+    return None
+
+
 def judge(ev: Evidence) -> Outcome:
     """The verdict of one attacked update (see the module docstring for the rules)."""
     facts = {k: v for k, v in asdict(ev).items() if v not in (None, (), "")}
@@ -233,13 +247,9 @@ def judge(ev: Evidence) -> Outcome:
     modality = recorded_modality(ev.modality)
     nothing, images = modality.nothing, modality.measures == "images"
     retry = _retry(ev)
-    if not ev.defenses:
-        how = "" if ev.converged is True else " (it did not converge)" if ev.converged is False else ""
-        return out(INCONCLUSIVE, f"the attack {nothing}{how}, and the update carries no defense: the attack failed "
-                                 "here, which protects nobody", retry)
-    if ev.client_model not in ("", "exact"):  # announced local training is never why "defended"
-        return out(INCONCLUSIVE, f"the attack {nothing}, but it models the client incompletely ({ev.client_model})",
-                   retry)
+    undefended = _no_defense_to_credit(ev, out, nothing, retry)
+    if undefended is not None:
+        return undefended
     fit = _truth_fit(ev, out, nothing, retry)
     if isinstance(fit, Outcome):
         return fit

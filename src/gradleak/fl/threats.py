@@ -96,7 +96,7 @@ class ThreatModel:
         o = self.optimizer
         why = (f"--local-optimizer {o.name} steps by about lr * sign(g), not lr * g" if o.name != "sgd" else
                f"--local-weight-decay {o.weight_decay:g} adds wd * w0 to the gradient" if o.weight_decay else
-               f"--local-nesterov steps by (1 + momentum) * g" if o.nesterov else "")
+               "--local-nesterov steps by (1 + momentum) * g" if o.nesterov else "")
         if why:
             raise ConfigError(f"{attack}: the closed form reads a one-step FedAvg update as -lr * g, and the client's "
                               f"{why}; use an optimisation attack (dlg, idlg, ig, gradinversion), which models the "
