@@ -69,12 +69,7 @@ LONG_MODULES = {
     "fl/inspect.py": "the fl helper",
     "outcome.py": "the outcome helper",
 }
-PRIVATE_IMPORTS = {   # "importer -> owner.name": who makes the name public
-    "text/client.py -> gradleak.fl.files._FLOAT_DTYPES": "the fl helper (fl/files.py)",
-    "text/client.py -> gradleak.fl.files._get": "the fl helper (fl/files.py)",
-    "text/client.py -> gradleak.fl.files._open": "the fl helper (fl/files.py)",
-    "text/client.py -> gradleak.fl.files._shape_dtype": "the fl helper (fl/files.py)",
-    "text/report.py -> gradleak.report.html._check_run_dir": "whoever edits report/html.py",
+PRIVATE_IMPORTS: dict[str, str] = {   # "importer -> owner.name": who makes the name public
 }
 IMPORT_LOOPS = {   # sorted members of a loop: who breaks it
     ("gradleak.experiments", "gradleak.experiments.base", "gradleak.experiments.common"): "the experiments helper",

@@ -18,9 +18,9 @@ SPEC = {
                      "explains the update exactly, for one image)"],
     },
     "changed_defaults": {"fallback": "a portfolio on batches and aggregates (DLG, GradInversion, IG) "
-                                     "(GradInversion alone before); one image: iDLG then IG (2026-12-02: "
-                                     "iDLG alone before; IG rebuilds recognisable images under Gaussian 0.1 "
-                                     "where iDLG fits the noise)"},
+                                     "(GradInversion alone before); one image: iDLG then IG (iDLG alone "
+                                     "before; under strong noise iDLG fits the noise where IG still rebuilds a "
+                                     "recognisable image)"},
 }
 
 import importlib

@@ -23,7 +23,7 @@ from .update import FORMAT, FORMAT_VERSION, SharedUpdate, UpdateMeta, atomic_wri
 
 TRUTH_FORMAT = "gradleak.truth"
 _MAX_HEADER = 64 * 1024 * 1024
-_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
 # ---------------------------------------------------------------- writing
@@ -101,15 +101,14 @@ def open_safetensors(path: str | Path, what: str):  # noqa: ANN201 - safetensors
         raise UpdateFileError(f"{what} {p} is not a valid safetensors file: {exc}") from None
 
 
-_open = open_safetensors
-
-
-def _shape_dtype(handle: Any, key: str) -> tuple[tuple[int, ...], str]:
+def tensor_shape_dtype(handle: Any, key: str) -> tuple[tuple[int, ...], str]:
+    """A tensor's shape and safetensors dtype name, read from the header without loading it."""
     sl = handle.get_slice(key)
     return tuple(int(s) for s in sl.get_shape()), str(sl.get_dtype())
 
 
-def _get(handle: Any, key: str, path: Path) -> torch.Tensor:
+def read_tensor(handle: Any, key: str, path: Path) -> torch.Tensor:
+    """One tensor of an open file; a truncated data section is an UpdateFileError."""
     try:
         return handle.get_tensor(key)
     except Exception as exc:  # noqa: BLE001 - truncated data section
@@ -118,7 +117,7 @@ def _get(handle: Any, key: str, path: Path) -> torch.Tensor:
 
 def read_update_meta(path: str | Path) -> UpdateMeta:
     """Only the public metadata of an update file (validated)."""
-    with _open(path, "update") as f:
+    with open_safetensors(path, "update") as f:
         return _meta(f, Path(path))
 
 
@@ -210,12 +209,12 @@ def check_update_header(f: Any, p: Path, model_name: str, state: dict[str, torch
     for k in sorted(expected):
         kind, _, name = k.partition("/")
         ref = state[name] if kind == "weights" else params[name]
-        shape, dtype = _shape_dtype(f, k)
+        shape, dtype = tensor_shape_dtype(f, k)
         if shape != tuple(ref.shape):
             raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {model_name} expects {list(ref.shape)}")
-        if ref.is_floating_point() and dtype not in _FLOAT_DTYPES:
+        if ref.is_floating_point() and dtype not in FLOAT_DTYPES:
             raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected a float type")
-        if not ref.is_floating_point() and dtype in _FLOAT_DTYPES:
+        if not ref.is_floating_point() and dtype in FLOAT_DTYPES:
             raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected an integer type")
     return expected
 
@@ -234,7 +233,7 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
     UnknownNameError (model).
     """
     p = Path(path)
-    with _open(p, "update") as f:
+    with open_safetensors(p, "update") as f:
         meta = _meta(f, p)
         if ":" in meta.model and meta.model != user_model:
             raise UpdateFileError(f"{p}: the update names the user model {meta.model!r}; gradleak never imports "
@@ -262,15 +261,15 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
             mod, _, stat = rest.rpartition("/")
             if mod not in bn_modules or stat not in ("mean", "var"):
                 raise ModelMismatchError(f"{p}: {k} names no BatchNorm layer of model {meta.model}")
-            shape, dtype = _shape_dtype(f, k)
-            if shape != (bn_modules[mod].num_features,) or dtype not in _FLOAT_DTYPES:
+            shape, dtype = tensor_shape_dtype(f, k)
+            if shape != (bn_modules[mod].num_features,) or dtype not in FLOAT_DTYPES:
                 raise ModelMismatchError(f"{p}: {k} has shape {list(shape)}/{dtype}, expected [{bn_modules[mod].num_features}] float")
         for mod in {k.partition('/')[2].rpartition('/')[0] for k in bn_keys}:
             if f"bn/{mod}/mean" not in keys or f"bn/{mod}/var" not in keys:
                 raise ModelMismatchError(f"{p}: BN statistics of {mod} need both mean and var")
-            bn_stats[mod] = (_get(f, f"bn/{mod}/mean", p), _get(f, f"bn/{mod}/var", p))
-        weights = {k: _get(f, f"weights/{k}", p) for k in state}
-        grads = {k: _get(f, f"grad/{k}", p) for k in params}
+            bn_stats[mod] = (read_tensor(f, f"bn/{mod}/mean", p), read_tensor(f, f"bn/{mod}/var", p))
+        weights = {k: read_tensor(f, f"weights/{k}", p) for k in state}
+        grads = {k: read_tensor(f, f"grad/{k}", p) for k in params}
     for what, tensors in (("weights", weights), ("gradient", grads),
                           ("BN statistics", {k: torch.stack(v) for k, v in bn_stats.items()})):
         bad = is_finite_dict(tensors)
@@ -294,7 +293,7 @@ def open_truth(path: str | Path, fmt: str, keys: set[str], *, kind: str,
     safetensors handle, metadata); raises UpdateFileError naming the ``kind`` of file ("truth",
     "text truth") and what it ``holds``."""
     p = Path(path)
-    with _open(p, "truth") as f:
+    with open_safetensors(p, "truth") as f:
         md = f.metadata() or {}
         if md.get("format") != fmt:
             raise UpdateFileError(f"{p} is not a gradleak {kind} file (format={one_line(repr(md.get('format')), 60)})")
@@ -306,15 +305,15 @@ def open_truth(path: str | Path, fmt: str, keys: set[str], *, kind: str,
 def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
     """Load a truth file; if ``meta`` is given, check that it fits that update."""
     with open_truth(path, TRUTH_FORMAT, {"images", "labels"}, kind="truth", holds="'images' and 'labels'") as (p, f, md):
-        ishape, idt = _shape_dtype(f, "images")
-        lshape, ldt = _shape_dtype(f, "labels")
-        if len(ishape) != 4 or lshape != (ishape[0],) or idt not in _FLOAT_DTYPES or ldt not in {"I64", "I32"}:
+        ishape, idt = tensor_shape_dtype(f, "images")
+        lshape, ldt = tensor_shape_dtype(f, "labels")
+        if len(ishape) != 4 or lshape != (ishape[0],) or idt not in FLOAT_DTYPES or ldt not in {"I64", "I32"}:
             raise UpdateFileError(f"{p}: images must be [K,C,H,W] float and labels [K] integer")
         if meta is not None and (ishape[0] != meta.batch_size or tuple(ishape[1:]) != tuple(meta.input_shape)):
             raise ModelMismatchError(f"{p}: truth holds {list(ishape)} but the update is a batch of "
                                      f"{meta.batch_size} x {list(meta.input_shape)}")
-        images = _get(f, "images", p).float()
-        labels = _get(f, "labels", p).long()
+        images = read_tensor(f, "images", p).float()
+        labels = read_tensor(f, "labels", p).long()
         lists = [loads_json(md.get(k, "[]"), f"{p}: metadata {k}", error=UpdateFileError) for k in ("names", "class_names")]
         if not all(isinstance(v, list) for v in lists):
             raise UpdateFileError(f"{p}: metadata names are not a JSON list")

@@ -91,7 +91,7 @@ def check_folder(folder: Path, what: str, hint: str) -> None:
         raise DataError(f"{what} {folder} is {kind}; {hint}")
 
 
-def _check_run_dir(run_dir: Path) -> None:
+def check_run_dir(run_dir: Path) -> None:
     check_folder(run_dir, "run folder", "give the folder of a run")
 
 
@@ -491,7 +491,7 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
     that cannot be replaced) before anything is written if a file is missing or unusable.
     """
     run_dir = Path(run_dir)
-    _check_run_dir(run_dir)
+    check_run_dir(run_dir)
     target = check_report_target(run_dir)
     metrics = read_metrics(run_dir)
     config = read_json_file(run_dir / "config.json", required=False)

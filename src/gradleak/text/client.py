@@ -13,8 +13,8 @@ from safetensors.torch import save
 
 from ..config import MAX_SEED
 from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import (_FLOAT_DTYPES, _get, _open, _shape_dtype, check_meta_bounds, check_update_header,
-                        open_truth)
+from ..fl.files import (FLOAT_DTYPES, check_meta_bounds, check_update_header, open_safetensors, open_truth,
+                        read_tensor, tensor_shape_dtype)
 from ..fl.threats import ThreatModel, aggregate
 from ..fl.unroll import local_sgd
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
@@ -209,7 +209,7 @@ def _text_meta(f, path: Path) -> UpdateMeta:  # noqa: ANN001
 def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
     """Load and validate a text update; rebuild its model with the global weights loaded."""
     p = Path(path)
-    with _open(p, "update") as f:
+    with open_safetensors(p, "update") as f:
         meta = _text_meta(f, p)
         kwargs = meta.model_kwargs
         seed = kwargs.get("seed", 0)
@@ -225,8 +225,8 @@ def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
         state = model.module.state_dict()
         params = trainable(model)
         check_update_header(f, p, meta.model, state, params)
-        weights = {k: _get(f, f"weights/{k}", p) for k in state}
-        grads = {k: _get(f, f"grad/{k}", p) for k in params}
+        weights = {k: read_tensor(f, f"weights/{k}", p) for k in state}
+        grads = {k: read_tensor(f, f"grad/{k}", p) for k in params}
     for what, tensors in (("weights", weights), ("gradient", grads)):
         bad = is_finite_dict(tensors)
         if bad is not None:
@@ -243,11 +243,11 @@ def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_s
     update's model's tokenizer), every token id must be one of its ids."""
     with open_truth(path, TEXT_TRUTH_FORMAT, {"input_ids", "attention_mask", "labels"}, kind="text truth",
                     holds="input_ids, attention_mask and labels") as (p, f, md):
-        ishape, idt = _shape_dtype(f, "input_ids")
-        mshape, mdt = _shape_dtype(f, "attention_mask")
-        lshape, ldt = _shape_dtype(f, "labels")
+        ishape, idt = tensor_shape_dtype(f, "input_ids")
+        mshape, mdt = tensor_shape_dtype(f, "attention_mask")
+        lshape, ldt = tensor_shape_dtype(f, "labels")
         if (len(ishape) != 2 or mshape != ishape or lshape != (ishape[0],)
-                or any(dt in _FLOAT_DTYPES or dt == "BOOL" for dt in (idt, mdt, ldt))):
+                or any(dt in FLOAT_DTYPES or dt == "BOOL" for dt in (idt, mdt, ldt))):
             raise UpdateFileError(f"{p}: input_ids and attention_mask must be [K, L] integers and labels [K]")
         if ishape[0] < 1 or ishape[1] < 1:
             raise UpdateFileError(f"{p}: a text truth file holds at least one sentence of one token")
@@ -256,7 +256,7 @@ def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_s
         if meta is not None and ishape[1] > meta.input_shape[0]:
             raise ModelMismatchError(f"{p}: truth sentences of {ishape[1]} tokens; model {meta.model} takes at most "
                                      f"{meta.input_shape[0]} ([CLS] and [SEP] included)")
-        ids, mask, labels = (_get(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
+        ids, mask, labels = (read_tensor(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
         sentences = loads_json(md.get("sentences", "[]"), f"{p}: metadata sentences", error=UpdateFileError)
         if not isinstance(sentences, list):
             raise UpdateFileError(f"{p}: metadata sentences are not a JSON list")

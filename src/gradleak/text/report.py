@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.figures import plottable_float, png_bytes
-from ..report.html import (_check_run_dir, folded_json, check_report_target, read_csv_rows, read_json_file, read_metrics,
+from ..report.html import (check_run_dir, folded_json, check_report_target, read_csv_rows, read_json_file, read_metrics,
                            report_subtitle)
 from ..report.page import data_uri, format_value, html_page, kv_table, page_css, verdict_notice, write_page
 
@@ -161,7 +161,7 @@ def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = No
     before anything is drawn or written; a problem is one DataError / InputFileError /
     ConfigError naming the file."""
     run_dir = Path(run_dir)
-    _check_run_dir(run_dir)
+    check_run_dir(run_dir)
     target = check_report_target(run_dir)
     metrics = read_metrics(run_dir)
     config = read_json_file(run_dir / "config.json", required=False)

@@ -11,14 +11,13 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import open_safetensors
+from ..fl.files import FLOAT_DTYPES, open_safetensors
 from ..models import ModelSpec, build_model, model_names
 from ..paths import loads_json, one_line
 from .config import is_int
 
 CHECKPOINT_FORMAT = "gradleak.checkpoint"
 CHECKPOINT_FORMAT_VERSION = "1"
-_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
 def checkpoint_bytes(model: ModelSpec, meta: dict[str, Any]) -> bytes:
@@ -170,7 +169,7 @@ def _check_tensor_layout(p: Path, f: Any, state: dict[str, torch.Tensor], model:
         if shape != tuple(ref.shape):
             raise ModelMismatchError(f"{p}: tensor {k} has shape {list(shape)}, model {model} "
                                      f"expects {list(ref.shape)}")
-        if ref.is_floating_point() != (dtype in _FLOAT_DTYPES):
+        if ref.is_floating_point() != (dtype in FLOAT_DTYPES):
             want = "a float" if ref.is_floating_point() else "an integer"
             raise ModelMismatchError(f"{p}: tensor {k} has dtype {dtype}, expected {want} type")
 
