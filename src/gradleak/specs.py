@@ -9,13 +9,14 @@ import re
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
 
 KINDS = ("optimisation", "closed-form", "chooser")
 KEYS = ("name", "summary", "kind", "converged_below", "needs", "flags")
-OPTIONAL_KEYS = ("modality", "model_defaults", "default_note", "presets", "auto", "resolve", "changed_defaults")
+OPTIONAL_KEYS = ("modality", "model_defaults", "default_note", "presets", "auto", "resolve", "changed_defaults",
+                 "hashed_flags", "verdict_line")
 TYPES = ("int>=0", "float>0", "float>=0", "bool", "str", "optimisation attack")  # and "int[LOW,HIGH]"
 INT_TYPE = re.compile(r"int\[(\d+),(\d+)\]")
 # The packages whose modules may declare an attack (searched in this order), found as folders
@@ -77,6 +78,12 @@ class AttackSpec:
     changed_defaults: dict[str, str] = field(default_factory=dict)
     modality: str = "image"
     model_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the flags every sweep cell's identity hashes even when unset (sweep/spec.py): those the cell
+    # stores hashed when they took their present form; frozen, never extended
+    hashed_flags: tuple[str, ...] = ()
+    # the module defines verdict_line(settings): the family whose convergence line judges a run of
+    # these settings (attacks/verdict.py), None for its own
+    verdict_line: bool = False
 
     def defaults_for(self, model: str) -> dict[str, Any]:
         """The defaults that depend on the attacked model (the first model's for any other)."""
@@ -130,12 +137,17 @@ def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
         extra = set(values) - set(flags)
         if extra:
             raise ConfigError(f"{where}: {label} sets {', '.join(sorted(extra))}, which are not its flags")
+    hashed = tuple(literal.get("hashed_flags") or ())
+    if set(hashed) - set(flags):
+        raise ConfigError(f"{where}: hashed_flags names {', '.join(sorted(set(hashed) - set(flags)))}, which are "
+                          "not its flags")
     return AttackSpec(name=literal["name"], module=module, summary=literal["summary"], kind=literal["kind"],
                       converged_below=literal["converged_below"], needs=literal["needs"], flags=flags,
                       default_note=dict(literal.get("default_note") or {}), presets=presets,
                       auto=literal.get("auto"), resolve=bool(literal.get("resolve", False)),
                       changed_defaults=dict(literal.get("changed_defaults") or {}), modality=modality,
-                      model_defaults=model_defaults)
+                      model_defaults=model_defaults, hashed_flags=hashed,
+                      verdict_line=bool(literal.get("verdict_line", False)))
 
 
 def _flags(declared: dict[str, Any], presets: dict[str, dict[str, Any]], common: dict[str, tuple[Any, str]],
@@ -242,10 +254,34 @@ def flat_flags() -> dict[str, Flag]:
     return {name: Flag(name, flags[name].type, None, "; ".join(helps[name])) for name in order if name in flags}
 
 
+def attacker_fields() -> frozenset[str]:
+    """The flat run-config fields that configure the attacker, not the client: the attack's name
+    and every constant an attack of any modality declares (the rest is the client's)."""
+    return frozenset({"attack", *flat_flags()})
+
+
+def hashed_flags() -> frozenset[str]:
+    """The attack constants every sweep cell identity hashes even when unset (each SPEC's
+    ``hashed_flags``); any other constant counts only when it is set (sweep/spec.py)."""
+    return frozenset(f for m in COMMON_BY_MODALITY for spec in attack_specs(m).values() for f in spec.hashed_flags)
+
+
+def attacks_run(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The image attacks a run of the flat config ``values`` may run: its attack; for a chooser,
+    the attack its "optimisation attack" flag names when given, else itself and every portfolio
+    candidate (sorted)."""
+    attack = values.get("attack")
+    spec = attack_specs().get(str(attack))
+    if spec is None or spec.kind != "chooser":
+        return (attack,)  # type: ignore[return-value]
+    named = [values[f] for f, flag in spec.flags.items() if flag.type == "optimisation attack" and values.get(f)]
+    return (named[0],) if named else (spec.name, *sorted(portfolio_candidates()))
+
+
 def readers(flag: str) -> tuple[str, ...]:
     """The attacks that read the constant ``flag``."""
     return tuple(name for name, spec in attack_specs().items() if flag in spec.flags)
 
 
-__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
+__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "attacker_fields", "attacks_run", "hashed_flags", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
            "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers"]

@@ -21,6 +21,8 @@ SPEC = {
                                      "(GradInversion alone before); one image: iDLG then IG (iDLG alone "
                                      "before; under strong noise iDLG fits the noise where IG still rebuilds a "
                                      "recognisable image)"},
+    # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
+    "hashed_flags": ["fallback"],
 }
 
 import importlib

@@ -11,8 +11,9 @@ SPEC = {
                "BN statistics and group consistency over G seeds",
     "kind": "optimisation",
     # Verdict line: priors keep the answer from explaining the update exactly (attacks/verdict.py);
-    # with every prior off it is held to DLG's line (verdict.line_family).
+    # with every prior off it is held to DLG's line (verdict_line below).
     "converged_below": 0.4,
+    "verdict_line": True,
     "needs": "the gradients (or update) and the model; the client's BN batch statistics for --bn exact",
     "flags": {
         "preset": ["str", "cpu", "GradInversion preset: cpu | paper | imagenet (imagenet also fills the case, "
@@ -77,6 +78,10 @@ SPEC = {
     # it stays word for word, its date included; a new tag says what changed, not when.
     "changed_defaults": {"alpha_g": "preset x reference / parameter tensors since 2026-11-25",
                          "alpha_bn": "preset x reference / BN layers since 2026-11-25"},
+    # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
+    "hashed_flags": ["preset", "iterations", "lr", "optimizer", "init", "dtype", "warmup",
+                     "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n", "seeds", "group", "bn",
+                     "registration_start", "registration_every", "registration_steps", "labels", "final"],
 }
 
 import logging
@@ -146,6 +151,18 @@ PRESETS: dict[str, dict[str, object]] = SPEC["presets"]  # type: ignore[assignme
 SETTINGS_FIELDS = ("iterations", "lr", "warmup", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group",
                    "alpha_n", "seeds", "group", "bn", "registration_start", "registration_every",
                    "registration_steps", "labels", "final", "box", "distance")
+
+
+def verdict_line(settings: dict[str, Any]) -> str | None:
+    """The verdict's hook (SPEC "verdict_line", attacks/verdict.py): a run with no prior and no
+    group term (Eq. 3's gradient matching alone) is held to DLG's line; None: GradInversion's own.
+    ``settings``: what the run recorded (settings_record)."""
+    no_bn = settings.get("alpha_bn") == 0 or settings.get("bn") == "none"
+    # one seed has no group to agree with: its consensus is itself
+    no_group = settings.get("group") == "none" or settings.get("alpha_group") == 0 or settings.get("seeds") == 1
+    if no_bn and no_group and settings.get("alpha_tv") == 0 and settings.get("alpha_l2") == 0:
+        return "dlg"
+    return None
 
 
 def preset_values(name: str) -> dict[str, object]:
@@ -470,4 +487,4 @@ def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Rec
 
 
 __all__ = ["PRESETS", "PRESET_MODELS", "SPEC", "layer_counts", "per_layer", "preset_values", "resolve", "run",
-           "settings_record"]
+           "settings_record", "verdict_line"]

@@ -17,6 +17,8 @@ SPEC = {
     "default_note": {"iterations": "dlg and idlg: per start"},
     "auto": {"order": 0, "one_image": True, "batch": False, "max_side": None},
     "changed_defaults": {"optimizer": "L-BFGS with a strong Wolfe line search (none before)"},
+    # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
+    "hashed_flags": ["iterations", "lr", "optimizer", "init", "dtype", "stall_restarts", "stop"],
 }
 
 from typing import Any

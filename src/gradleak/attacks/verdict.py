@@ -4,6 +4,7 @@ floor added (defenses/floor.py). The lines and how they were measured: docs/refe
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -12,6 +13,7 @@ import torch
 
 from ..defenses.floor import NoiseFloor
 from ..outcome import CONVERGED_BELOW
+from ..specs import attack_specs
 
 # relative squared distance at or below which the attack's answer explains the update: declared
 # with the other verdict lines in gradleak/outcome.py (the one place every surface reads them)
@@ -53,17 +55,16 @@ def converged_below(attack_family: str, floor: NoiseFloor | None = None, thresho
 
 
 def line_family(attack_family: str, extra: dict[str, Any]) -> str:
-    """The family whose line judges this run: ``attack_family``, except a GradInversion run with
-    no prior and no group term (gradient matching alone), which is held to DLG's line."""
+    """The family whose line judges this run: ``attack_family``, or what the attack's own hook
+    says from the settings the run recorded (SPEC "verdict_line": GradInversion's gradient
+    matching alone is held to DLG's line)."""
     settings = extra.get("settings") if isinstance(extra.get("settings"), dict) else {}
-    if attack_family != "gradinversion" or not settings:
+    spec = attack_specs().get(attack_family)
+    if spec is None or not spec.verdict_line or not settings:
         return attack_family
-    no_bn = settings.get("alpha_bn") == 0 or settings.get("bn") == "none"
-    # one seed has no group to agree with: its consensus is itself
-    no_group = settings.get("group") == "none" or settings.get("alpha_group") == 0 or settings.get("seeds") == 1
-    if no_bn and no_group and settings.get("alpha_tv") == 0 and settings.get("alpha_l2") == 0:
-        return "dlg"
-    return attack_family
+    # spec.module names a file of gradleak's own attack package (specs.attack_specs), never a name
+    # read from a run's input; the attack that recorded these settings has already imported it
+    return importlib.import_module(spec.module).verdict_line(settings) or attack_family
 
 
 def verdict(attack_family: str, extra: dict[str, Any], floor: NoiseFloor | None = None) -> Convergence:

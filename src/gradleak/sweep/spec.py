@@ -16,23 +16,23 @@ from pydantic import ValidationError
 from ..config import AttackConfig
 from ..errors import ConfigError
 from ..paths import check_tree, one_line
-from ..specs import attack_specs, portfolio_candidates
+from ..specs import attack_specs, attacks_run, hashed_flags, portfolio_candidates
 
 SPEC_KEYS = ("base", "grid", "description")
 # Fields that never change a cell's result; they are left out of its identity.
 IDENTITY_EXCLUDED = frozenset({"out", "progress"})
-# The AttackConfig fields every cell identity has hashed since cell stores took their present form.
-# A field added since (a new attack's flag, --box, GradInversion's --distance) is left out of the
-# identity while it holds its AttackConfig default, the value every earlier cell ran with: stores of
-# before keep their cells, and an attack's new flag needs no entry here. Never add to this set.
-HASHED_FIELDS = frozenset({"allow_repeats", "alpha_bn", "alpha_g", "alpha_group", "alpha_l2", "alpha_n",
-    "alpha_tv", "attack", "batch_size", "bn", "checkpoint", "checkpoint_every", "clients", "data", "data_root",
-    "defense", "device", "divergence_retries", "dtype", "fallback", "final", "group", "image_size", "indices",
-    "init", "inner", "iterations", "labels", "local_batch_size", "local_lr", "local_steps", "log_every", "lr",
-    "modality", "model", "model_seed", "nproc", "num_classes", "optimizer", "paper_metrics", "preset",
-    "registration_every", "registration_start", "registration_steps", "restarts", "search_evaluations", "seed",
-    "seeds", "server", "share_bn_statistics", "split", "stall_restarts", "stop", "text", "threads", "threat",
-    "truth", "update", "warmup", "width"})
+# The AttackConfig fields every cell identity has hashed since cell stores took their present form:
+# these run fields and the attack constants each attack's SPEC lists as its "hashed_flags"
+# (specs.hashed_flags). A field added since (a new attack's flag, --box, GradInversion's --distance)
+# is left out of the identity while it holds its AttackConfig default, the value every earlier cell
+# ran with: stores of before keep their cells, and an attack's new flag needs no entry anywhere.
+# Never add to this set or to a SPEC's hashed_flags.
+HASHED_RUN_FIELDS = frozenset({"allow_repeats", "attack", "batch_size", "checkpoint", "checkpoint_every", "clients",
+    "data", "data_root", "defense", "device", "divergence_retries", "image_size", "indices", "inner",
+    "local_batch_size", "local_lr", "local_steps", "log_every", "modality", "model", "model_seed", "nproc",
+    "num_classes", "paper_metrics", "seed", "server", "share_bn_statistics", "split", "text", "threads", "threat",
+    "truth", "update", "width"})
+HASHED_FIELDS = HASHED_RUN_FIELDS | hashed_flags()
 # Attack defaults that changed after cell stores were written: (attack, field) -> the default now.
 # A cell that leaves such a field unset (None: the attack's default) carries it in its identity, so
 # a store of before, whose cell ran under the old default, does not hand that cell to a run under
@@ -110,9 +110,7 @@ def changed_defaults(config: dict[str, Any]) -> dict[str, str]:
     """The CHANGED_DEFAULTS this config runs under: the fields it leaves unset whose default changed,
     as ``attack.field`` -> the default now (for "auto" without a fallback, its own and those of
     every attack its portfolio may run)."""
-    attack = config.get("attack")
-    attacks = (((config.get("fallback"),) if config.get("fallback") else ("auto", *AUTO_PORTFOLIO)) if attack == "auto"
-               else (attack,))
+    attacks = attacks_run(config)
     return {f"{a}.{f}": tag for (a, f), tag in CHANGED_DEFAULTS.items() if a in attacks and config.get(f) is None}
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from gradleak.paths import one_line
 from gradleak.report.figures import MAX_PLOTTED
 from gradleak.report.risk import Verdict, converged_of, finite, judge, psnr_of
-from gradleak.specs import flat_flags
+from gradleak.specs import attacker_fields
 
 # audit.csv, a Flower audit's index, is read whole (one row per audited update, ~150 bytes each).
 # Its "run" column names each attacked update's run folder, whose metrics.json holds the details;
@@ -45,14 +45,11 @@ ERROR_CHARS = 300
 RUN_ONLY_FIELDS = frozenset({"out", "progress", "threads", "log_every", "checkpoint_every", "paper_metrics", "device",
                              "nproc", "divergence_retries"})
 # Fields that configure the attacker, not the client: settings that differ only in these are the
-# same client attacked several ways (judged by the worst case over the attacks). Every attack
-# constant its SPEC declares (specs.flat_flags) is one; the model, the modality, the data, the
-# defenses and the threat are the client's.
-ATTACK_SIDE = frozenset({
-    "attack", "iterations", "lr", "optimizer", "init", "dtype", "preset", "seeds", "group", "bn", "labels", "restarts",
-    "fallback", "stall_restarts", "stop", "alpha_g", "alpha_tv", "alpha_l2", "alpha_bn", "alpha_group", "alpha_n",
-    "warmup", "registration_start", "registration_every", "registration_steps", "final", "box", "search_evaluations",
-    *RUN_ONLY_FIELDS, *flat_flags()})
+# same client attacked several ways (judged by the worst case over the attacks). They are derived
+# from the attacks' SPECs (specs.attacker_fields: the attack and every constant an attack declares)
+# plus the fields that say how a cell ran; the model, the modality, the data, the defenses and the
+# threat are the client's.
+ATTACK_SIDE = frozenset({*attacker_fields(), *RUN_ONLY_FIELDS})
 # Fields whose values are repetitions of one setting (another batch drawn, another start): cells
 # that differ only there form one setting, and no chart is drawn along them.
 REPLICATE_FIELDS = ("seed", "indices")

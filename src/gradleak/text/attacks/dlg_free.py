@@ -21,6 +21,8 @@ SPEC = {
     },
     "default_note": {"labels": "bias for one sentence, else soft"},
     "resolve": True,
+    # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
+    "hashed_flags": ["iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations"],
 }
 
 from typing import Any
