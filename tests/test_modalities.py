@@ -18,11 +18,12 @@ from gradleak.modalities import IMAGE, MODALITIES, TEXT, modality_named, recorde
 SRC = Path(__file__).resolve().parents[1] / "src" / "gradleak"
 
 
-@pytest.mark.parametrize("path", ["cli.py", "config.py", "pipeline/run.py", "pipeline/case.py", "outcome.py"])
+@pytest.mark.parametrize("path", [*(f"cli/{p.name}" for p in sorted((SRC / "cli").glob("*.py"))), "config.py",
+                                  "pipeline/run.py", "pipeline/case.py", "outcome.py"])
 def test_no_modality_branches_outside_the_plugins(path):
     names = "|".join(re.escape(n) for n in MODALITIES)
     source = (SRC / path).read_text()
-    # a state saved before --modality existed names no attack (cli.cmd_resume): its owner's to move
+    # a state saved before --modality existed names no attack (cli/attack.py's cmd_resume): its owner's to move
     source = source.replace('values.get("modality", "image") == "image"', "")
     found = re.findall(rf'[!=]=\s*"(?:{names})"|"(?:{names})"\s*[!=]=|"(?:{names})"\s+if\b|\[\s*"(?:{names})"\s*\]',
                        source)

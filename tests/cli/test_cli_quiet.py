@@ -270,7 +270,7 @@ def test_tables_fit_or_wrap_never_cut():
 def test_console_summaries_at_80_columns(monkeypatch, capsys):
     """The attack summary, an experiment's table and the audit's table at COLUMNS=80: no cell cut."""
     from gradleak.audit.command import _print_rows
-    from gradleak.cli import _print_experiment, _print_summary
+    from gradleak.cli import print_experiment, print_summary
     from gradleak.experiments import ExperimentResult
 
     monkeypatch.setenv("COLUMNS", "80")
@@ -278,8 +278,8 @@ def test_console_summaries_at_80_columns(monkeypatch, capsys):
                "psnr_mean": 12.5, "label_accuracy": 1.0, "gradient_distance": 3.2e-5, "iterations": 600,
                "defenses": ["gaussian:0.001", "prune:0.5,scope=global", "dpsgd:clip=1.0,noise=1.0"],
                "converged": False, "convergence": {"relative_gradient_distance": 0.0821, "reason": "budget"}}
-    _print_summary(metrics, None)
-    _print_experiment(ExperimentResult(name="defenses", title="Defenses", columns=WIDE,
+    print_summary(metrics, None)
+    print_experiment(ExperimentResult(name="defenses", title="Defenses", columns=WIDE,
                                        rows=[{c: "x" * 5 for c in WIDE}], setup={}), Path("exp"))
     _print_rows([{"round": 1, "client": "0", "status": "ok", "verdict": "inconclusive", "psnr_mean": 11.107,
                   "relative_gradient_distance": 3.204e-05, "run": "runs/round-001-client-0"}], Path("audit"), 3.0)
