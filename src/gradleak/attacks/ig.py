@@ -15,6 +15,9 @@ SPEC = {
         "restarts": ["int[1,256]", 1, "Inverting Gradients: restarts"],
         "labels": "gradinversion",
         "alpha_tv": ["float>=0", 0.1, "Inverting Gradients Eq. 4: total-variation scale"],
+        "epoch_prior": ["float>=0", 1.0, "Dimitrov et al. 2022: on a FedAvg client of several epochs "
+                        "of several mini-batches (its order private), one dummy set per epoch tied by their epoch "
+                        "order-invariant prior at this weight; 0: one set shared by every epoch"],
     },
     "default_note": {"alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's "
                                  "count / 14 above (ResNet-18: 0.44)"},
@@ -42,7 +45,7 @@ from ..engine import AttackState, Engine, LoopHooks, LoopSettings
 from .verdict import relative_distance
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
-from .simulate import UpdateSimulator
+from .simulate import UpdateSimulator, epoch_dummies_apply
 
 @dataclass
 class KeptIterates(AttackState):
@@ -114,10 +117,13 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     k = int(update.meta.batch_size)
     method = effective_label_method(update, s.labels)
     labels = restore_labels(update, model, k, method).to(device)
-    victim = UpdateSimulator(model, update, dtype=dtype, device=device)  # fedsgd, fedavg or aggregate
+    # Dimitrov et al.: one dummy set per epoch where the client's order across epochs is private
+    epoch_prior = float(s.epoch_prior) if epoch_dummies_apply(update) else 0.0
+    victim = UpdateSimulator(model, update, dtype=dtype, device=device,  # fedsgd, fedavg or aggregate
+                             epoch_dummies=epoch_prior > 0)
     gens = seed_generators(s.seed, restarts)
-    shape = (k, *model.input_shape)
-    x = torch.stack([start_images(model, shape, s.init, g, dtype, engine.start, labels)
+    shape = (victim.epochs, k, *model.input_shape)  # [E, K, ...]: E sets of K dummies (E = 1 but there)
+    x = torch.stack([victim.from_epochs(start_images(model, shape, s.init, g, dtype, engine.start, labels))
                      for g in gens]).to(device).requires_grad_(True)
     lo = model.normalize(torch.zeros(1, *model.input_shape, dtype=dtype)).to(device)
     hi = model.normalize(torch.ones(1, *model.input_shape, dtype=dtype)).to(device)
@@ -125,7 +131,8 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
 
     def per_restart(images: torch.Tensor) -> torch.Tensor:
         grads, _ = victim.batched(images, labels)
-        return victim.gradient.cosine(grads) + alpha_tv * tv_l1_mean(images)              # IG Eq. 4
+        value = victim.gradient.cosine(grads) + alpha_tv * tv_l1_mean(images)             # IG Eq. 4
+        return value + epoch_prior * victim.epoch_prior(images) if epoch_prior else value  # Dimitrov et al.'s R_inv
 
     # the lowest-objective iterate of each restart so far (and its objective): the attack's state
     kept = KeptIterates(score=torch.full((restarts,), float("inf"), dtype=dtype, device=device), x=x.detach().clone())
@@ -148,7 +155,7 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     if observer is not None:
         def log(t: int) -> None:
             score = last.get("score", torch.zeros(restarts))
-            observer(t, to_pixels(model, x.detach()[int(torch.argmin(score))]))
+            observer(t, to_pixels(model, victim.merge_epochs(x.detach()[int(torch.argmin(score))], labels)))
 
     loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
                         schedule="step", signed=True, progress=engine.progress, description="ig")
@@ -156,6 +163,7 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     with torch.no_grad():
         keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
     score, answer = kept.score, kept.x
+    merged = victim.merge_epochs(answer, labels)  # [R, K, ...]: the per-epoch sets matched and averaged
     best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
     with torch.no_grad():
         grads, _ = victim.batched(answer[best:best + 1], labels)
@@ -163,12 +171,12 @@ def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Recon
     with torch.enable_grad():  # the verdict's evidence (verdict.py)
         relative = relative_distance(victim(answer[best], labels, create_graph=False), victim.target)
     return Reconstruction(
-        images=to_pixels(model, answer[best]), labels=labels.cpu().long(), candidates=to_pixels(model, answer),
+        images=to_pixels(model, merged[best]), labels=labels.cpu().long(), candidates=to_pixels(model, merged),
         history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
         label_method=method,
         extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
                "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
-               "alpha_tv": alpha_tv, "lr": s.lr,
+               "alpha_tv": alpha_tv, "lr": s.lr, "epoch_prior": epoch_prior, "epoch_dummy_sets": victim.epochs,
                "relative_gradient_distance": relative, "plateau": False, "restarts_used": restarts - 1,
                "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
                "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True}})

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from ..errors import GradleakError
+
+if TYPE_CHECKING:
+    from ..fl.update import SharedUpdate
+    from ..models import ModelSpec
 
 
 def classifier_signal(gradients: dict[str, torch.Tensor], classifier_name: str) -> tuple[torch.Tensor, str]:
@@ -79,3 +86,85 @@ def llg_counts(signal: torch.Tensor, k: int, presence: torch.Tensor | None = Non
         labels.append(i)
         s[i] -= impact
     return torch.tensor(sorted(labels), dtype=torch.long)
+
+
+def round_counts(raw: torch.Tensor, k: int) -> torch.Tensor:
+    """Real-valued counts [N] -> integers >= 0 summing to k (negative estimates are 0; the
+    largest remainders take the units left, the smallest give back the units too many)."""
+    raw = raw.double().clamp_min(0)
+    counts = raw.floor().long()
+    while int(counts.sum()) < k:
+        counts[int(torch.argmax(raw - counts))] += 1
+    while int(counts.sum()) > k:
+        residual = torch.where(counts > 0, raw - counts, torch.full_like(raw, float("inf")))
+        counts[int(torch.argmin(residual))] -= 1
+    return counts
+
+
+def step_weights(optimizer: Any, steps: int) -> torch.Tensor:
+    """a_j [S]: how much step j's gradient moves W_S - W_0 under SGD (-lr * sum_j a_j g_j): 1
+    for plain SGD; with momentum mu (torch's b_t = mu b_{t-1} + g_t, W_t = W_{t-1} - lr b_t)
+    a_j = sum_{t=j..S} mu^(t-j); with Nesterov (W_t = W_{t-1} - lr (g_t + mu b_t)) 1 + mu times that."""
+    j = torch.arange(steps, dtype=torch.float64)
+    mu = float(optimizer.momentum)
+    if mu == 0:
+        return torch.ones(steps, dtype=torch.float64)
+    tail = (1 - mu ** (steps - j)) / (1 - mu)
+    return 1 + mu * tail if optimizer.nesterov else tail
+
+
+def fedavg_counts(update: SharedUpdate, model: ModelSpec, k: int, *, samples: int = 64,
+                  seed: int = 0) -> torch.Tensor:
+    """The label multiset [K] (sorted) of one FedAvg SGD client: Geng et al. 2021's count rule,
+    its parameters estimated at every local step (Dimitrov et al. 2022's FedAvg label restoration).
+
+    Geng et al., per step j on the mean cross-entropy: sum_m g_j[n, m] ~= O_j (p_j,n - c_n / K),
+    p_j the mean softmax and O_j the mean sum of the classifier's inputs over dummy inputs, at the
+    step's unknown weights, which Dimitrov et al. interpolate linearly between W_0 and W_S. With
+    W_S - W_0 = -lr * sum_j a_j (g_j + wd * W_{j-1}) (step_weights), summing over the steps gives
+    c_n = K (sum_j a_j O_j p_j,n + wd sum_j a_j sum_m W_j[n, m] - D_n) / sum_j a_j O_j, with
+    D_n = -sum_m (W_S - W_0)[n, m] / lr; rounded to K (round_counts). Every epoch covers the K
+    samples once, so these are also each epoch's counts. ``samples`` dummy inputs N(0, I) in the
+    model's input space, drawn from ``seed``."""
+    from ..fl.threats import ThreatModel
+
+    threat = ThreatModel.from_record(update.meta.threat)
+    o = threat.optimizer
+    if threat.name != "fedavg" or o.name != "sgd":
+        raise GradleakError("per-step label counts apply to one FedAvg client trained with SGD (its update is "
+                            "linear in the step gradients), not to this update")
+    prefix = f"{model.classifier_name}." if model.classifier_name else ""
+    key = f"{prefix}weight"
+    if key not in update.gradients:
+        raise GradleakError(f"the update holds no update of the classifier weight {key!r}")
+    module = copy.deepcopy(model.module).train()
+    w0 = {n: update.global_weights[n].detach().to(torch.float64) for n in update.gradients}
+    ws = {n: w0[n] + update.gradients[n].detach().to(torch.float64) for n in update.gradients}
+    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    module.double()
+    classifier = module.get_submodule(model.classifier_name) if model.classifier_name else module
+    g = torch.Generator().manual_seed(int(seed))
+    x = torch.randn((samples, *model.input_shape), generator=g, dtype=torch.float64)
+    inputs: list[torch.Tensor] = []
+    hook = classifier.register_forward_hook(lambda _m, i, _o: inputs.append(i[0].detach()))
+    try:
+        stats = []
+        with torch.no_grad():
+            for params in (w0, ws):
+                b = {n: v.clone().double() if v.is_floating_point() else v.clone() for n, v in buffers.items()}
+                p = torch.func.functional_call(module, (params, b), (x,)).softmax(-1).mean(0)   # p [N]
+                stats.append((p, float(inputs.pop().flatten(1).sum(1).mean())))                  # O: mean sum_m o_m
+    finally:
+        hook.remove()
+    s = threat.local_steps
+    c = torch.arange(s, dtype=torch.float64) / s          # step j's weights: W_0 + c_j (W_S - W_0) (Dimitrov et al.)
+    (p0, o0), (ps, os_) = stats
+    p = (1 - c)[:, None] * p0 + c[:, None] * ps           # [S, N]
+    feat = (1 - c) * o0 + c * os_                          # [S]
+    a = step_weights(o, s)
+    rows0, rows_s = w0[key].sum(1), ws[key].sum(1)         # sum_m W[n, m] at W_0 and W_S
+    decay = o.weight_decay * (a[:, None] * ((1 - c)[:, None] * rows0 + c[:, None] * rows_s)).sum(0)
+    d = -(update.gradients[key].detach().double().sum(1)) / o.lr
+    raw = k * ((a * feat)[:, None] * p).sum(0) / (a * feat).sum() + k * (decay - d) / (a * feat).sum()
+    counts = round_counts(raw, k)
+    return torch.repeat_interleave(torch.arange(len(counts)), counts).sort().values

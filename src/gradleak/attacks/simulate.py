@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch.func import grad, vmap
 
 from ..errors import ConfigError
@@ -27,10 +30,17 @@ class UpdateSimulator:
     fl.optim). One set of K dummies is shared by every epoch (Dimitrov et al., "Data Leakage in
     Federated Averaging", TMLR 2022), simulated in the attacker's own fixed order 0..K-1;
     the client's private order across epochs and its augmentation draws are not known, and
-    ``client_model`` says so (the answer is then a lower bound)."""
+    ``client_model`` says so (the answer is then a lower bound).
+
+    ``epoch_dummies``: Dimitrov et al.'s reconstruction for several epochs of several
+    mini-batches, where the order is private: one set of K dummies per epoch (x then holds
+    ``dummy_batch`` = E * K dummies per client, epoch e's set at rows e*K..e*K+K-1, each epoch
+    simulated in the fixed order), so that any private order is representable; the sets are tied
+    by :meth:`epoch_prior` and merged by :meth:`merge_epochs`. Labels stay [K] per client, each
+    epoch's set carrying the same label counts."""
 
     def __init__(self, model: ModelSpec, update: SharedUpdate, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", epoch_dummies: bool = False):
         self.gradient = DummyGradient(model, update, dtype=dtype, device=device)
         self.threat = ThreatModel.from_record(update.meta.threat)
         self.names, self.target = self.gradient.names, self.gradient.target
@@ -40,12 +50,81 @@ class UpdateSimulator:
         self.client_batch = self.batch_size // self.clients
         self.input_shape = tuple(model.input_shape)
         self.client_model = self.threat.client_model(self.client_batch)
+        self.epochs = 1  # dummy sets per client: Dimitrov et al.'s E with epoch_dummies, else 1
+        if epoch_dummies and not epoch_dummies_apply(update):
+            raise ConfigError("one dummy set per epoch (Dimitrov et al.) applies to a FedAvg client of several "
+                              "epochs of several mini-batches, whose order across epochs is private")
         if self.threat.client_threat == "fedavg":
             self.steps = self.threat.local_schedule(self.client_batch, None)  # the fixed order 0..K-1
+            if epoch_dummies:
+                per_epoch = math.ceil(self.client_batch / (self.threat.local_batch_size or self.client_batch))
+                self.epochs = math.ceil(len(self.steps) / per_epoch)
+                # step s of epoch e = s // per_epoch reads epoch e's own set of K dummies
+                self.steps = [idx + (s // per_epoch) * self.client_batch for s, idx in enumerate(self.steps)]
             # no augmentation modelled: the client's draws are private (client_model says so)
             self.optimizer = self.threat.optimizer
             self._activations: int | None = None
             self.check_memory(1)
+
+    @property
+    def dummy_batch(self) -> int:
+        """Dummies per client: E * K with one set per epoch, else K."""
+        return self.epochs * self.client_batch
+
+    def _tiled(self, labels: torch.Tensor) -> torch.Tensor:
+        """One client's labels [K] (or soft [K, N]) for its ``dummy_batch`` dummies: each epoch's set
+        has the same labels (every epoch covers the client's K samples once)."""
+        return labels if self.epochs == 1 else labels.repeat(self.epochs, *([1] * (labels.ndim - 1)))
+
+    def from_epochs(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., E, N, C, H, W] (N = all clients' samples, client by client) -> [..., clients * E * K,
+        C, H, W] in the simulation's layout (client by client, within a client epoch by epoch)."""
+        lead, (e, n), rest = x.shape[:-5], x.shape[-5:-3], x.shape[-3:]
+        y = x.reshape(*lead, e, self.clients, n // self.clients, *rest).transpose(-6, -5)
+        return y.reshape(*lead, self.clients * e * (n // self.clients), *rest)
+
+    def _by_epoch(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., clients * E * K, C, H, W] -> [..., clients, E, K, C, H, W]."""
+        return x.reshape(*x.shape[:-4], self.clients, self.epochs, self.client_batch, *x.shape[-3:])
+
+    def epoch_prior(self, x: torch.Tensor) -> torch.Tensor:
+        """Dimitrov et al. 2022's epoch order-invariant prior on x [..., clients * E * K, C, H, W]
+        -> [...]: the sets X^e of the E epochs hold the same K images in different orders, so a
+        function of a set that ignores its order, g(X) = mean_k x_k, must agree across epochs:
+        R_inv = 1/E^2 sum_{e, e'} mean_pixels (g(X^e) - g(X^e'))^2 (their code's "l2_mean"),
+        averaged over the clients. 0 with one set."""
+        if self.epochs == 1:
+            return x.new_zeros(x.shape[:-4])
+        g = self._by_epoch(x).mean(-4)                                  # [..., clients, E, C, H, W]
+        diff = (g.unsqueeze(-4) - g.unsqueeze(-5)).square()              # [..., clients, E, E, C, H, W]
+        return diff.flatten(-5).mean(-1)                                 # mean over e, e', pixels, clients
+
+    def merge_epochs(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """x [..., clients * E * K, C, H, W] -> [..., clients * K, C, H, W]: per client, each
+        epoch's set matched to epoch 0's (Hungarian on the squared pixel distance, only between
+        dummies of the same label), then the matched images averaged over the epochs (Dimitrov et
+        al.'s reconstruction of the client's data from its per-epoch sets). ``labels``: [N] or soft
+        [N, C_classes] (their argmax is the label)."""
+        if self.epochs == 1:
+            return x
+        hard = (labels.argmax(-1) if labels.ndim == 2 else labels).reshape(self.clients, self.client_batch).cpu()
+        by = self._by_epoch(x)
+        lead = by.shape[:-6]
+        flat = by.reshape(-1, *by.shape[-6:])
+        out = []
+        for one in flat:                                                 # [clients, E, K, C, H, W]
+            clients = []
+            for c in range(self.clients):
+                same = hard[c][:, None] != hard[c][None, :]              # [K, K]: True where labels differ
+                ref, kept = one[c, 0], [one[c, 0]]
+                for e in range(1, self.epochs):
+                    cost = torch.cdist(ref.flatten(1).double(), one[c, e].flatten(1).double()).square().cpu()
+                    cost = cost.masked_fill(same, float("inf")).nan_to_num(posinf=1e30)
+                    rows, cols = linear_sum_assignment(cost.numpy())
+                    kept.append(one[c, e][torch.as_tensor(cols[rows.argsort()], device=x.device)])
+                clients.append(torch.stack(kept).mean(0))
+            out.append(torch.cat(clients))
+        return torch.stack(out).reshape(*lead, self.clients * self.client_batch, *x.shape[-3:])
 
     def unroll_bytes(self, candidates: int = 1) -> int:
         """Estimated bytes of the autograd graph one simulation keeps for ``candidates`` dummy
@@ -80,6 +159,7 @@ class UpdateSimulator:
         if self.threat.client_threat == "fedsgd":
             return self.gradient(x, labels, create_graph=create_graph)
         g = self.gradient
+        labels = self._tiled(labels)
 
         def loss(params: dict[str, torch.Tensor], x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             buffers = {n: b.clone() for n, b in g.buffers.items()}
@@ -99,7 +179,7 @@ class UpdateSimulator:
         g = self.gradient
         if self.threat.client_threat == "fedsgd":
             return grad(g._loss_and_stats, has_aux=True)(params, x, labels)
-        run = local_train(params, g._loss_and_stats, (x, labels), self.steps, self.optimizer, mode="func",
+        run = local_train(params, g._loss_and_stats, (x, self._tiled(labels)), self.steps, self.optimizer, mode="func",
                           has_aux=True)
         return run.update(), mean_over_steps(run.aux)
 
@@ -107,8 +187,8 @@ class UpdateSimulator:
                    labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], BNStats]:
         if self.clients == 1:
             return self._client_batched(params, x, labels)
-        k = self.client_batch
-        parts = [self._client_batched(params, x[i * k:(i + 1) * k], labels[i * k:(i + 1) * k])
+        k, d = self.client_batch, self.dummy_batch
+        parts = [self._client_batched(params, x[i * d:(i + 1) * d], labels[i * k:(i + 1) * k])
                  for i in range(self.clients)]
         update = {n: sum(u[n] for u, _ in parts) / self.clients for n in parts[0][0]}
         stats = [(sum(st[i][0] for _, st in parts) / self.clients, sum(st[i][1] for _, st in parts) / self.clients)
@@ -130,10 +210,17 @@ class UpdateSimulator:
     def __call__(self, x: torch.Tensor, labels: torch.Tensor, *, create_graph: bool = True) -> list[torch.Tensor]:
         if self.clients == 1:
             return self._client(x, labels, create_graph)
-        k = self.client_batch
-        parts = [self._client(x[i * k:(i + 1) * k], labels[i * k:(i + 1) * k], create_graph)
+        k, d = self.client_batch, self.dummy_batch
+        parts = [self._client(x[i * d:(i + 1) * d], labels[i * k:(i + 1) * k], create_graph)
                  for i in range(self.clients)]
         return [sum(p[j] for p in parts) / self.clients for j in range(len(self.names))]
+
+
+def epoch_dummies_apply(update: SharedUpdate) -> bool:
+    """Whether Dimitrov et al.'s one dummy set per epoch applies to ``update``: a FedAvg client
+    (or an aggregate of them) of several epochs of several mini-batches, its order private."""
+    threat = ThreatModel.from_record(update.meta.threat)
+    return "order unknown" in threat.client_model(update.meta.batch_size // threat.clients)
 
 
 def _activations_per_sample(g: DummyGradient, input_shape: tuple[int, ...]) -> int:
