@@ -65,7 +65,6 @@ MAX_MODULE_LINES = 600
 # The remaining offenders, each with who is splitting or fixing it (issue 58); this list only shrinks.
 LONG_MODULES = {
     "experiments/property_inference.py": "the experiments helper",
-    "fl/inspect.py": "the fl helper",
     "outcome.py": "the outcome helper",
 }
 PRIVATE_IMPORTS: dict[str, str] = {   # "importer -> owner.name": who makes the name public
@@ -196,3 +195,64 @@ def test_no_import_loop_but_the_named_ones():
     assert loops <= set(IMPORT_LOOPS), sorted(loops - set(IMPORT_LOOPS))
     gone = sorted(set(IMPORT_LOOPS) - loops)
     assert not gone, f"broken: take {gone} off IMPORT_LOOPS"
+
+
+# ------------------------------------------------------------------ attack flags: spelled by their attack only
+# An attack's own constants (those its SPEC declares as [type, default, help]; the shared ones of
+# specs.py's COMMON_FLAGS are everyone's) are spelled as strings only by the attack's module and
+# the spec machinery (specs.py, attacks/configs.py: the chooser's typed config). Flat names stay for
+# argparse (cli/, audit/command.py) and for sweep specs (experiments/). The rest, each with why it
+# is left; this list only shrinks.
+FLAG_SPELLERS = ("gradleak.specs", "gradleak.attacks.configs")
+FLAT_NAME_PACKAGES = ("gradleak.cli", "gradleak.experiments")
+FLAG_SPELLINGS = {
+    "gradleak.audit.auditor": {"fallback"},                       # the audit's default portfolio (the audit helper)
+    "gradleak.audit.command": {"preset", "restarts", "seeds"},    # argparse of gradleak audit
+    "gradleak.catalog": {"preset"},                               # the catalog's preset list
+    "gradleak.config": {"preset"},                                # PRESET_CASES: GradInversion's imagenet case
+    "gradleak.modalities": {"preset"},                            # the text modality refuses --preset
+    "gradleak.pipeline.distributed": {"seeds"},                   # torchrun shards GradInversion's seeds
+    "gradleak.pipeline.image": {"final"},
+    "gradleak.pipeline.run": {"fallback"},
+    "gradleak.pipeline.truth_start": {"restarts"},
+    "gradleak.text.attacks.lamp": {"distance"},                   # its own record key, not GradInversion's flag
+}
+
+
+def attack_flag_spellings(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the attack-specific flag names it spells as string constants, outside the
+    attacks that declare them, the spec machinery and the flat-name packages."""
+    from gradleak.specs import COMMON_BY_MODALITY, attack_specs
+
+    common = {f for flags in COMMON_BY_MODALITY.values() for f in flags}
+    owners: dict[str, set[str]] = {}
+    for modality in COMMON_BY_MODALITY:
+        for spec in attack_specs(modality).values():
+            for flag in set(spec.flags) - common:
+                owners.setdefault(flag, set()).add(spec.module)
+    found: dict[str, set[str]] = {}
+    for module, path in mods.items():
+        if module in FLAG_SPELLERS or module.startswith(FLAT_NAME_PACKAGES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in owners
+                    and module not in owners[node.value]):
+                found.setdefault(module, set()).add(node.value)
+    return found
+
+
+def test_no_module_spells_another_attacks_flags_but_the_named_ones():
+    found = attack_flag_spellings(package_modules())
+    extra = {m: sorted(f - FLAG_SPELLINGS.get(m, set())) for m, f in found.items() if f - FLAG_SPELLINGS.get(m, set())}
+    assert not extra, f"attack flags spelled outside their attack's module and spec: {extra}"
+    gone = {m: sorted(f - found.get(m, set())) for m, f in FLAG_SPELLINGS.items() if f - found.get(m, set())}
+    assert not gone, f"no longer spelled: take {gone} off FLAG_SPELLINGS"
+
+
+def test_the_flag_check_finds_a_spelling(tmp_path):
+    """A string naming CPA's --ica-iterations outside cpa.py is found; its attribute on a typed
+    config (``config.ica_iterations``) and a common flag ("iterations") are not."""
+    path = tmp_path / "x.py"
+    path.write_text('a = values["ica_iterations"]\nb = config.ica_iterations\nc = values["iterations"]\n')
+    assert attack_flag_spellings({"gradleak.x": path}) == {"gradleak.x": {"ica_iterations"}}
+    assert attack_flag_spellings({"gradleak.attacks.cpa": path}) == {}
