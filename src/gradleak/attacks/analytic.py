@@ -32,6 +32,11 @@ from .labels import restore_labels
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
 from .verdict import relative_distance
+from ..engine import Engine
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+AnalyticConfig = config_class(SPEC["name"])
 
 # a row is used when |dL/db_i| is above this fraction of the largest |dL/db| (below, the ratio is
 # dominated by rounding: rows of a ReLU layer that no sample activated are exactly 0)
@@ -244,7 +249,7 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
                           iterations=0, wall_seconds=wall, label_method=method, extra=extra)
 
 
-def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+def run(config: AnalyticConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The attack on the engine (a closed form: no constants, nothing to resume)."""
     return analytic(update, model, device=engine.device)
 

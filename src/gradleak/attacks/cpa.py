@@ -41,6 +41,11 @@ from .labels import restore_labels
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
 from .verdict import relative_distance
+from ..engine import Engine
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+CPAConfig = config_class(SPEC["name"])
 
 # singular values of dW above this fraction of the largest count towards its rank (float32
 # gradients: the K-th of a batch is ~1e-3 of the first at K = 64, the (K+1)-th ~1e-9)
@@ -369,7 +374,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
                           iterations=0, wall_seconds=time.perf_counter() - start, label_method=label_method, extra=extra)
 
 
-def run(config: Any, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+def run(config: CPAConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The attack on the engine (a closed form: nothing to resume)."""
     return cpa(update, model, seed=int(config.seed), ica_iterations=int(config.ica_iterations),
                peel=not bool(config.ica_only), device=engine.device, poll=stop_poll(engine))

@@ -45,6 +45,10 @@ from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, label_evidence
 from ..engine import AttackState, StateFileError
 from .verdict import converged_below, relative_distance
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+DLGConfig = config_class(SPEC["name"])
 
 # L-BFGS, lr 1, torch's 20 evaluations per step and 300 steps are DLG's settings: its published
 # code loops 300 times (the paper's text says 1200 for images; 300 already end below the paper's
@@ -496,7 +500,7 @@ def run_dlg(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine, *, r
     return portfolio.reconstruction(label_method)
 
 
-def run(config: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+def run(config: DLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """Deep Leakage from Gradients: images and soft labels jointly (``config`` its typed config)."""
     return run_dlg(config, update, model, engine, restore_labels=False, name="dlg")
 

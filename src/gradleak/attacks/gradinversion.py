@@ -103,6 +103,10 @@ from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, i
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
 from .verdict import relative_distance
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+GradInversionConfig = config_class(SPEC["name"])
 
 FINAL_CHOICES = ("best", "consensus")
 
@@ -172,7 +176,7 @@ def preset_values(name: str) -> dict[str, object]:
     return dict(PRESETS[name])
 
 
-def settings_record(cfg: Any) -> dict[str, object]:
+def settings_record(cfg: GradInversionConfig) -> dict[str, object]:
     """The constants a run used, as metrics.json records them (``name``: the preset)."""
     return {"name": cfg.preset, **{f: getattr(cfg, f) for f in SETTINGS_FIELDS}}
 
@@ -296,7 +300,7 @@ class _Candidates:
     """The G seeds' candidate batches x [G, K, C, H, W] this process optimises, and what scores
     them: the simulated client with the restored labels, the BN targets, the group term."""
 
-    cfg: Any   # the typed config (attacks/configs.py)
+    cfg: GradInversionConfig
     model: ModelSpec
     victim: UpdateSimulator
     labels: torch.Tensor
@@ -432,7 +436,7 @@ class _Candidates:
                    "relative_gradient_distance": relative, "plateau": False, "restarts_used": 0, **notes})
 
 
-def run(cfg: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+def run(cfg: GradInversionConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """GradInversion on a shared update, with ``cfg`` its typed config (attacks/configs.py). Returns the final answer, every seed's candidate batch
     ([G, K, C, H, W] in ``candidates``) and the restored labels.
 

@@ -21,16 +21,19 @@ SPEC = {
     "hashed_flags": ["iterations", "lr", "optimizer", "init", "dtype", "stall_restarts", "stop"],
 }
 
-from typing import Any
 
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .dlg import run_dlg
 from ..engine import Engine
 from .reconstruction import Reconstruction
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+IDLGConfig = config_class(SPEC["name"])
 
 
-def run(config: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+def run(config: IDLGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """iDLG: the label from the classifier gradient's sign, then the image alone (``config.stop`` as in DLG)."""
     return run_dlg(config, update, model, engine, restore_labels=True, name="idlg")
 

@@ -16,8 +16,6 @@ SPEC = {
 import time
 from dataclasses import replace
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -27,6 +25,11 @@ from ..fl.update import SharedUpdate
 from ..models import ModelSpec
 from .labels import restore_labels
 from .reconstruction import Reconstruction
+from ..engine import Engine
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+ImprintConfig = config_class(SPEC["name"])
 
 W0, B0, W2 = "imprint.linear0.weight", "imprint.linear0.bias", "imprint.linear2.weight"
 
@@ -279,7 +282,7 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
                           wall_seconds=time.perf_counter() - start, label_method="counts", extra=extra)
 
 
-def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+def run(config: ImprintConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The attack on the engine (a closed form: no constants, nothing to resume)."""
     return imprint_attack(update, model)
 

@@ -36,6 +36,11 @@ from ..models import ModelSpec
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
 from .verdict import relative_distance
+from ..engine import Engine
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+RGAPConfig = config_class(SPEC["name"])
 
 # The activation inverse's clamp: a sigmoid output is clamped into (EPS, 1 - EPS) before the logit,
 # a tanh output into (-1 + EPS, 1 - EPS) before atanh. The recovered activations carry the float32
@@ -571,7 +576,7 @@ def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device =
                           iterations=0, wall_seconds=wall, label_method="rgap", extra=extra)
 
 
-def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+def run(config: RGAPConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The attack on the engine (a closed form: no constants, nothing to resume)."""
     return rgap(update, model, device=engine.device)
 

@@ -27,6 +27,11 @@ from ..models import ModelSpec
 from .analytic import ACTIVE_ABOVE, assign_labels, analytic
 from .cpa import no_stop, stop_poll
 from .reconstruction import Reconstruction
+from ..engine import Engine
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+TrapConfig = config_class(SPEC["name"])
 
 LAYER = "trap.linear0"
 W0, B0, W2 = f"{LAYER}.weight", f"{LAYER}.bias", "trap.linear2.weight"
@@ -188,7 +193,7 @@ def trap_attack(update: SharedUpdate, model: ModelSpec, *, device: str | torch.d
     return rec
 
 
-def run(config: object, update: SharedUpdate, model: ModelSpec, engine: Any) -> Reconstruction:
+def run(config: TrapConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The attack on the engine (a closed form: no constants, nothing to resume)."""
     return trap_attack(update, model, device=engine.device, poll=stop_poll(engine))
 
