@@ -46,6 +46,11 @@ from .verdict import relative_distance
 from .priors import tv_l1_mean
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator, epoch_dummies_apply
+from .configs import config_class
+
+# the typed config of this attack, derived from its SPEC (attacks/configs.py)
+IGConfig = config_class(SPEC["name"])
+
 
 @dataclass
 class KeptIterates(AttackState):
@@ -109,7 +114,7 @@ def resolve(given: dict[str, object], context: Any) -> dict[str, object]:
     return {"alpha_tv": ig_alpha_tv(context.layers), **given}
 
 
-def run(s: Any, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
+def run(s: IGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """Inverting Gradients with R = ``s.restarts`` batched restarts (``s``: its typed config)."""
     observer = engine.observer
     alpha_tv, restarts = float(s.alpha_tv), int(s.restarts)
