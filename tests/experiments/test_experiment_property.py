@@ -19,7 +19,9 @@ from gradleak.cli import main
 from gradleak.data import batch_of
 from gradleak.errors import ConfigError
 from gradleak.experiments import make_options, run_experiment
+from gradleak.experiments import property_data as pdata
 from gradleak.experiments import property_inference as pi
+from gradleak.experiments import property_stats as pstats
 from gradleak.experiments.base import output_name
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -41,17 +43,17 @@ def test_the_property_is_a_quartile_of_every_class_not_the_label(splits):
     about it; and the scorer on the loaded images agrees exactly with the table of the IDX pixels
     (which is what makes the ground-truth AUC 1)."""
     train, test = splits
-    v_tr, y_tr = pi.intensity_table(train)
-    v_te, y_te = pi.intensity_table(test)
-    thr = pi.class_thresholds(v_tr, y_tr, train.num_classes)
-    b_tr, b_te = pi.has_property(v_tr, y_tr, thr), pi.has_property(v_te, y_te, thr)
+    v_tr, y_tr = pdata.intensity_table(train)
+    v_te, y_te = pdata.intensity_table(test)
+    thr = pdata.class_thresholds(v_tr, y_tr, train.num_classes)
+    b_tr, b_te = pdata.has_property(v_tr, y_tr, thr), pdata.has_property(v_te, y_te, thr)
     rates_tr = [b_tr[y_tr == c].mean() for c in range(10)]
     rates_te = [b_te[y_te == c].mean() for c in range(10)]
     assert all(abs(r - 0.25) < 0.005 for r in rates_tr), rates_tr     # measured: 0.250 each
     assert all(abs(r - 0.25) < 0.04 for r in rates_te), rates_te      # measured: 0.239..0.269
     # not a brightness cut that one class passes wholesale: the thresholds differ by class
     assert thr.max() - thr.min() > 0.2, thr                             # measured: 0.171..0.476
-    prop = pi.Brightness(thr)
+    prop = pdata.Brightness(thr)
     items = [int(i) for i in np.flatnonzero(np.abs(v_te - thr[y_te]) < 2e-3)[:6]] + [0, 1, 2]
     batch = batch_of(test, items, 28, 1)
     scores = prop.scores(batch.images, [int(y) for y in batch.labels])
@@ -61,16 +63,16 @@ def test_the_property_is_a_quartile_of_every_class_not_the_label(splits):
 
 def test_batches_are_drawn_with_distinct_labels_and_the_planned_property(splits):
     train, _ = splits
-    values, labels = pi.intensity_table(train)
-    bright = pi.has_property(values, labels, pi.class_thresholds(values, labels, 10))
-    plan = pi.plan_batches(labels, bright, 3, 12, seed=5, stream=1)
+    values, labels = pdata.intensity_table(train)
+    bright = pdata.has_property(values, labels, pdata.class_thresholds(values, labels, 10))
+    plan = pdata.plan_batches(labels, bright, 3, 12, seed=5, stream=1)
     assert [has for _, has in plan] == [i % 2 == 1 for i in range(12)]
     for ids, has in plan:
         assert len(set(labels[ids])) == 3
         assert bool(bright[ids].any()) == has
     # reproducible, and more batches keep the earlier ones (resumed cells stay the same)
-    assert pi.plan_batches(labels, bright, 3, 16, seed=5, stream=1)[:12] == plan
-    assert pi.plan_batches(labels, bright, 3, 12, seed=6, stream=1) != plan
+    assert pdata.plan_batches(labels, bright, 3, 16, seed=5, stream=1)[:12] == plan
+    assert pdata.plan_batches(labels, bright, 3, 12, seed=6, stream=1) != plan
 
 
 def test_bootstrap_auc_is_sklearns_auc():
@@ -81,8 +83,8 @@ def test_bootstrap_auc_is_sklearns_auc():
     y = rng.random((50, 12)) < 0.5
     y[:, 0], y[:, 1] = True, False
     s = np.round(rng.random((50, 12)), 1)  # ties
-    assert np.allclose(pi.rank_aucs(y, s), [roc_auc_score(a, b) for a, b in zip(y, s)], atol=1e-12, rtol=0)
-    boot = pi.bootstrap_aucs(np.array([0, 1, 0, 1], bool), {"m": np.array([0.1, 0.9, 0.2, 0.3])}, seed=0)
+    assert np.allclose(pstats.rank_aucs(y, s), [roc_auc_score(a, b) for a, b in zip(y, s)], atol=1e-12, rtol=0)
+    boot = pstats.bootstrap_aucs(np.array([0, 1, 0, 1], bool), {"m": np.array([0.1, 0.9, 0.2, 0.3])}, seed=0)
     assert boot["m"].size > 0 and np.all((boot["m"] >= 0) & (boot["m"] <= 1))
 
 

@@ -66,20 +66,20 @@ def test_property_inference_on_a_split_of_one_label_is_refused_quickly(tmp_path,
 
 @pytest.mark.timeout(60)
 def test_property_batches_that_cannot_exist_are_refused_before_drawing():
-    from gradleak.experiments import property_inference as pi
+    from gradleak.experiments import property_data as pdata
 
     labels = np.array([0, 1, 2, 0, 1, 2])
     # every image of labels 1 and 2 is bright: no batch of 2 without the property exists
     bright = np.array([False, True, True, False, True, True])
     with pytest.raises(DataError, match="without the property carry 1 distinct label"):
-        pi.plan_batches(labels, bright, 2, 4, seed=0, stream=0)
+        pdata.plan_batches(labels, bright, 2, 4, seed=0, stream=0)
     with pytest.raises(DataError, match="no image with the property"):
-        pi.plan_batches(labels, np.zeros(6, dtype=bool), 2, 4, seed=0, stream=0)
+        pdata.plan_batches(labels, np.zeros(6, dtype=bool), 2, 4, seed=0, stream=0)
     # draw_batch alone (no plan_batches check) stops at its draw bound instead of looping
     with pytest.raises(DataError, match="random draws"):
-        pi.draw_batch(np.zeros(50, dtype=np.int64), np.ones(50, dtype=bool), 2, True, np.random.default_rng(0))
+        pdata.draw_batch(np.zeros(50, dtype=np.int64), np.ones(50, dtype=bool), 2, True, np.random.default_rng(0))
     # a possible plan is unchanged
-    plan = pi.plan_batches(labels, np.array([False, False, False, True, True, False]), 2, 4, seed=0, stream=0)
+    plan = pdata.plan_batches(labels, np.array([False, False, False, True, True, False]), 2, 4, seed=0, stream=0)
     assert [has for _, has in plan] == [False, True, False, True]
 
 
@@ -281,17 +281,17 @@ def tiny_text():
 def test_text_attack_refuses_a_batch_its_tensors_cannot_simulate(tiny_text):
     """A one-sentence update whose metadata says 4096 sentences: before, the order search built
     (4096 x 5)^2 / 2 swaps (and DLG simulated 4096 sentences per step)."""
-    from gradleak.text import TextAttackSettings, run_text_attack
+    from gradleak.text import run_text_attack
 
     update, model = tiny_text
     start = time.perf_counter()
     with pytest.raises(ConfigError) as err:
-        run_text_attack("dlg", _claims(update, 4096), model, TextAttackSettings(iterations=2))
+        run_text_attack("dlg", _claims(update, 4096), model, iterations=2)
     msg = str(err.value)
     assert "batch of 4096 sentences" in msg and "names 5 distinct content token" in msg, msg
     assert "more than the bound of 2048" in msg and time.perf_counter() - start < 10
     # the bag of words costs nothing per sentence: it still answers
-    assert len(run_text_attack("bow", _claims(update, 4096), model, TextAttackSettings()).token_ids) == 4096
+    assert len(run_text_attack("bow", _claims(update, 4096), model).token_ids) == 4096
 
 
 def _moves_as_listed(candidates, k, n, num_classes, lengths):

@@ -9,35 +9,30 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..data import Batch, FashionMNISTSource, batch_of, open_source
-from ..data import idx as idx_files
 from ..errors import ConfigError, DataError
 from ..fl import fedsgd
 from ..models import ModelSpec, build_model
 from ..paths import one_line
 from .base import ExperimentOptions, ExperimentResult, experiment
+from .property_data import QUANTILE, Brightness, class_thresholds, has_property, intensity_table, plan_batches
+from .property_stats import BOOTSTRAP, C_GRID, CV_FOLDS, auc, bootstrap_aucs, fit_classifier, interval, predict, require_sklearn
 from .cells import CellResult, Workspace
 from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, Setting, convergence_notes, lbfgs_cell,
                      setting, verdict_fields)
 
 NAME = "property-inference"
-QUANTILE = 75.0            # the property: mean intensity above this percentile of the image's class
 BATCH_SIZE = 2             # K: DLG still rebuilds a batch of 2 (45-75 dB at 28 px, 300 iterations)
 TARGETS = (4, 40)          # target batches (smoke, full), half of them with the property
 AUX = (100, 400)           # auxiliary updates the classifier is trained on (smoke, full)
 ITERATIONS = (60, 300)     # DLG L-BFGS iterations (smoke, full)
 MAX_AUX = 10_000           # each auxiliary update is a feature vector of the whole gradient
-BOOTSTRAP = 2000           # resamples of the target batches for the AUC intervals
 FIGURE_TARGETS = 4         # targets shown in reconstructions.png (half with the property)
-MAX_DRAWS = 100_000        # rejection sampling of a batch with / without the property
-MAX_ITEM_DRAWS = 1_000_000  # items drawn for one batch, all its attempts together (~3 s)
-C_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)   # the classifier's inverse L2 strength, chosen by CV
-CV_FOLDS = 5
 # The rebuttal's Table 2 (LFW): property -> (property inference [Melis et al.], DLG).
 REBUTTAL = {"Eyeglasses": (0.94, 1.00), "Asian": (0.92, 1.00)}
 # Summary rows: the scorer's check, the property classifier, the attack (its name in the table)
@@ -51,149 +46,6 @@ SUMMARY_COLUMNS = ["method", "targets", "with_property", "auc", "auc_ci_low", "a
 
 
 # --------------------------------------------------------------------------- the property
-@dataclass(frozen=True)
-class Brightness:
-    """The property "an image in the brightest quartile of its own class": per-class thresholds on
-    the mean intensity of the 8-bit image (in [0, 1]), from the train split."""
-
-    thresholds: np.ndarray   # [classes] float64
-
-    def scores(self, images: torch.Tensor, labels: Sequence[int]) -> np.ndarray:
-        """Per image: mean intensity - its class's threshold (> 0: the image has the property).
-        Pixels are clamped to [0, 1] and rounded to 8 bits as the data set stores them, so the true
-        images score exactly as the train-split table that set the thresholds."""
-        return intensity(images) - self.thresholds[np.asarray(list(labels), dtype=np.int64)]
-
-    def score(self, images: torch.Tensor, labels: Sequence[int]) -> float:
-        """The batch's score: the largest image score (> 0: the batch has the property)."""
-        return float(self.scores(images, labels).max())
-
-
-def intensity(images: torch.Tensor) -> np.ndarray:
-    """Mean pixel intensity per image [K, C, H, W] -> [K] float64, of the pixels clamped to [0, 1]
-    and rounded to 8 bits (exact for the data set's own images)."""
-    x = torch.nan_to_num(images.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
-    levels = torch.round(x * 255.0).flatten(1).sum(1)
-    return (levels / (255.0 * x[0].numel())).numpy()
-
-
-def intensity_table(source: FashionMNISTSource) -> tuple[np.ndarray, np.ndarray]:
-    """(mean intensity [N], labels [N]) of every image of an IDX source, from its 8-bit pixels."""
-    images, labels = idx_files.load_idx_pair(source.images_path, source.labels_path)
-    sums = images.reshape(len(images), -1).sum(axis=1, dtype=np.int64)
-    return sums / (255.0 * images[0].size), labels.astype(np.int64)
-
-
-def class_thresholds(values: np.ndarray, labels: np.ndarray, num_classes: int, q: float = QUANTILE) -> np.ndarray:
-    """The ``q``-th percentile of ``values`` within each class (numpy's linear interpolation)."""
-    out = np.empty(num_classes, dtype=np.float64)
-    for c in range(num_classes):
-        sel = values[labels == c]
-        if sel.size == 0:
-            raise DataError(f"class {c} has no image in the train split: no brightness threshold for it")
-        out[c] = np.percentile(sel, q)
-    return out
-
-
-def has_property(values: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """Per image: mean intensity strictly above its class's threshold."""
-    return values > thresholds[labels]
-
-
-def draw_batch(labels: np.ndarray, bright: np.ndarray, k: int, want: bool, rng: np.random.Generator) -> list[int]:
-    """A random batch of ``k`` items with distinct labels (items drawn uniformly, a repeated label
-    skipped, as the project's batches are drawn), redrawn until it holds an image with the
-    property (``want``) or none (not ``want``). At most MAX_DRAWS batches and MAX_ITEM_DRAWS items
-    are drawn (DataError past either: data too unbalanced to draw such batches by rejection);
-    plan_batches first refuses data that cannot hold such a batch at all."""
-    n = len(labels)
-    if n == 0 or k < 1:
-        raise DataError(f"cannot draw a batch of {k} from {n} images")
-    items = 0
-    for _ in range(MAX_DRAWS):
-        chosen: list[int] = []
-        seen: set[int] = set()
-        while len(chosen) < k:
-            items += 1
-            if items > MAX_ITEM_DRAWS:
-                raise DataError(f"no batch of {k} images with distinct labels {'with' if want else 'without'} the "
-                                f"property in {MAX_ITEM_DRAWS} random draws: the labels are too unbalanced")
-            i = int(rng.integers(n))
-            if int(labels[i]) in seen:
-                continue
-            chosen.append(i)
-            seen.add(int(labels[i]))
-        if bool(bright[chosen].any()) == want:
-            return chosen
-    raise DataError(f"no batch of {k} {'with' if want else 'without'} the property in {MAX_DRAWS} draws")
-
-
-def check_drawable(labels: np.ndarray, bright: np.ndarray, k: int, what: str = "the data") -> None:
-    """DataError unless ``labels``/``bright`` can hold a batch of ``k`` distinct labels both with
-    and without the property (a split of one label, or without a dark image of k labels, would
-    make the rejection sampling draw forever)."""
-    labels, bright = np.asarray(labels), np.asarray(bright, dtype=bool)
-    present = np.unique(labels)
-    if present.size < k:
-        shown = ", ".join(str(int(v)) for v in present[:10]) + (", ..." if present.size > 10 else "")
-        raise DataError(f"{what} holds {present.size} distinct label(s) ({shown or 'no image'}); a batch of {k} "
-                        f"needs {k} distinct labels")
-    if not bright.any():
-        raise DataError(f"{what} holds no image with the property: no batch with it can be drawn")
-    dark = np.unique(labels[~bright])
-    if dark.size < k:
-        raise DataError(f"{what}: the images without the property carry {dark.size} distinct label(s); a batch of "
-                        f"{k} without the property needs {k}")
-
-
-def plan_batches(labels: np.ndarray, bright: np.ndarray, k: int, count: int, seed: int,
-                 stream: int, what: str = "the data") -> list[tuple[list[int], bool]]:
-    """``count`` batches, batch i with the property iff i is odd (half of them), each drawn from
-    its own random stream (seed, stream, i): growing ``count`` keeps the earlier batches.
-    ``what`` names the data in a refusal (check_drawable)."""
-    check_drawable(labels, bright, k, what)
-    return [(draw_batch(labels, bright, k, i % 2 == 1, np.random.default_rng([seed, stream, i])), i % 2 == 1)
-            for i in range(count)]
-
-
-# --------------------------------------------------------------------------- the property classifier
-def _sklearn() -> Any:
-    """scikit-learn's ``sklearn`` module, or one line saying how to install it."""
-    try:
-        import sklearn
-    except ImportError:
-        raise ConfigError("property-inference needs scikit-learn (pip install scikit-learn==1.9.1)") from None
-    return sklearn
-
-
-def fit_classifier(x: np.ndarray, y: np.ndarray, seed: int) -> Any:
-    """Melis et al.'s property classifier: standardised features, L2 logistic regression whose C
-    is chosen by 5-fold cross-validated AUC on the auxiliary updates only (the targets are never
-    seen), then refitted on all of them. One BLAS thread: the fit is small, and OpenBLAS threads
-    spinning on a loaded 2-core machine made it 30-100x slower (20 s instead of 0.2 s)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import GridSearchCV, StratifiedKFold
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
-
-    folds = int(min(CV_FOLDS, y.sum(), (~y).sum()))
-    pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
-    with threadpool_limits(limits=1, user_api="blas"):
-        if folds < 2:  # too few auxiliary updates to cross-validate: sklearn's default C
-            return pipe.fit(x, y)
-        search = GridSearchCV(pipe, {"logisticregression__C": list(C_GRID)}, scoring="roc_auc",
-                              cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
-        return search.fit(x, y)
-
-
-def predict(classifier: Any, x: np.ndarray) -> np.ndarray:
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        return classifier.predict_proba(x)[:, 1]
-
-
 def update_features(spec: ModelSpec, batch: Batch) -> tuple[np.ndarray, float]:
     """The FedSGD update of ``batch`` (what the client shares) as one flat feature vector (every
     layer's gradient, float32), and the update's loss (to check it is the update DLG attacked)."""
@@ -201,46 +53,6 @@ def update_features(spec: ModelSpec, batch: Batch) -> tuple[np.ndarray, float]:
     flat = torch.cat([g.detach().flatten().float().cpu() for g in update.gradients.values()])
     return flat.numpy(), float(update.meta.loss)
 
-
-def auc(y: Sequence[bool], scores: Sequence[float]) -> float | None:
-    """ROC AUC (sklearn), None unless both classes are present."""
-    from sklearn.metrics import roc_auc_score
-
-    y = np.asarray(y, dtype=bool)
-    if y.all() or not y.any():
-        return None
-    return float(roc_auc_score(y, np.asarray(scores, dtype=np.float64)))
-
-
-def rank_aucs(y: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """Row-wise ROC AUC of [B, n] labels and scores by the Mann-Whitney rank sum (ties at mid
-    rank): the value roc_auc_score gives, for many resamples at once (rows with one class: nan)."""
-    from scipy.stats import rankdata
-
-    y = np.asarray(y, dtype=bool)
-    ranks = rankdata(scores, axis=1)
-    pos = y.sum(axis=1).astype(np.float64)
-    neg = y.shape[1] - pos
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return ((ranks * y).sum(axis=1) - pos * (pos + 1) / 2) / (pos * neg)
-
-
-def bootstrap_aucs(y: np.ndarray, scores: dict[str, np.ndarray], seed: int,
-                   n: int = BOOTSTRAP) -> dict[str, np.ndarray]:
-    """Per method, the AUC over ``n`` resamples (with replacement) of the targets; the same
-    resamples for every method (paired); resamples holding one class only are dropped."""
-    rng = np.random.default_rng([seed, 2])
-    picks = rng.integers(len(y), size=(n, len(y)))
-    ys = np.asarray(y, dtype=bool)[picks]
-    both = ys.any(axis=1) & ~ys.all(axis=1)
-    return {m: rank_aucs(ys[both], np.asarray(s, dtype=np.float64)[picks[both]]) for m, s in scores.items()}
-
-
-def interval(values: np.ndarray) -> tuple[float | None, float | None]:
-    if values.size == 0:
-        return None, None
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 # --------------------------------------------------------------------------- the experiment
@@ -424,7 +236,7 @@ def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResul
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="dlg", samples=TARGETS,
                  iterations=ITERATIONS)
     k, n_targets, n_aux = _sizes(opt, st)
-    _sklearn()  # before any work: a missing scikit-learn is one line
+    require_sklearn()  # before any work: a missing scikit-learn is one line
     train, test = _splits(st.data)
     size = _native_size(st, train, k)
     prop = _Property.of(train, test)
