@@ -343,7 +343,7 @@ def load_runs(folder: Path, scan: RunScan) -> Source:
 def load_source(folder: Path, stores: StoreAccess) -> Source:
     """The folder as a dashboard reads it: a sweep (results.sqlite, read by ``stores``), an
     experiment (cells/), a Flower audit (audit.csv), a folder of single attack runs (run folders
-    with metrics.json); else one DataError."""
+    with metrics.json), a guard folder (guard.csv); else one DataError."""
     found = store_folder(folder, stores)
     if found is not None:
         _not_a_link(found[1] / stores.name)
@@ -351,12 +351,17 @@ def load_source(folder: Path, stores: StoreAccess) -> Source:
     if os.path.lexists(folder / "audit.csv"):
         _not_a_link(folder / "audit.csv")
         return load_audit(folder)
+    if os.path.lexists(folder / "guard.csv"):   # gradleak.guard's decisions (report/dashboard/guard_page.py)
+        from gradleak.report.dashboard.guard_page import load_guard
+
+        _not_a_link(folder / "guard.csv")
+        return load_guard(folder)
     scan = scan_runs(folder)
     if scan.runs:
         return load_runs(folder, scan)
     links = f" ({len(scan.links)} symbolic links not followed)" if scan.links else ""
     raise DataError(f"{folder} holds no sweep results ({stores.name}), no experiment ({EXPERIMENT_CELLS}/"
-                    f"{stores.name}), no audit.csv and no run folders{links}")
+                    f"{stores.name}), no audit.csv, no guard.csv and no run folders{links}")
 
 
 def _not_a_link(path: Path) -> None:

@@ -16,6 +16,7 @@ from gradleak.report.dashboard.compare import compare_body
 from gradleak.report.dashboard.data import EXPERIMENT_CELLS, MAX_AUDIT_BYTES, Cell, Source, StoreAccess, cell_verdict
 from gradleak.report.dashboard.folders import load_source, read_audit
 from gradleak.report.dashboard.audit_page import audit_body
+from gradleak.report.dashboard.guard_page import guard_body
 from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, sweep_body
 from gradleak.report.html import check_folder, display_name
 from gradleak.report.page import html_page
@@ -29,7 +30,7 @@ LEAKED_DB = LEAK_THRESHOLD_DB
 DEFAULT_PAGE = "dashboard.html"
 DEFAULT_COMPARISON = "comparison.html"
 # Files of a data folder a page may never replace (besides the store's): audits' and experiments'.
-_OWN_FILES = ("audit.csv", "audit.json", "experiment.json", "results.md", "summary.csv")
+_OWN_FILES = ("audit.csv", "audit.json", "experiment.json", "results.md", "summary.csv", "guard.csv", "federation.json")
 
 __all__ = ["GENERATOR", "LEAKED_DB", "MAX_AUDIT_BYTES", "MAX_TABLE_ROWS",
            "check_dashboard_target", "render_dashboard", "read_audit", "stale_page_temps", "write_dashboard_page"]
@@ -138,6 +139,8 @@ def _title(src: Source, store_name: str) -> tuple[str, str]:
     if src.kind == "experiment":
         what = f"Experiment {src.experiment}" if src.experiment else "Experiment"
         return f"{what}: {name}", f"gradleak dashboard · from {EXPERIMENT_CELLS}/{store_name}"
+    if src.kind == "guard":
+        return f"Guard: {name}", "gradleak dashboard · what each client's guard decided per round (from guard.csv)"
     if src.kind == "runs":
         return f"Runs: {name}", f"gradleak dashboard · {len(src.records)} gradleak attack run folders"
     return f"Sweep: {name}", f"gradleak dashboard · from {store_name}"
@@ -177,7 +180,7 @@ def render_dashboard(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     src.page_dir = target.parent
     if other is None:
         title, subtitle = _title(src, stores.name)
-        body = audit_body(src) if src.kind == "audit" else sweep_body(src)
+        body = audit_body(src) if src.kind == "audit" else guard_body(src) if src.kind == "guard" else sweep_body(src)
         return write_dashboard_page(target, _page(title, subtitle, links_note(src) + body))
     b = load_source(other, stores)
     body = links_note(src) + links_note(b) + compare_body(src, b)
