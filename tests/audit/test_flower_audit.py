@@ -1,6 +1,8 @@
-"""The Flower audit: the auditor's SharedUpdate equals gradleak's fedavg threat model for a plain
-PyTorch client, the attack never sees the truth, and the example federation (Flower's
-simulation engine) writes a standard run folder for every client and round, indexed in audit.csv."""
+"""The Flower audit: the auditor reads the clients' local training from the train config
+(optimizer, momentum, weight decay, epochs, augmentation), its SharedUpdate equals gradleak's
+fedavg threat model for a plain torch.optim client, the attack never sees the truth, and the
+example federation (Flower's simulation engine) writes a standard run folder for every client
+and round, indexed in audit.csv."""
 
 import csv
 import json
@@ -23,11 +25,13 @@ from gradleak.fl.threats import ThreatModel, fedavg  # noqa: E402
 SMALL = FederationSettings(rounds=2, clients=2, examples=2, local_steps=2, batch_size=1, lr=0.05)
 
 
-def _client_round(s, partition=0, server_round=1):
+def _client_round(s, partition=0, server_round=1, private_seed=0):
+    """One example client's round as its ClientApp trains: the train config the server announces."""
     model = build_example_model(s)
     global_weights = {k: v.clone() for k, v in model.module.state_dict().items()}
     batch = client_batch(s, partition, server_round)
-    local_training(model, batch, steps=s.local_steps, batch_size=s.batch_size, lr=s.lr, private_seed=0)
+    local_training(model, batch, steps=s.steps, batch_size=s.batch_size or s.examples, lr=s.lr,
+                   private_seed=private_seed, train=s.train_config())
     return global_weights, {k: v.clone() for k, v in model.module.state_dict().items()}, batch
 
 
@@ -42,7 +46,8 @@ def test_client_batches_are_partitioned_and_reproducible():
 def test_flower_client_update_is_gradleaks_fedavg_update(tmp_path):
     """A plain torch.optim.SGD client (the example's ClientApp) produces exactly the weight
     difference gradleak's fedavg threat model describes, so the attacker's simulation is right."""
-    s = FederationSettings(clients=2, examples=2, local_steps=3, batch_size=2, lr=0.05)  # full batch: order-free
+    s = FederationSettings(clients=2, examples=2, local_steps=3, batch_size=2, lr=0.05, momentum=0.0,
+                           weight_decay=0.0)  # full batch: order-free
     g, c, batch = _client_round(s)
     auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "dlg", "iterations": 1},
                                                                    out=tmp_path))
@@ -58,10 +63,56 @@ def test_flower_client_update_is_gradleaks_fedavg_update(tmp_path):
         torch.testing.assert_close(up.gradients[name], ref.gradients[name], rtol=1e-5, atol=1e-6)
 
 
+LOCAL_TRAINING = {
+    "default": {},   # the example's: SGD momentum 0.9, weight decay 5e-4, 2 epochs
+    "nesterov": dict(nesterov=True, batch_size=2),
+    "adam": dict(optimizer="adam", momentum=0.0, lr=1e-3, weight_decay=1e-3, betas=(0.8, 0.99)),
+    "adamw": dict(optimizer="adamw", momentum=0.0, lr=1e-3, weight_decay=1e-2, eps=1e-6),
+    "crop-flip": dict(augment="crop-flip", crop_padding=2, local_epochs=3),
+}
+
+
+@pytest.mark.parametrize("name", list(LOCAL_TRAINING))
+def test_the_audit_reads_the_clients_local_training_from_the_train_config(name, tmp_path):
+    """The example's ClientApp trains with torch.optim as its train config announces; the auditor
+    reads the same entries (FedAvgKeys) into the threat record, which holds the optimizer and its
+    constants, the epochs and the augmentation policy, and gradleak's client under that record
+    (same private seed: same order and augmentation draws) gives the same weight difference."""
+    s = FederationSettings(clients=2, examples=4, **{"batch_size": 1, "lr": 0.05, **LOCAL_TRAINING[name]})
+    s.check()
+    assert FederationSettings().train_config() == {   # the example app's announcement
+        "lr": 0.01, "local-steps": 2, "local-epochs": 2, "batch-size": 1, "optimizer": "sgd", "momentum": 0.9,
+        "nesterov": False, "weight-decay": 5e-4, "augment": "none"}
+    g, c, batch = _client_round(s, private_seed=7)
+    auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "dlg", "iterations": 1},
+                                                                   out=tmp_path))
+    threat = auditor.threat(s.train_config(), FedAvgKeys(), 4)
+    record = auditor.shared_update(g, c, num_examples=4, threat=threat).meta.threat
+    want = {"name": "fedavg", "local_steps": s.steps, "local_batch_size": s.batch_size, "local_lr": s.lr,
+            "local_epochs": s.local_epochs, "local_optimizer": s.optimizer, "local_weight_decay": s.weight_decay}
+    want.update({"local_momentum": s.momentum, "local_nesterov": s.nesterov} if s.optimizer == "sgd" else
+                {"local_betas": list(s.betas), "local_eps": s.eps})
+    if s.augment != "none":
+        want.update(local_augment=s.augment, local_crop_padding=s.crop_padding)
+    assert record == want
+    ref = fedavg(build_example_model(s), batch, threat, private_seed=7)
+    up = auditor.shared_update(g, c, num_examples=4, threat=threat)
+    for key in ref.gradients:
+        torch.testing.assert_close(up.gradients[key], ref.gradients[key], rtol=1e-4, atol=1e-6)
+
+
+def test_the_settings_name_lists_are_fl_s():
+    from gradleak.audit import settings
+    from gradleak.fl.augment import AUGMENTS
+    from gradleak.fl.optim import OPTIMIZERS
+
+    assert settings.OPTIMIZERS == OPTIMIZERS and settings.AUGMENTS == AUGMENTS
+
+
 def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
     from gradleak.engine import Engine
 
-    s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05)
+    s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05, weight_decay=0.0)
     g, c, batch = _client_round(s)
     events = []
     real = Engine.run
@@ -129,6 +180,23 @@ BAD_FLAGS = [
     (["--server", "trap:shrink=0.1,rate=0.1"], "--server"), (["--server", "imprint:bins=x"], "--server"),
     (["--attack", "trap"], "add --server trap"), (["--attack", "imprint", "--server", "trap"], "add --server imprint"),
     (["--server", "trap:rows=0"], "--server trap:rows=0: trap: rows must be between 1"),      # the model builder's range, before Ray
+    # the clients' local training (issue 59): every flag out of range, or not applying, is one line
+    (["--local-epochs", "0"], "--local-epochs"), (["--local-epochs", "100000"], "--local-epochs"),
+    (["--local-epochs", "2", "--local-steps", "2"], "not both"),
+    (["--local-epochs", "1000", "--examples", "20", "--batch-size", "1"], "20000 local steps"),
+    (["--local-optimizer", "rmsprop"], "--local-optimizer"),
+    (["--local-momentum", "1"], "--local-momentum"), (["--local-momentum", "-0.1"], "--local-momentum"),
+    (["--local-momentum", "nan"], "--local-momentum"),
+    (["--local-nesterov", "--local-momentum", "0"], "--local-nesterov needs a --local-momentum"),
+    (["--local-optimizer", "adam", "--local-momentum", "0.9"], "apply to --local-optimizer sgd"),
+    (["--local-weight-decay", "-1"], "--local-weight-decay"), (["--local-weight-decay", "2"], "--local-weight-decay"),
+    (["--local-weight-decay", "inf"], "--local-weight-decay"),
+    (["--local-betas", "0.9,0.99"], "--local-betas applies to --local-optimizer adam"),
+    (["--local-optimizer", "adam", "--local-betas", "0.9,1"], "--local-betas"),
+    (["--local-optimizer", "adam", "--local-betas", "x"], "--local-betas"),
+    (["--local-optimizer", "adam", "--local-eps", "0"], "--local-eps"),
+    (["--local-augment", "rotate"], "--local-augment"), (["--local-crop-padding", "99"], "--local-crop-padding"),
+    (["--local-crop-padding", "-1"], "--local-crop-padding"),
 ]
 
 
@@ -179,7 +247,12 @@ def test_flower_example_federation_audits_every_client_every_round(tmp_path, cap
         assert r["status"] == "ok" and r["attack"] == "idlg" and r["run"] == f"runs/round-00{r['round']}-client-{r['client']}"
         m = json.loads((out / r["run"] / "metrics.json").read_text())
         assert math.isfinite(float(r["psnr_mean"])) and m["label_accuracy"] == 1.0   # iDLG label is exact
-        assert m["threat"]["local_steps"] == 1 and m["batch_size"] == 1 and m["threat"]["local_lr"] == 0.01
+        # the example app's clients: SGD momentum 0.9, weight decay 5e-4, 2 epochs over their 1 image,
+        # as the train config announces them, modelled exactly (one image: no order to know)
+        assert m["threat"] == {"name": "fedavg", "local_steps": 2, "local_batch_size": 1, "local_lr": 0.01,
+                               "local_epochs": 2, "local_optimizer": "sgd", "local_weight_decay": 5e-4,
+                               "local_momentum": 0.9, "local_nesterov": False} and m["batch_size"] == 1
+        assert m["client_model"] == "exact"
         assert m["verdict"] in ("leaked", "inconclusive") and (out / r["run"] / "reconstruction.png").is_file()
         assert (out / r["run"] / "report.html").is_file()
     assert len({r["node_id"] for r in rows}) == 2
@@ -237,7 +310,7 @@ def test_flower_example_federation_on_a_trap_server_leaks_every_batch(tmp_path, 
 
     out = tmp_path / "audit"
     code = main(["audit-flower", "--server", "trap", "--attack", "trap", "--examples", "4", "--rounds", "1",
-                 "--clients", "2", "--out", str(out)])
+                 "--clients", "2", "--local-steps", "1", "--local-weight-decay", "0", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     rows = list(csv.DictReader(open(out / "audit.csv")))
@@ -254,7 +327,7 @@ def test_flower_example_federation_on_a_trap_server_leaks_every_batch(tmp_path, 
 def test_auditor_runs_the_closed_form_chooser(tmp_path):
     """--attack auto in the audit: the example federation's LeNet on a one-step FedAvg update of
     one image is R-GAP's case (the attack rebuilds it in closed form); the row names the attack used."""
-    s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05)
+    s = FederationSettings(clients=2, examples=1, local_steps=1, lr=0.05, weight_decay=0.0)  # one momentum step: -lr * g
     g, c, batch = _client_round(s)
     auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "auto", "fallback": "idlg",
                                                                            "iterations": 5}, out=tmp_path),
@@ -301,3 +374,16 @@ def test_the_existing_app_example_runs_flower_on_gradleaks_loopback_ray(tmp_path
     monkeypatch.setattr(app, "run_simulation", fake_run_simulation)
     monkeypatch.chdir(tmp_path)
     assert app.run() == "round,client\n" and inside == [True, False]
+
+
+@pytest.mark.parametrize("entry", [{"momentum": 1.5}, {"optimizer": "rmsprop"}, {"nesterov": "yes"},
+                                   {"betas": [0.9]}, {"local-epochs": 0}, {"augment": "rotate"},
+                                   {"weight-decay": "much"}])
+def test_an_invalid_local_training_entry_is_one_line(entry, tmp_path):
+    """A train config whose local training cannot be modelled: one ConfigError (a failed row in
+    the federation, AuditedStrategy), before any attack."""
+    s = FederationSettings(clients=2)
+    auditor = LeakageAuditor(build_example_model(s), AuditSettings(attack={"attack": "dlg", "iterations": 1},
+                                                                   out=tmp_path))
+    with pytest.raises(ConfigError, match="local training in the train config is invalid"):
+        auditor.threat({**s.train_config(), **entry}, FedAvgKeys(), 1)

@@ -50,8 +50,10 @@ class AuditSettings:
     attack:            gradleak AttackConfig fields of the attack (``attack``, ``iterations``,
                        ``lr``, ``seeds``, ...), validated exactly as ``gradleak attack`` does.
     out:               folder for audit.csv, audit.json and runs/ (see the module's notes in docs/).
-    local_steps, local_batch_size, local_lr: the public FedAvg hyper-parameters, used when the
-                       round's train config does not carry them (see ``FedAvgKeys``).
+    local_steps, local_batch_size, local_lr, local_epochs, local_optimizer, ...: the clients'
+                       public local training (fl.threats.ThreatModel's fields, torch.optim's
+                       meanings), used where the round's train config does not carry them (see
+                       ``FedAvgKeys``). ``local_epochs`` (when set) replaces ``local_steps``.
     max_batch_size:    clients that trained on more examples are logged as skipped (an
                        optimisation-based attack on hundreds of images is pointless).
     every:             audit rounds 1, 1 + every, 1 + 2*every, ...
@@ -64,6 +66,15 @@ class AuditSettings:
     local_steps: int = 1
     local_batch_size: int | None = None
     local_lr: float = 0.01
+    local_epochs: int | None = None
+    local_optimizer: str = "sgd"
+    local_momentum: float = 0.0
+    local_nesterov: bool = False
+    local_weight_decay: float = 0.0
+    local_betas: tuple[float, float] = (0.9, 0.999)
+    local_eps: float = 1e-8
+    local_augment: str = "none"
+    local_crop_padding: int = 4
     max_batch_size: int = 64
     every: int = 1
     defenses: tuple[str, ...] = ()
@@ -91,8 +102,7 @@ class LeakageAuditor:
         self.device = resolve_device(self.cfg.device)
         if settings.every < 1 or settings.max_batch_size < 1:
             raise ConfigError("audit: every and max_batch_size must be >= 1")
-        ThreatModel(name="fedavg", local_steps=settings.local_steps, local_batch_size=settings.local_batch_size,
-                    local_lr=settings.local_lr)    # validates the defaults
+        self.threat({}, FedAvgKeys(), settings.local_batch_size or 1)    # validates the defaults
         self.out = Path(settings.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
@@ -125,19 +135,33 @@ class LeakageAuditor:
                           threat=threat.record(int(num_examples)), defenses=list(self.settings.defenses))
         return SharedUpdate(gradients=delta, global_weights=gw, meta=meta)
 
-    def threat(self, train_config: Mapping[str, Any] | None, keys: "FedAvgKeys") -> ThreatModel:
-        """The round's public FedAvg hyper-parameters: from the train config sent to the clients
-        where it carries them, else the settings' defaults."""
+    def threat(self, train_config: Mapping[str, Any] | None, keys: "FedAvgKeys",
+               num_examples: int | None = None) -> ThreatModel:
+        """The round's public FedAvg client (its local training): from the train config sent to
+        the clients where it carries each entry (``keys``), else the settings' defaults. With
+        epochs announced, the steps are E x ceil(K / B) over the client's ``num_examples`` K."""
         cfg = dict(train_config or {})
         s = self.settings
-        steps = cfg.get(keys.local_steps, s.local_steps)
-        b = cfg.get(keys.local_batch_size, s.local_batch_size)
-        lr = cfg.get(keys.local_lr, s.local_lr)
+        values = {field: cfg.get(getattr(keys, field), getattr(s, field)) for field in FedAvgKeys.__dataclass_fields__}
+        b, epochs = values["local_batch_size"], values["local_epochs"]
         try:
-            return ThreatModel(name="fedavg", local_steps=int(steps), local_batch_size=None if b in (None, 0) else int(b),
-                               local_lr=float(lr))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"audit: FedAvg hyper-parameters in the train config are invalid: {exc}") from None
+            b = None if b in (None, 0) else int(b)
+            if epochs is not None:
+                epochs = int(epochs)
+                k = int(num_examples if num_examples is not None else b or 1)
+                values["local_steps"] = ThreatModel.epoch_steps(k, min(b or k, k), epochs)
+            betas = values["local_betas"]
+            return ThreatModel(name="fedavg", local_steps=int(values["local_steps"]), local_batch_size=b,
+                               local_lr=float(values["local_lr"]), local_epochs=epochs,
+                               local_optimizer=str(values["local_optimizer"]),
+                               local_momentum=float(values["local_momentum"]),
+                               local_nesterov=_flag(values["local_nesterov"]),
+                               local_weight_decay=float(values["local_weight_decay"]),
+                               local_betas=(float(betas[0]), float(betas[1])), local_eps=float(values["local_eps"]),
+                               local_augment=str(values["local_augment"]),
+                               local_crop_padding=int(values["local_crop_padding"]))
+        except (TypeError, ValueError, IndexError, ConfigError) as exc:
+            raise ConfigError(f"audit: the clients' local training in the train config is invalid: {exc}") from None
 
     def should_audit(self, server_round: int) -> bool:
         return (server_round - 1) % self.settings.every == 0
@@ -326,12 +350,29 @@ class AuditStopped(Exception):
 
 @dataclass(frozen=True)
 class FedAvgKeys:
-    """Names of the FedAvg hyper-parameters in the train ConfigRecord the server sends (the
-    ones the clients read); the auditor reads the same entries."""
+    """Names of the clients' local-training settings in the train ConfigRecord the server sends
+    (the ones the clients read); the auditor reads the same entries. Each field is the
+    ThreatModel field it sets (fl.threats; torch.optim's meanings)."""
 
     local_steps: str = "local-steps"
     local_batch_size: str = "batch-size"
     local_lr: str = "lr"
+    local_epochs: str = "local-epochs"      # when present, the steps are E x ceil(K / B)
+    local_optimizer: str = "optimizer"      # sgd | adam | adamw
+    local_momentum: str = "momentum"
+    local_nesterov: str = "nesterov"
+    local_weight_decay: str = "weight-decay"
+    local_betas: str = "betas"              # two numbers
+    local_eps: str = "eps"
+    local_augment: str = "augment"          # none | flip | crop-flip
+    local_crop_padding: str = "crop-padding"
+
+
+def _flag(value: Any) -> bool:
+    """A train config's true/false entry (a ConfigRecord holds bools, or 0/1 from some clients)."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise ValueError(f"nesterov {value!r} is not true or false")
 
 
 # A failed update's error in audit.csv: one line of at most this many characters (audit.csv is

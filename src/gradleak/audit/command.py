@@ -43,10 +43,28 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--attack-seed", dest="attack_seed", type=int, default=0, help="the attack's random start")
     f.add_argument("--device", default="cpu", help="device of the attack (cpu | cuda | auto)")
     f.add_argument("--examples", type=int, default=1, help="images per client per round (default 1)")
-    f.add_argument("--local-steps", dest="local_steps", type=int, default=1, help="FedAvg local SGD steps")
+    # The clients' local training (torch.optim's meanings, as `gradleak share`'s --local-* flags),
+    # announced in the train config, which the audit reads back and models.
+    f.add_argument("--local-epochs", dest="local_epochs", type=int, default=None,
+                   help="FedAvg local epochs over each client's --examples (default 2; or --local-steps)")
+    f.add_argument("--local-steps", dest="local_steps", type=int, default=None,
+                   help="FedAvg local steps, instead of --local-epochs")
     f.add_argument("--batch-size", dest="batch_size", type=int, default=None,
                    help="FedAvg local mini-batch size (default: all --examples)")
     f.add_argument("--lr", type=float, default=0.01, help="FedAvg local learning rate")
+    f.add_argument("--local-optimizer", dest="local_optimizer", default="sgd",
+                   help="the clients' torch.optim optimizer: sgd | adam | adamw (default sgd)")
+    f.add_argument("--local-momentum", dest="local_momentum", type=float, default=None,
+                   help="SGD momentum (default 0.9 for sgd, 0 otherwise)")
+    f.add_argument("--local-nesterov", dest="local_nesterov", action="store_true", help="SGD Nesterov momentum")
+    f.add_argument("--local-weight-decay", dest="local_weight_decay", type=float, default=5e-4,
+                   help="weight decay (L2 for sgd and adam, decoupled for adamw) (default 5e-4)")
+    f.add_argument("--local-betas", dest="local_betas", default=None, help="adam/adamw betas b1,b2 (default 0.9,0.999)")
+    f.add_argument("--local-eps", dest="local_eps", type=float, default=1e-8, help="adam/adamw eps (default 1e-8)")
+    f.add_argument("--local-augment", dest="local_augment", default="none",
+                   help="the clients' private augmentation: none | flip | crop-flip (default none)")
+    f.add_argument("--local-crop-padding", dest="local_crop_padding", type=int, default=4,
+                   help="crop-flip's zero padding in pixels (default 4)")
     f.add_argument("--model", default="lenet-dlg", help="model (a gradleak model name)")
     f.add_argument("--width", type=int, default=None, help="model width (convnet, mlp; default: the model's)")
     f.add_argument("--image-size", dest="image_size", type=int, default=28, help="input size (default 28)")
@@ -56,6 +74,27 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--defense", action="append", default=[], help="update-level defense every client applies")
     f.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     f.set_defaults(func=cmd_audit_flower)
+
+
+def _local_training(args: argparse.Namespace) -> dict[str, Any]:
+    """FederationSettings' local-training fields from the flags (ConfigError for a pair that
+    cannot go together; the ranges are FederationSettings.check's)."""
+    from ..config import parse_betas
+
+    if args.local_steps is not None and args.local_epochs is not None:
+        raise ConfigError("audit-flower: give --local-epochs or --local-steps, not both")
+    sgd = args.local_optimizer == "sgd"
+    if args.local_betas is not None and sgd:
+        raise ConfigError("audit-flower: --local-betas applies to --local-optimizer adam or adamw, not sgd")
+    try:
+        betas = parse_betas(args.local_betas) if args.local_betas is not None else (0.9, 0.999)
+    except ValueError as exc:
+        raise ConfigError(f"audit-flower: --local-betas {exc}") from None
+    momentum = args.local_momentum if args.local_momentum is not None else 0.9 if sgd else 0.0
+    return {"local_steps": args.local_steps, "local_epochs": args.local_epochs if args.local_epochs is not None else 2,
+            "optimizer": args.local_optimizer, "momentum": momentum, "nesterov": args.local_nesterov,
+            "weight_decay": args.local_weight_decay, "betas": betas, "eps": args.local_eps,
+            "augment": args.local_augment, "crop_padding": args.local_crop_padding}
 
 
 def _attack_names() -> str:
@@ -83,7 +122,7 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
         if value is not None:
             attack[key] = value
     settings = FederationSettings(rounds=args.rounds, clients=args.clients, examples=args.examples,
-                                  local_steps=args.local_steps, batch_size=args.batch_size, lr=args.lr,
+                                  batch_size=args.batch_size, lr=args.lr, **_local_training(args),
                                   model=args.model, width=args.width, image_size=args.image_size,
                                   data_root=args.data_root, seed=args.seed, defense=list(args.defense),
                                   server=args.server, verbose=args.verbose)

@@ -72,24 +72,43 @@ def client_batch(s: FederationSettings, partition: int, server_round: int) -> Ba
                  class_names=tuple(source.class_names))
 
 
+def client_optimizer(params: Any, train: dict[str, Any]) -> torch.optim.Optimizer:
+    """The torch.optim optimizer a train config announces (FederationSettings.train_config's keys)."""
+    name, lr, wd = str(train.get("optimizer", "sgd")), float(train["lr"]), float(train.get("weight-decay", 0.0))
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(train.get("momentum", 0.0)),
+                               nesterov=bool(train.get("nesterov", False)), weight_decay=wd)
+    betas = tuple(float(b) for b in train.get("betas", (0.9, 0.999)))
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    return cls(params, lr=lr, betas=betas, eps=float(train.get("eps", 1e-8)), weight_decay=wd)  # type: ignore[arg-type]
+
+
 def local_training(model: ModelSpec, batch: Batch, *, steps: int, batch_size: int, lr: float,
-                   private_seed: int) -> float:
-    """Plain PyTorch FedAvg client: ``steps`` SGD steps over ``batch`` in mini-batches of
-    ``batch_size``, reshuffled each epoch with a private generator. Trains ``model`` in place;
-    returns the mean loss."""
+                   private_seed: int, train: dict[str, Any] | None = None) -> float:
+    """Plain PyTorch FedAvg client: ``steps`` steps of a torch.optim optimizer (``train``: the
+    train config's entries, client_optimizer; default plain SGD at ``lr``) over ``batch`` in
+    mini-batches of ``batch_size``, reshuffled each epoch with a private generator, each
+    mini-batch augmented privately (``train["augment"]``: fl.augment's flips and crops). Trains
+    ``model`` in place; returns the mean loss."""
+    from ..fl.augment import augment
+    from ..fl.threats import augment_generator
+
+    train = {**(train or {}), "lr": lr}
     module = model.module
     module.train()
-    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    opt = client_optimizer(module.parameters(), train)
     gen = torch.Generator().manual_seed(private_seed)
+    flips = augment_generator(private_seed)   # its own stream of augmentation draws, apart from the shuffling
+    policy, padding = str(train.get("augment", "none")), int(train.get("crop-padding", 4))
     losses: list[float] = []
     order: list[int] = []
-    x_all = model.normalize(batch.images)
     while len(losses) < steps:
         if not order:
             order = torch.randperm(batch.size, generator=gen).tolist()
         idx, order = order[:batch_size], order[batch_size:]
         opt.zero_grad()
-        loss = F.cross_entropy(module(x_all[idx]), batch.labels[idx])
+        x = model.normalize(augment(batch.images[idx], policy, padding, flips))
+        loss = F.cross_entropy(module(x), batch.labels[idx])
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
@@ -128,12 +147,15 @@ def client_app(s: FederationSettings):  # noqa: ANN201 - flwr.clientapp.ClientAp
         cfg = msg.content["config"]
         server_round = int(cfg["server-round"])
         steps, b, lr = int(cfg["local-steps"]), int(cfg["batch-size"]), float(cfg["lr"])
+        if "local-epochs" in cfg:   # epochs over the client's own examples
+            steps = int(cfg["local-epochs"]) * -(-fs.examples // min(b, fs.examples))
         model = build_example_model(fs)
         model.module.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         start = {n: p.detach().clone() for n, p in model.module.named_parameters()}
         batch = client_batch(fs, partition, server_round)
         private_seed = int.from_bytes(os.urandom(4), "little")   # the client's own shuffling
-        loss = local_training(model, batch, steps=steps, batch_size=b, lr=lr, private_seed=private_seed)
+        loss = local_training(model, batch, steps=steps, batch_size=b, lr=lr, private_seed=private_seed,
+                              train=dict(cfg))
         if fs.defense:
             _defend(model, start, fs.defense, private_seed)
         content = RecordDict({"arrays": ArrayRecord(model.module.state_dict()),
@@ -197,8 +219,7 @@ def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any],  # n
         model = build_example_model(s)
         strategy = AuditedStrategy(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=s.clients,
                                           min_available_nodes=s.clients), auditor)
-        train_config = ConfigRecord({"lr": float(s.lr), "local-steps": int(s.local_steps),
-                                     "batch-size": int(s.batch_size or s.examples)})
+        train_config = ConfigRecord(s.train_config())   # the clients' local training, announced
         try:
             out = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.module.state_dict()),
                                  num_rounds=s.rounds, train_config=train_config, timeout=600)
@@ -234,7 +255,7 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
         raise ConfigError("the Flower audit needs flwr[simulation]: pip install 'gradleak[fl]'") from None
     from ..localray import local_ray
 
-    settings = AuditSettings(attack=dict(attack), out=out, local_steps=s.local_steps, local_batch_size=s.batch_size,
+    settings = AuditSettings(attack=dict(attack), out=out, local_steps=s.steps, local_batch_size=s.batch_size,
                              local_lr=s.lr, max_batch_size=max(64, s.examples), defenses=tuple(s.defense))
     auditor = LeakageAuditor(model, settings, truth_fn=lambda rnd, client: client_batch(s, int(client), rnd))
     result: dict[str, Any] = {}

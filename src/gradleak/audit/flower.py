@@ -87,15 +87,13 @@ class AuditedStrategy(Strategy):
                 if msg.has_error() or sent is None:
                     continue
                 global_weights, train_config = sent
-                try:
-                    threat = self.auditor.threat(train_config, self.keys)
-                except GradleakError as exc:   # the audit never stops the federation
-                    self.auditor.log_failure(server_round, client_name(msg), str(exc), msg.metadata.src_node_id)
-                    continue
-                self._audit_reply(server_round, msg, global_weights, threat)
+                self._audit_reply(server_round, msg, global_weights, train_config)
         return self.strategy.aggregate_train(server_round, replies)
 
-    def _audit_reply(self, server_round: int, msg: Message, global_weights: dict[str, Any], threat: Any) -> None:
+    def _audit_reply(self, server_round: int, msg: Message, global_weights: dict[str, Any],
+                     train_config: dict[str, Any]) -> None:
+        """Attack one reply's update under the local training the train config announced (read
+        once the reply says how many examples the client trained on: its epochs' steps)."""
         content = msg.content
         arrays = content.array_records.get(self.arrayrecord_key) or next(iter(content.array_records.values()), None)
         metrics = next(iter(content.metric_records.values()), None)
@@ -105,8 +103,14 @@ class AuditedStrategy(Strategy):
                                      msg.metadata.src_node_id)
             return
         loss = next((float(metrics[k]) for k in ("train_loss", "train-loss", "loss") if k in metrics), float("nan"))
+        num_examples = int(metrics[self.num_examples_key])
+        try:
+            threat = self.auditor.threat(train_config, self.keys, num_examples)
+        except GradleakError as exc:   # the audit never stops the federation
+            self.auditor.log_failure(server_round, name, str(exc), msg.metadata.src_node_id)
+            return
         self.auditor.audit(server_round, name, global_weights, arrays.to_torch_state_dict(),
-                           num_examples=int(metrics[self.num_examples_key]), threat=threat, loss=loss,
+                           num_examples=num_examples, threat=threat, loss=loss,
                            node_id=msg.metadata.src_node_id)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, GradleakError
 
+# fl.optim.OPTIMIZERS and fl.augment.AUGMENTS (which import torch; tests/audit pins them equal)
+OPTIMIZERS = ("sgd", "adam", "adamw")
+AUGMENTS = ("none", "flip", "crop-flip")
+
 
 @dataclass
 class FederationSettings:
@@ -16,9 +20,21 @@ class FederationSettings:
     rounds: int = 3
     clients: int = 3
     examples: int = 1            # images per client per round (the batch the attack faces)
-    local_steps: int = 1
+    # The clients' local training (torch.optim, announced in the train config; fl.optim's meanings):
+    # ``local_epochs`` epochs over the ``examples`` in mini-batches of ``batch_size``, or, when
+    # given, ``local_steps`` steps instead; SGD with momentum 0.9 and weight decay 5e-4 by default.
+    local_steps: int | None = None
+    local_epochs: int = 2
     batch_size: int | None = None   # local mini-batch size (default: all ``examples``)
     lr: float = 0.01
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    augment: str = "none"
+    crop_padding: int = 4
     model: str = "lenet-dlg"
     width: int | None = None
     # What the server sends the clients (gradleak.server_spec): the example's global model as it
@@ -40,6 +56,7 @@ class FederationSettings:
     MAX_CLIENTS = 1024
     MAX_EXAMPLES = 4096
     MAX_LOCAL_STEPS = 10_000
+    MAX_LOCAL_EPOCHS = 1000
     MAX_SEED = 2**32 - 1
 
     def check(self, *, with_defenses: bool = True) -> None:
@@ -52,10 +69,18 @@ class FederationSettings:
                               f"got {self.clients})")
         self._int("clients", 2, self.MAX_CLIENTS)
         self._int("examples", 1, self.MAX_EXAMPLES)
-        self._int("local_steps", 1, self.MAX_LOCAL_STEPS)
+        if self.local_steps is not None:
+            self._int("local_steps", 1, self.MAX_LOCAL_STEPS)
+        else:
+            self._int("local_epochs", 1, self.MAX_LOCAL_EPOCHS)
         if self.batch_size is not None:
             self._int("batch_size", 1, self.examples, "--examples, the images a client trains on")
         self._positive("lr")
+        self._local_optimizer(full=with_defenses)
+        if self.steps > self.MAX_LOCAL_STEPS:
+            raise ConfigError(f"audit-flower: --local-epochs {self.local_epochs} over {self.examples} examples in "
+                              f"mini-batches of {self.batch_size or self.examples} are {self.steps} local steps, more "
+                              f"than {self.MAX_LOCAL_STEPS}")
         self._int("image_size", 4, 1024)
         if self.width is not None:
             self._int("width", 1, 4096)
@@ -70,6 +95,68 @@ class FederationSettings:
             if any(d.client_side for d in parse_defenses(self.defense)):
                 raise ConfigError("audit-flower: client-side defenses (dpsgd) act on FedSGD gradients; the example "
                                   "clients run FedAvg, so use update-level defenses (gaussian, prune, quantize)")
+
+    @property
+    def steps(self) -> int:
+        """The local steps a client takes: ``local_steps``, else E x ceil(examples / batch_size)."""
+        if self.local_steps is not None:
+            return self.local_steps
+        return self.local_epochs * math.ceil(self.examples / (self.batch_size or self.examples))
+
+    def train_config(self) -> dict[str, object]:
+        """What the server announces to the clients in the train ConfigRecord (the keys of
+        audit.FedAvgKeys): the local training they run, which the auditor reads back."""
+        cfg: dict[str, object] = {"lr": float(self.lr), "local-steps": int(self.steps),
+                                  "batch-size": int(self.batch_size or self.examples), "optimizer": self.optimizer,
+                                  "weight-decay": float(self.weight_decay), "augment": self.augment}
+        if self.local_steps is None:
+            cfg["local-epochs"] = int(self.local_epochs)
+        if self.optimizer == "sgd":
+            cfg.update({"momentum": float(self.momentum), "nesterov": bool(self.nesterov)})
+        else:
+            cfg.update({"betas": [float(b) for b in self.betas], "eps": float(self.eps)})
+        if self.augment == "crop-flip":
+            cfg["crop-padding"] = int(self.crop_padding)
+        return cfg
+
+    def _local_optimizer(self, *, full: bool) -> None:
+        """The optimizer's and augmentation's flags: names, types and the flags that do not apply
+        without torch; ``full``: their ranges too, as `gradleak share` checks them
+        (fl.optim.LocalOptimizer, which imports torch)."""
+        names = {"optimizer": "--local-optimizer", "momentum": "--local-momentum", "nesterov": "--local-nesterov",
+                 "weight_decay": "--local-weight-decay", "betas": "--local-betas", "eps": "--local-eps",
+                 "augment": "--local-augment", "crop_padding": "--local-crop-padding"}
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"audit-flower: --local-optimizer must be one of {', '.join(OPTIMIZERS)} "
+                              f"(got {self.optimizer!r})")
+        if self.augment not in AUGMENTS:
+            raise ConfigError(f"audit-flower: --local-augment must be one of {', '.join(AUGMENTS)} "
+                              f"(got {self.augment!r})")
+        self._int("crop_padding", 0, 64, flag="--local-crop-padding")
+        for name in ("momentum", "weight_decay", "eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"audit-flower: {names[name]} must be a finite number (got {value!r})")
+        if self.optimizer != "sgd" and (self.momentum or self.nesterov):
+            raise ConfigError(f"audit-flower: --local-momentum and --local-nesterov apply to --local-optimizer sgd, "
+                              f"not {self.optimizer} (give --local-momentum 0)")
+        if self.optimizer == "sgd" and tuple(self.betas) != (0.9, 0.999):
+            raise ConfigError("audit-flower: --local-betas applies to --local-optimizer adam or adamw, not sgd")
+        if not full:
+            return
+        from ..fl.optim import LocalOptimizer
+
+        try:
+            LocalOptimizer(self.optimizer, lr=float(self.lr), momentum=float(self.momentum),
+                           nesterov=bool(self.nesterov), weight_decay=float(self.weight_decay),
+                           betas=tuple(float(b) for b in self.betas), eps=float(self.eps))  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"audit-flower: --local-betas must be two numbers (got {self.betas!r}): {exc}") from None
+        except ConfigError as exc:   # LocalOptimizer's sentence, with the flag's name
+            text = str(exc)
+            for name, flag in names.items():
+                text = text.replace(f"local_{name}", flag)
+            raise ConfigError(f"audit-flower: {text}") from None
 
     def _server(self) -> None:
         """The --server spec, parsed without torch (its values' ranges are the model builder's,
