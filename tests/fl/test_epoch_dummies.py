@@ -117,3 +117,23 @@ def test_per_step_label_counts_on_a_small_client(cifar10):
     update = fedavg(model, sample_batch(cifar10, K, 0, image_size=32, channels=3), adam, private_seed=0)
     with pytest.raises(GradleakError, match="trained with SGD"):
         fedavg_counts(update, model, K)
+
+
+def test_the_prior_improves_ig_on_a_tiny_client():
+    """IG on LeNet, 4 CIFAR-10 samples trained 2 epochs in mini-batches of 2 (plain SGD, lr 0.05,
+    the order private), 150 iterations: one dummy set per epoch tied by the prior (the default)
+    beats one set shared by both epochs. Measured: 10.6 -> 11.6 dB (seed 0), 10.3 -> 11.5 dB
+    (seed 1); both far from a rebuilt photo (no leak either way), and the prior's answer explains
+    the update better (relative distance 0.065 -> 0.032)."""
+    from gradleak.config import make_config
+    from gradleak.metrics import evaluate
+    from gradleak.pipeline import attack_update, build_case
+
+    case = build_case(make_config(attack="ig", model="lenet-dlg", data="cifar10-samples", seed=0, threat="fedavg",
+                                  batch_size=K, local_epochs=E, local_batch_size=B, local_lr=0.05))
+    runs = {w: attack_update(case.update, case.model, "ig", iterations=150, seed=0, epoch_prior=w, threads=1)
+            for w in (0.0, 1.0)}
+    assert runs[0.0].extra["epoch_dummy_sets"] == 1 and runs[1.0].extra["epoch_dummy_sets"] == E
+    psnr = {w: evaluate(r, case.truth).to_dict()["psnr_mean"] for w, r in runs.items()}
+    assert psnr[1.0] > psnr[0.0] + 0.5, psnr
+    assert runs[1.0].extra["relative_gradient_distance"] < runs[0.0].extra["relative_gradient_distance"]
