@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -14,6 +14,7 @@ from .loop_state import LoopState
 from .optimizers import make_optimizer
 from .progress import log_due, progress_bar
 from .session import Session
+from .state import Snapshot
 from .settings import LoopHooks, LoopResult, LoopSettings, Objective, check_settings, learning_rate
 
 
@@ -40,6 +41,46 @@ def _langevin(noisy: list[torch.Tensor], noise: Callable[[torch.Tensor], torch.T
             else:
                 eta = torch.randn(v.shape, generator=generator, dtype=v.dtype, device="cpu").to(v.device)
             v.add_(eta, alpha=lr_t * alpha_n)
+
+
+def _step(opt: torch.optim.Optimizer, closure: Objective, settings: LoopSettings, hooks: LoopHooks,
+          noisy: list[torch.Tensor], generator: torch.Generator | None, lr_t: float, t: int) -> float:
+    """Step t at learning rate lr_t, then its Langevin noise and the attack's after_step: the loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr_t
+    loss = opt.step(closure)
+    value = float(loss)
+    if settings.langevin > 0:
+        _langevin(noisy, hooks.noise, generator, lr_t, settings.langevin)
+    if hooks.after_step is not None:
+        with torch.no_grad():
+            hooks.after_step(t)
+    return value
+
+
+def _record(result: LoopResult, bar: Any, task: Any, settings: LoopSettings, hooks: LoopHooks, t: int,
+            value: float) -> None:
+    """Step t's finite loss goes to the progress bar and the history; the attack's on_log runs
+    when a log is due."""
+    bar.update(task, completed=t + 1, loss=value)
+    result.history.append({"iteration": t + 1, "loss": value})
+    result.final_loss = value
+    result.iterations = t + 1
+    if hooks.on_log is not None and log_due(t + 1, hooks.log_every or 0, settings.iterations):
+        with torch.no_grad():
+            hooks.on_log(t + 1)
+
+
+def _snapshot_due(run: LoopState, session: Session, good: Snapshot, t: int, every: int, start: float) -> Snapshot:
+    """After t steps: a new good snapshot every SNAPSHOT_EVERY steps and at each checkpoint
+    (every ``every`` steps but the last, then saved); else ``good`` as it was."""
+    checkpoint = every > 0 and t % every == 0 and t < run.settings.iterations
+    if checkpoint or t % SNAPSHOT_EVERY == 0:
+        run.result.wall_seconds = time.perf_counter() - start
+        good = run.snapshot()
+        if checkpoint:
+            session.save(good)
+    return good
 
 
 def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: LoopSettings,
@@ -82,16 +123,7 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
         while t < settings.iterations:
             if session.interrupted is not None:
                 run.interrupt(t, start)
-            lr_t = learning_rate(settings, t) * run.lr_scale
-            for group in opt.param_groups:
-                group["lr"] = lr_t
-            loss = opt.step(closure)
-            value = float(loss)
-            if settings.langevin > 0:
-                _langevin(noisy, hooks.noise, generator, lr_t, settings.langevin)
-            if hooks.after_step is not None:
-                with torch.no_grad():
-                    hooks.after_step(t)
+            value = _step(opt, closure, settings, hooks, noisy, generator, learning_rate(settings, t) * run.lr_scale, t)
             if not (math.isfinite(value) and all_finite(variables)):
                 recovered = recover(run, good, t, value)
                 if recovered is None:
@@ -100,22 +132,11 @@ def optimise(variables: Sequence[torch.Tensor], objective: Objective, settings: 
                 t = result.iterations
                 bar.update(task, completed=t)
                 continue
-            result.history.append({"iteration": t + 1, "loss": value})
-            result.final_loss = value
-            result.iterations = t + 1
-            bar.update(task, completed=t + 1, loss=value)
-            if hooks.on_log is not None and log_due(t + 1, hooks.log_every or 0, settings.iterations):
-                with torch.no_grad():
-                    hooks.on_log(t + 1)
+            _record(result, bar, task, settings, hooks, t, value)
             t += 1
             if hooks.should_stop is not None and hooks.should_stop(result.history):
                 break
-            checkpoint = every > 0 and t % every == 0 and t < settings.iterations
-            if checkpoint or t % SNAPSHOT_EVERY == 0:
-                result.wall_seconds = time.perf_counter() - start
-                good = run.snapshot()
-                if checkpoint:
-                    session.save(good)
+            good = _snapshot_due(run, session, good, t, every, start)
     if session.interrupted is not None:
         # the signal came during the last step (or the one that stopped the loop): the state is
         # saved there, and a resumed run goes on from it
