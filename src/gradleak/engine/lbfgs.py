@@ -97,6 +97,32 @@ class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
             gamma = ys / y.dot(y)
         return self._direction(state, flat_grad, gamma), gamma
 
+    def _move(self, closure, group: dict, loss: float, flat_grad: torch.Tensor, t: float,  # noqa: ANN001
+              d: torch.Tensor, gtd: torch.Tensor, max_ls: int, last: bool) -> tuple:
+        """x += t d: with torch's strong Wolfe line search (at most ``max_ls`` evaluations), or the
+        fixed step t, then the objective again unless this is the ``last`` iteration. Returns
+        (loss, flat_grad, t, evaluations, opt_cond) after the move."""
+        tolerance_grad, line_search_fn = group["tolerance_grad"], group["line_search_fn"]
+        if line_search_fn is not None:
+            if line_search_fn != "strong_wolfe":
+                raise RuntimeError("only 'strong_wolfe' is supported")
+            x_init = self._clone_param()
+
+            def obj_func(x, t, d):  # noqa: ANN001, ANN202
+                return self._directional_evaluate(closure, x, t, d)
+
+            loss, flat_grad, t, ls_func_evals = _strong_wolfe(obj_func, x_init, t, d, loss, flat_grad, gtd,
+                                                              max_ls=max_ls)
+            self._add_grad(t, d)
+            return loss, flat_grad, t, ls_func_evals, flat_grad.abs().max() <= tolerance_grad
+        self._add_grad(t, d)
+        if last:
+            return loss, flat_grad, t, 0, False
+        with torch.enable_grad():
+            loss = float(closure())
+        flat_grad = self._gather_flat_grad()
+        return loss, flat_grad, t, 1, flat_grad.abs().max() <= tolerance_grad
+
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure):  # type: ignore[override]  # noqa: ANN001, ANN201
@@ -104,7 +130,7 @@ class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
         lr = float(group["lr"])
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
-        line_search_fn, history_size = group["line_search_fn"], group["history_size"]
+        history_size = group["history_size"]
         if group.get("maximize", False):
             raise ValueError("CompactLBFGS minimises; maximize=True is not supported")
         closure = torch.enable_grad()(closure)
@@ -144,28 +170,8 @@ class CompactLBFGS(EagerOptimizer, torch.optim.LBFGS):
             if gtd > -tolerance_change:
                 break
 
-            ls_func_evals = 0
-            if line_search_fn is not None:
-                if line_search_fn != "strong_wolfe":
-                    raise RuntimeError("only 'strong_wolfe' is supported")
-                x_init = self._clone_param()
-
-                def obj_func(x, t, d):  # noqa: ANN001, ANN202
-                    return self._directional_evaluate(closure, x, t, d)
-
-                loss, flat_grad, t, ls_func_evals = _strong_wolfe(obj_func, x_init, t, d, loss, flat_grad, gtd,
-                                                                  max_ls=max_eval - current_evals)
-                self._add_grad(t, d)
-                opt_cond = flat_grad.abs().max() <= tolerance_grad
-            else:
-                self._add_grad(t, d)
-                opt_cond = False
-                if n_iter != max_iter:
-                    with torch.enable_grad():
-                        loss = float(closure())
-                    flat_grad = self._gather_flat_grad()
-                    opt_cond = flat_grad.abs().max() <= tolerance_grad
-                    ls_func_evals = 1
+            loss, flat_grad, t, ls_func_evals, opt_cond = self._move(closure, group, loss, flat_grad, t, d, gtd,
+                                                                     max_eval - current_evals, n_iter == max_iter)
             current_evals += ls_func_evals
             state["func_evals"] += ls_func_evals
 
