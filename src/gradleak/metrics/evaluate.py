@@ -92,18 +92,10 @@ def label_accuracy(restored: torch.Tensor, true: torch.Tensor) -> float:
     return sum(common.values()) / k
 
 
-def evaluate(reconstruction: Reconstruction, truth: Batch) -> Evaluation:
-    """Pair the reconstruction's slots with the true images and score every pair.
-
-    reconstruction.images: [K, C, H, W]; reconstruction.labels: [K].
-    truth.images:          [K, C, H, W] in [0, 1]; truth.labels: [K].
-
-    Reconstructed pixels are clamped to [0, 1] before scoring (non-finite pixels from a
-    diverged attack become 0 or 1 rather than poisoning the means). Slots are paired by
-    :func:`gradleak.metrics.match` (minimum total MSE), since batch order cannot be recovered
-    from an averaged gradient; and again by restored label (:func:`pair_by_label`), as the paper
-    and an attacker pair them (docs/explanation/pairing.md).
-    """
+def _checked(reconstruction: Reconstruction,
+             truth: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rec images, true images, rec labels [K] long on the CPU, true labels): detached, once the
+    shapes are checked to pair (ModelMismatchError otherwise)."""
     rec_images = reconstruction.images.detach()
     true_images = truth.images.detach()
     if rec_images.shape != true_images.shape:
@@ -122,6 +114,23 @@ def evaluate(reconstruction: Reconstruction, truth: Batch) -> Evaluation:
         raise ModelMismatchError(
             f"reconstruction has {rec_labels.numel()} labels for {k} images; expected one per image"
         )
+    return rec_images, true_images, rec_labels, true_labels
+
+
+def evaluate(reconstruction: Reconstruction, truth: Batch) -> Evaluation:
+    """Pair the reconstruction's slots with the true images and score every pair.
+
+    reconstruction.images: [K, C, H, W]; reconstruction.labels: [K].
+    truth.images:          [K, C, H, W] in [0, 1]; truth.labels: [K].
+
+    Reconstructed pixels are clamped to [0, 1] before scoring (non-finite pixels from a
+    diverged attack become 0 or 1 rather than poisoning the means). Slots are paired by
+    :func:`gradleak.metrics.match` (minimum total MSE), since batch order cannot be recovered
+    from an averaged gradient; and again by restored label (:func:`pair_by_label`), as the paper
+    and an attacker pair them (docs/explanation/pairing.md).
+    """
+    rec_images, true_images, rec_labels, true_labels = _checked(reconstruction, truth)
+    k = int(true_images.shape[0])
 
     # Evaluation is tiny next to the attack; doing it on the CPU keeps float64 available everywhere.
     rec = torch.nan_to_num(rec_images.to("cpu", torch.float32), nan=0.0, posinf=1.0, neginf=0.0)
