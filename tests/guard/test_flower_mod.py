@@ -133,3 +133,19 @@ def test_other_messages_pass_untouched_and_guarded_wraps_a_built_app(batch, tmp_
     msg = Message(content=RecordDict({"config": ConfigRecord({})}), dst_node_id=7, message_type="evaluate")
     reply = app(msg, context())
     assert seen == ["evaluate"] and not reply.has_error() and not (tmp_path / "guard.csv").exists()
+
+
+def test_a_guard_that_fails_is_a_recorded_decision_and_never_blocks_the_round(batch, tmp_path):
+    def broken(msg, ctx):
+        raise OSError("the client's data went away")
+
+    p = GuardPolicy(progress=False)
+    for on_error, sent in (("withhold", False), ("send", True)):
+        out = tmp_path / on_error
+        guard = GuardMod(GuardPolicy(**{**p.to_dict(), "schedule": p.schedule, "on_error": on_error}),
+                         model_fn=lambda m, c: lenet(), batch_fn=broken, arch="lenet-dlg", out=out)
+        reply = guard(train_message(lenet().module.state_dict()), context(), Client(batch))
+        assert reply.has_error() != sent
+        [row] = rows(out)
+        assert row["verdict_before"] == "failed" and "the client's data went away" in row["reason"]
+        assert row["decision"] == ("passed" if sent else "withheld")

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import GradleakError
 from ..paths import one_line
 from .check import FAILED, REFUSED, WITHHELD, GuardRecord, fedavg_update, guard_update, screen_model
 from .policy import REFUSE, SEND, GuardPolicy
@@ -114,14 +113,19 @@ class GuardMod:
         name = f"round-{rnd:03d}-client-{''.join(c if c.isalnum() else '_' for c in client)[:60]}"
         received = msg.content.array_records[self.arrays_key].to_torch_state_dict()
         model = self.model_fn(msg, context)
-        model.module.load_state_dict(received)
+        suspicious, why = False, ""
         if self.arch is not None:
             suspicious, why, _ = screen_model(received, self.arch, num_classes=model.num_classes,
                                               channels=model.input_shape[0], image_size=model.input_shape[1])
-            if suspicious and self.policy.on_suspicious == REFUSE:
-                record = GuardRecord(name=name, decision=REFUSED, reason=why, seconds=round(time.monotonic() - t0, 3))
-                self._log(rnd, client, record, 0.0)
-                return Message(error=Error(GUARD_ERROR_CODE, f"guard: {REFUSED}: {why}"), reply_to=msg)
+        if not suspicious:
+            try:
+                model.module.load_state_dict(received)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                suspicious, why = True, one_line(f"the received model does not fit the client's model: {exc}", 300)
+        if suspicious and self.policy.on_suspicious == REFUSE:
+            record = GuardRecord(name=name, decision=REFUSED, reason=why, seconds=round(time.monotonic() - t0, 3))
+            self._log(rnd, client, record, 0.0)
+            return Message(error=Error(GUARD_ERROR_CODE, f"guard: {REFUSED}: {why}"), reply_to=msg)
         t_train = time.monotonic()
         reply = call_next(msg, context)
         train_seconds = time.monotonic() - t_train
@@ -129,7 +133,7 @@ class GuardMod:
             return reply
         try:
             record, sent = self._check(msg, context, reply, model, received, name)
-        except (GradleakError, RuntimeError, ValueError, KeyError) as exc:  # the guard never blocks the federation
+        except Exception as exc:  # noqa: BLE001 - the guard never blocks the federation: a recorded decision
             why = one_line(f"{type(exc).__name__}: {exc}", 300)
             send = self.policy.on_error == SEND
             record = GuardRecord(name=name, decision="passed" if send else WITHHELD, verdict_before=FAILED,
