@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=None, help="recompute only the rows of these batch sizes (e.g. 32), "
                         "keeping the file's other rows; each recomputed row records its date")
     args = parser.parse_args(argv)
-    from gradleak.text import TextAttackSettings, run_text_attack
+    from gradleak.text import run_text_attack
     from gradleak.text.client import text_fedsgd
     from gradleak.text.data import python_docs_sentences, text_batch
     from gradleak.text.metrics import evaluate_text
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = text_batch(pools[src], model, k, seed)
         update = text_fedsgd(model, batch)
         t0 = time.perf_counter()
-        recon = run_text_attack("dager", update, model, TextAttackSettings(beam_width=128))
+        recon = run_text_attack("dager", update, model, beam_width=128)
         wall = time.perf_counter() - t0
         m = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                           model.tokenizer)

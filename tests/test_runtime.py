@@ -194,11 +194,11 @@ def test_every_attack_runs_under_ieee_float32(monkeypatch: pytest.MonkeyPatch) -
         attack_update(case.update, case.model, name, iterations=2, log_every=1, observer=observer(name), **flags)
     pytest.importorskip("tokenizers")
     from gradleak.fl.threats import ThreatModel
-    from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share
+    from gradleak.text import build_text_model, run_text_attack, text_batch, text_share
 
     tiny = build_text_model("tiny-transformer", seed=0)
     update = text_share(tiny, text_batch(["a short sentence"], tiny, 1, 0), ThreatModel())
-    run_text_attack("dlg", update, tiny, TextAttackSettings(iterations=2, log_every=1, search_evaluations=0),
+    run_text_attack("dlg", update, tiny, iterations=2, log_every=1, search_evaluations=0,
                     observer=observer("text"))
     assert entered == [torch.device("cpu")] * 5 and depth[0] == 0
     assert set(seen) == {*names, "text"} and all(all(v) for v in seen.values()), seen

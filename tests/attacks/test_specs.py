@@ -34,6 +34,26 @@ def test_each_declaration_read_without_import_is_the_module_s_own():
                 assert callable(module.check), name
 
 
+def test_every_attacks_run_takes_its_typed_config():
+    """Issue 58: each of the 17 attacks' ``run`` is annotated with its own typed config class (the
+    one attacks/configs.py or text/configs.py derives from its SPEC), never Any or object."""
+    import inspect
+    import typing
+
+    from gradleak.text.configs import TEXT_ATTACK_CONFIGS
+
+    classes = {"image": CONFIGS, "text": TEXT_ATTACK_CONFIGS}
+    seen = 0
+    for modality in ("image", "text"):
+        for name, spec in specs.attack_specs(modality).items():
+            module = importlib.import_module(spec.module)
+            first = next(iter(inspect.signature(module.run).parameters))
+            hints = typing.get_type_hints(module.run, vars(module))
+            assert hints[first] is classes[modality][name], (modality, name, hints[first])
+            seen += 1
+    assert seen == 17
+
+
 def test_text_attacks_derive_from_their_specs():
     """The text attacks' names, typed configs, per-model defaults, flags and verdict line come from
     their modules' SPECs (text/attacks/); a name may be an image attack's too (dlg)."""
@@ -161,11 +181,11 @@ SPEC = {
     "flags": {"copies": ["int[1,8]", 2, "echo: how many times the token is repeated"]},
 }
 
-from ..leak import TextAttackSettings, bow_attack
+from ..leak import bow_attack
 
 
 def run(config, update, model, engine):
-    rec = bow_attack(update, model, TextAttackSettings(seed=config.seed, device=str(engine.device)), engine.observer)
+    rec = bow_attack(update, model, engine.observer)
     tok = model.tokenizer
     rec.token_ids = [[tok.cls_id, *(row[1:2] * config.copies), tok.sep_id] for row in rec.token_ids]
     return rec

@@ -14,7 +14,7 @@ pytest.importorskip("rouge_score")
 from gradleak.cli import main  # noqa: E402
 from gradleak.errors import GradleakError  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
-from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
+from gradleak.text import build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
 from gradleak.text.attacks import dager as dager_module  # noqa: E402
 from gradleak.text.attacks.dager import TAU, _complete, _Spans, _splice  # noqa: E402
 from gradleak.text.client import text_fedsgd  # noqa: E402
@@ -198,7 +198,7 @@ def test_splice_rebuilds_a_true_tail_behind_a_wrong_prefix(minilm, pair, monkeyp
 
 def test_dager_recovers_a_batch_of_two_exactly(minilm, pair):
     batch, update = pair
-    recon = run_text_attack("dager", update, minilm, TextAttackSettings())
+    recon = run_text_attack("dager", update, minilm)
     assert sorted(recon.token_ids) == sorted(batch.token_ids())
     assert recon.extra["exact"] and recon.extra["verified"] == 2 and recon.extra["why_not_exact"] is None
     assert recon.extra["verified_max_residual"] < TAU and recon.iterations == 1
@@ -222,7 +222,7 @@ def test_splice_completes_a_narrow_beam_without_pins_or_ledger(minilm, pair, mon
     batch, update = pair
     monkeypatch.setattr(_Spans, "position_pins", lambda *args: {})
     monkeypatch.setattr(dager_module._Ledger, "_subtract", lambda *args: False)
-    narrow = run_text_attack("dager", update, minilm, TextAttackSettings(beam_width=1))
+    narrow = run_text_attack("dager", update, minilm, beam_width=1)
     assert narrow.extra["pinned"] == 0 and narrow.extra["peeled"] == 0
     assert sorted(narrow.token_ids) == sorted(batch.token_ids()) and narrow.extra["exact"]
     assert narrow.extra["spliced"] == narrow.extra["splice_jobs"] == 1 and narrow.extra["verified"] == 2
@@ -233,13 +233,13 @@ def test_noise_makes_it_inexact_not_wrong_and_fedavg_is_refused(minilm, pair):
     gen = torch.Generator().manual_seed(0)
     noisy = type(update)(gradients={n: g + 1e-3 * torch.randn(g.shape, generator=gen) for n, g in
                                     update.gradients.items()}, global_weights=update.global_weights, meta=update.meta)
-    recon = run_text_attack("dager", noisy, minilm, TextAttackSettings())
+    recon = run_text_attack("dager", noisy, minilm)
     assert not recon.extra["exact"] and "not exact" in recon.extra["why_not_exact"]
     assert recon.extra["beam_passes"] == 0 and recon.extra["verified"] == 0   # no search on a noisy update
     assert len(recon.token_ids) == 2 and all(len(s) > 2 for s in recon.token_ids)
     two_steps = text_share(minilm, batch, ThreatModel(name="fedavg", local_steps=2, local_lr=0.01))
     with pytest.raises(GradleakError, match="one gradient"):
-        run_text_attack("dager", two_steps, minilm, TextAttackSettings())
+        run_text_attack("dager", two_steps, minilm)
 
 
 def test_cli_dager_run(tmp_path, capsys):

@@ -12,7 +12,7 @@ pytest.importorskip("rouge_score")
 
 from gradleak.cli import main  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
-from gradleak.text import TextAttackSettings, build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
+from gradleak.text import build_text_model, run_text_attack, text_batch, text_share  # noqa: E402
 from gradleak.text.attacks.lamp import TRANSFORMS, LampRun, transform  # noqa: E402
 from gradleak.text.data import python_docs_sentences  # noqa: E402
 from gradleak.text.leak import bag_of_words  # noqa: E402
@@ -101,8 +101,7 @@ def test_discrete_step_puts_a_swapped_sentence_back_in_order(tiny, prior):
 def test_lamp_runs_under_fedavg_and_aggregates(tiny, threat):
     batch = text_batch(list(python_docs_sentences()), tiny, 2, 1)
     update = text_share(tiny, batch, threat)
-    rec = run_text_attack("lamp", update, tiny, TextAttackSettings(iterations=20, discrete_every=10,
-                                                                    discrete_candidates=4))
+    rec = run_text_attack("lamp", update, tiny, iterations=20, discrete_every=10, discrete_candidates=4)
     assert len(rec.token_ids) == 2 and rec.extra["lamp"]["discrete_steps"] == 2
     assert rec.extra["lamp"]["scored"] == 2 * 2 * 4
 

@@ -13,7 +13,7 @@ pytest.importorskip("rouge_score")
 
 from gradleak.cli import main  # noqa: E402
 from gradleak.fl.threats import ThreatModel  # noqa: E402
-from gradleak.text import (TextAttackSettings, bag_of_words, build_text_model, evaluate_text,  # noqa: E402
+from gradleak.text import (bag_of_words, build_text_model, evaluate_text,  # noqa: E402
                            run_text_attack, text_batch, text_share)
 from gradleak.text.client import per_sentence_gradients, text_dpsgd, text_fedsgd  # noqa: E402
 from gradleak.text.metrics import pair_sentences, token_accuracy, token_set_scores  # noqa: E402
@@ -52,7 +52,7 @@ def test_minilm_fedsgd_gradient_names_exactly_the_tokens(minilm):
     truth = batch.token_ids()[0]
     assert bag.exact and bag.length == len(truth)
     assert set(bag.token_ids) == set(truth)  # specials included, nothing else
-    recon = run_text_attack("bow", update, minilm, TextAttackSettings())
+    recon = run_text_attack("bow", update, minilm)
     ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                        minilm.tokenizer, token_set=set(recon.bag.token_ids))
     assert ev.token_set_precision == 1.0 and ev.token_set_recall == 1.0
@@ -90,7 +90,7 @@ def test_tiny_transformer_rebuilds_short_sentences(tiny):
         batch = text_batch([sentence], tiny, 1, seed)
         assert len(content(tiny, batch.token_ids()[0])) <= 8
         update = text_share(tiny, batch, ThreatModel())
-        recon = run_text_attack("dlg", update, tiny, TextAttackSettings(seed=seed))
+        recon = run_text_attack("dlg", update, tiny, seed=seed)
         ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                            tiny.tokenizer)
         results.append((sentence, ev.per_sentence[0]["recovered"], ev.token_accuracy, ev.label_accuracy))
@@ -104,7 +104,7 @@ def test_soft_labels_and_search_fix_the_order(tiny):
     """DLG with soft labels and few iterations leaves tokens out of order; the search repairs it."""
     batch = text_batch(["we love federated learning"], tiny, 1, 0)
     update = text_share(tiny, batch, ThreatModel())
-    recon = run_text_attack("dlg", update, tiny, TextAttackSettings(iterations=60, labels="soft"))
+    recon = run_text_attack("dlg", update, tiny, iterations=60, labels="soft")
     before = evaluate_text(batch.token_ids(), [0], recon.extra["dlg_token_ids"], [0], tiny.tokenizer)
     after = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                           tiny.tokenizer)
@@ -120,7 +120,7 @@ def test_tiny_transformer_batch_of_two_with_different_lengths(tiny):
     """K = 2: the search also moves tokens across sentences and finds the shorter one's length."""
     batch = text_batch(["to be or not to be", "all you need is love"], tiny, 2, 0)
     assert len(set(batch.lengths)) == 2
-    recon = run_text_attack("dlg", text_share(tiny, batch, ThreatModel()), tiny, TextAttackSettings())
+    recon = run_text_attack("dlg", text_share(tiny, batch, ThreatModel()), tiny)
     ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), recon.token_ids, recon.labels.tolist(),
                        tiny.tokenizer)
     assert ev.token_accuracy == 1.0 and ev.label_accuracy == 1.0, [r["recovered"] for r in ev.per_sentence]
@@ -148,10 +148,10 @@ def test_tag_is_dlg_free_plus_an_l1_term(tiny):
     token); with its default alpha it rebuilds most of a sentence on the tiny transformer."""
     batch = text_batch(["my secret pin is 4321"], tiny, 1, 0)
     update = text_share(tiny, batch, ThreatModel())
-    zero = run_text_attack("tag", update, tiny, TextAttackSettings(iterations=40, l1_weight=0.0))
-    free = run_text_attack("dlg-free", update, tiny, TextAttackSettings(iterations=40, search_evaluations=0))
+    zero = run_text_attack("tag", update, tiny, iterations=40, l1_weight=0.0)
+    free = run_text_attack("dlg-free", update, tiny, iterations=40, search_evaluations=0)
     assert zero.token_ids == free.token_ids and zero.history[-1]["loss"] == free.history[-1]["loss"]
-    tag = run_text_attack("tag", update, tiny, TextAttackSettings())
+    tag = run_text_attack("tag", update, tiny)
     assert tag.extra["search_evaluations"] == 0  # TAG has no discrete search by default
     ev = evaluate_text(batch.token_ids(), batch.labels.tolist(), tag.token_ids, tag.labels.tolist(), tiny.tokenizer)
     assert ev.token_accuracy >= 0.6 and ev.label_accuracy == 1.0  # measured: 5 of 6 tokens (83 %)
@@ -160,7 +160,7 @@ def test_tag_is_dlg_free_plus_an_l1_term(tiny):
 def test_heavy_noise_gives_a_result_not_an_error(tiny):
     batch = text_batch(["noise hides the length"], tiny, 1, 0)
     update = text_share(tiny, batch, ThreatModel(), defenses=["gaussian:1e-2"])
-    recon = run_text_attack("dlg", update, tiny, TextAttackSettings(iterations=10, search_evaluations=20))
+    recon = run_text_attack("dlg", update, tiny, iterations=10, search_evaluations=20)
     assert recon.extra["sentence_length_guessed"] and len(recon.token_ids) == 1
     assert not recon.extra["restricted_to_bag"]  # no token set stood out: plain DLG on free embeddings
 
@@ -171,7 +171,7 @@ def test_minilm_rebuilds_a_sentence_in_order(minilm):
     restarts from its local minima) finds the order whose gradient matches exactly."""
     batch = text_batch(["my password is hunter two"], minilm, 1, 1)
     recon = run_text_attack("dlg", text_share(minilm, batch, ThreatModel()), minilm,
-                            TextAttackSettings(seed=1, iterations=30))
+                            seed=1, iterations=30)
     assert minilm.tokenizer.decode(recon.token_ids[0]) == "my password is hunter two"
     assert minilm.tokenizer.decode(recon.extra["dlg_token_ids"][0]) != "my password is hunter two"
 
@@ -179,7 +179,7 @@ def test_minilm_rebuilds_a_sentence_in_order(minilm):
 def test_tiny_transformer_fedavg_sentence(tiny):
     batch = text_batch(["alice sends bob money"], tiny, 1, 3)
     update = text_share(tiny, batch, ThreatModel("fedavg", local_steps=2, local_lr=0.1))
-    recon = run_text_attack("dlg", update, tiny, TextAttackSettings(iterations=150))
+    recon = run_text_attack("dlg", update, tiny, iterations=150)
     assert tiny.tokenizer.decode(recon.token_ids[0]) == "alice sends bob money"
 
 
@@ -189,13 +189,13 @@ def test_tag_under_fedavg_and_an_aggregate(tiny):
     recovers no token; an aggregate of 2 clients: 3 of 8 tokens in place vs none."""
     batch = text_batch(["alice sends bob money"], tiny, 1, 3)
     update = text_share(tiny, batch, ThreatModel("fedavg", local_steps=2, local_lr=0.1))
-    recon = run_text_attack("tag", update, tiny, TextAttackSettings())
+    recon = run_text_attack("tag", update, tiny)
     assert tiny.tokenizer.decode(recon.token_ids[0]) == "alice sends bob money"
     pair = text_batch(["alice sends bob money", "rain falls in spain"], tiny, 2, 3)
     update = text_share(tiny, pair, ThreatModel(name="aggregate", clients=2))
     scores = {}
     for name in ("tag", "dlg-free"):
-        r = run_text_attack(name, update, tiny, TextAttackSettings(search_evaluations=0))
+        r = run_text_attack(name, update, tiny, search_evaluations=0)
         scores[name] = evaluate_text(pair.token_ids(), pair.labels.tolist(), r.token_ids, r.labels.tolist(),
                                      tiny.tokenizer).token_accuracy
     assert scores["tag"] >= 0.25 and scores["tag"] > scores["dlg-free"], scores

@@ -15,7 +15,7 @@ from ..engine import Engine
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..specs import attack_specs
-from .leak import TextAttackSettings, TextObserver, TextReconstruction, TextResolution
+from .leak import TextObserver, TextReconstruction, TextResolution
 from .models import TextModel
 
 TEXT_ATTACK_CONFIGS: dict[str, type[AttackConfigBase]] = {name: make_config_class(spec)
@@ -61,29 +61,34 @@ def resolve_text_attack(values: Mapping[str, Any], model: TextModel, batch_size:
         raise ConfigError(f"text {attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
-def run_text_attack(name: str, update: SharedUpdate, model: TextModel,
-                    settings: TextAttackSettings | None = None, observer: TextObserver | None = None, *,
-                    engine: Engine | None = None) -> TextReconstruction:
-    """Run text attack ``name`` on ``update`` (``settings``: the constants to set, None for the
-    model's defaults; seed, device, log_every and progress for the engine) the way the CLI does:
-    the typed config resolved from its SPEC, run by an Engine (IEEE float32 on CUDA)."""
-    settings = settings if settings is not None else TextAttackSettings()
-    values = {"attack": name, "seed": settings.seed, "iterations": settings.iterations, "lr": settings.lr,
-              "optimizer": settings.optimizer, "dtype": settings.dtype, "labels": settings.labels,
-              "search_evaluations": settings.search_evaluations}
-    if settings.l1_weight is not None:  # TAG's alpha (the other text attacks have no such flag)
-        values["l1_weight"] = settings.l1_weight
-    if settings.beam_width is not None:  # DAGER's beam
-        values["beam_width"] = settings.beam_width
-    for flag in ("lm_weight", "discrete_every", "discrete_candidates"):  # LAMP's
-        if getattr(settings, flag) is not None:
-            values[flag] = getattr(settings, flag)
-    config = resolve_text_attack(values, model, int(update.meta.batch_size))
+def text_config_class(attack: str) -> type[AttackConfigBase]:
+    """The typed config class of text attack ``attack`` (UnknownNameError when there is none)."""
+    if attack not in TEXT_ATTACK_CONFIGS:
+        raise unknown("text attack", attack, TEXT_ATTACKS)
+    return TEXT_ATTACK_CONFIGS[attack]
+
+
+def run_text_attack(attack: str | AttackConfigBase, update: SharedUpdate, model: TextModel,
+                    observer: TextObserver | None = None, *, engine: Engine | None = None, seed: int = 0,
+                    device: str = "cpu", log_every: int = 10, progress: bool = False,
+                    **constants: Any) -> TextReconstruction:
+    """Run a text attack on ``update`` the way the CLI does: ``attack`` its typed config
+    (TEXT_ATTACK_CONFIGS), or its name with ``seed`` and the ``constants`` to set as flat flags
+    (the others: the model's defaults, resolved from its SPEC), run by an Engine (``device``,
+    ``log_every``, ``progress``; IEEE float32 on CUDA). ConfigError for a constant no text attack
+    reads."""
+    if isinstance(attack, AttackConfigBase):
+        config = attack
+    else:
+        for name in constants:
+            if name not in TEXT_FLAT_FIELDS:
+                raise ConfigError(f"text attack {attack!r}: no text attack reads the constant {name!r}")
+        given = {k: v for k, v in constants.items() if v is not None}
+        config = resolve_text_attack({**given, "attack": attack, "seed": seed}, model, int(update.meta.batch_size))
     if engine is None:
-        engine = Engine(device=settings.device, observer=observer, log_every=settings.log_every,
-                        progress=settings.progress)
+        engine = Engine(device=device, observer=observer, log_every=log_every, progress=progress)
     return engine.run(config, update, model)
 
 
 __all__ = ["TEXT_ATTACK_CONFIGS", "TEXT_FLAT_FIELDS", "TextAttackConfig", "resolve_text_attack", "run_text_attack",
-           "text_applicable", "text_attack_names"]
+           "text_applicable", "text_attack_names", "text_config_class"]

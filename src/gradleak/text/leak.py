@@ -1,16 +1,15 @@
 """What a text update gives away without optimisation, and the types every text attack shares:
 the bag of words (word-embedding gradient rows), the sentence length (position-embedding rows),
-the bias rule for one sentence's label, the settings and the reconstruction."""
+the bias rule for one sentence's label and the reconstruction."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from ..engine import Engine
 from ..errors import GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
@@ -29,47 +28,6 @@ class TextResolution:
 
     model: str
     batch_size: int
-
-
-@dataclass(frozen=True)
-class TextAttackSettings:
-    """What the text attacks read, from their typed config and the engine (``settings_from_config``);
-    through the API (``run_text_attack``), ``None`` means the attack's default for the model (its
-    SPEC's ``model_defaults``).
-
-    labels: "soft" (DLG: optimised soft labels) or "bias" (one sentence: the class whose
-    classifier-bias gradient is negative, exact). search_evaluations: budget of discrete
-    sentences the order search may score (0: no search).
-    """
-
-    iterations: int | None = None
-    lr: float | None = None
-    optimizer: str | None = None
-    dtype: str | None = None
-    seed: int = 0
-    device: str = "cpu"
-    log_every: int = 10
-    progress: bool = False
-    labels: str | None = None
-    search_evaluations: int | None = None
-    l1_weight: float | None = None   # TAG: alpha of the l1 term beside DLG's squared l2 (None / 0: DLG's alone)
-    beam_width: int | None = None    # DAGER: prefixes its sentence search keeps (None: its default)
-    lm_weight: float | None = None   # LAMP: alpha_lm of its language-model prior (None: its default)
-    discrete_every: int | None = None       # LAMP: continuous steps between two discrete steps
-    discrete_candidates: int | None = None  # LAMP: reorderings scored per sentence in a discrete step
-
-    def unresolved(self) -> list[str]:
-        """The constants still None (the attack's typed config fills them all)."""
-        return [k for k in ("iterations", "lr", "optimizer", "dtype", "search_evaluations") if getattr(self, k) is None]
-
-
-def settings_from_config(config: Any, engine: Engine) -> TextAttackSettings:
-    """The settings of a typed text-attack config (text/configs.py) run by ``engine``."""
-    return TextAttackSettings(iterations=config.iterations, lr=config.lr, optimizer=config.optimizer,
-                              dtype=config.dtype, seed=config.seed, device=str(engine.device),
-                              log_every=engine.log_every, progress=engine.progress, labels=config.labels,
-                              search_evaluations=config.search_evaluations,
-                              l1_weight=getattr(config, "l1_weight", None))
 
 
 @dataclass
@@ -168,8 +126,7 @@ def bias_labels(update: SharedUpdate, model: TextModel) -> torch.Tensor:
     return g.argmin().reshape(1)
 
 
-def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-               observer: TextObserver | None = None) -> TextReconstruction:
+def bow_attack(update: SharedUpdate, model: TextModel, observer: TextObserver | None = None) -> TextReconstruction:
     """Bag of words only: the token set, no order. The 'sentence' returned for evaluation lists
     the leaked content tokens in id order (token-set metrics are what it is judged on)."""
     t0 = time.perf_counter()
@@ -192,5 +149,5 @@ def bow_attack(update: SharedUpdate, model: TextModel, settings: TextAttackSetti
 
 
 
-__all__ = ["BagOfWords", "DTYPES", "LABEL_MODES", "TextAttackSettings", "TextObserver", "TextReconstruction",
-           "TextResolution", "bag_of_words", "bias_labels", "bow_attack", "leaked_length", "settings_from_config"]
+__all__ = ["BagOfWords", "DTYPES", "LABEL_MODES", "TextObserver", "TextReconstruction", "TextResolution",
+           "bag_of_words", "bias_labels", "bow_attack", "leaked_length"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,7 @@ from ..engine import Engine, LoopHooks, LoopResult, LoopSettings, StateHooks
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
 from ..runtime import resolve_device
-from .leak import (DTYPES, LABEL_MODES, BagOfWords, TextAttackSettings, TextObserver, TextReconstruction, bag_of_words,
-                   bias_labels)
+from .leak import DTYPES, LABEL_MODES, BagOfWords, TextObserver, TextReconstruction, bag_of_words, bias_labels
 from .models import TextModel
 from .order import EXACT, OrderSearch, SearchState
 from .simulate import TextSimulator
@@ -206,8 +205,21 @@ class FreeRelaxation(Relaxation):
         return row
 
 
-def _text_dtype(s: TextAttackSettings) -> torch.dtype:
-    """The resolved settings' dtype, after checking their label mode."""
+class TextDLGConfig(Protocol):
+    """What DLG for text reads of its attack's typed config (text/configs.py: dlg, dlg-free, tag,
+    lamp), every constant resolved (the model's defaults filled in)."""
+
+    seed: int
+    iterations: int | None
+    lr: float | None
+    optimizer: str | None
+    dtype: str | None
+    labels: str | None
+    search_evaluations: int | None
+
+
+def _text_dtype(s: TextDLGConfig) -> torch.dtype:
+    """The resolved config's dtype, after checking its label mode."""
     if s.labels is not None and s.labels not in LABEL_MODES:
         raise ConfigError(f"labels: text attacks restore labels as {' or '.join(LABEL_MODES)}, got {s.labels!r}")
     try:
@@ -316,22 +328,23 @@ class TextDLG:
             self.observer(self.done, tokens)
         return first, tokens
 
-    def search(self, search: OrderSearch, first: SearchState, s: TextAttackSettings) -> tuple[SearchState, float]:
+    def search(self, search: OrderSearch, first: SearchState, s: TextDLGConfig,
+               engine: Engine) -> tuple[SearchState, float]:
         """The order search from ``first``: (its best sentences, the update's squared norm, which
         its stop and the relative distance are measured against)."""
-        with progress_bar("order search", 1, s.progress) as bar:
+        with progress_bar("order search", 1, engine.progress) as bar:
             task = bar.add_task("order search", total=None, loss=first.loss)
 
             def accept(st: SearchState) -> None:
                 self.done += 1
                 self.history.append({"iteration": self.done, "loss": st.loss, "phase": "search"})
                 bar.update(task, advance=1, loss=st.loss)
-                if self.observer is not None and (self.done % max(1, s.log_every) == 0):
+                if self.observer is not None and (self.done % max(1, engine.log_every) == 0):
                     self.observer(self.done, self.to_tokens(st.ids, st.lengths))
             # Stop early once the sentences explain the update (relative distance ~ rounding).
             scale = float(sum(float(t.double().pow(2).sum()) for t in self.sim.target))
             final = search.run(first, accept, generator=torch.Generator().manual_seed(s.seed + 7),
-                               stop_loss=EXACT * scale) if s.search_evaluations > 0 else first
+                               stop_loss=EXACT * scale) if int(s.search_evaluations or 0) > 0 else first
         if self.observer is not None:
             self.observer(self.done, self.to_tokens(final.ids, final.lengths))
         return final, scale
@@ -341,11 +354,11 @@ class TextDLG:
 RunFactory = Callable[[Relaxation, int, "torch.Tensor | None", "torch.Tensor | None", "TextObserver | None"], TextDLG]
 
 
-def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSettings,
-             observer: TextObserver | None, *, restrict: bool, engine: Engine,
-             make_run: RunFactory | None = None, name: str | None = None) -> TextReconstruction:
-    """DLG for text (see the module's notes in docs/) with resolved ``settings``. Returns [CLS] ... [SEP]
-    ids per sentence.
+def dlg_text(update: SharedUpdate, model: TextModel, config: TextDLGConfig, engine: Engine, *, restrict: bool,
+             l1_weight: float = 0.0, make_run: RunFactory | None = None, name: str | None = None) -> TextReconstruction:
+    """DLG for text (see the module's notes in docs/) with ``config`` its attack's resolved typed
+    config; ``l1_weight``: TAG's alpha (0: DLG's distance alone). Returns [CLS] ... [SEP] ids per
+    sentence.
 
     ``engine`` (the run's services): its session makes the optimisation phase resumable
     (checkpoints, SIGINT/SIGTERM, divergence recovery); the order search after it is
@@ -354,12 +367,14 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
 
     ``make_run``: a variant of the run (LAMP: its objective and discrete steps between the
     continuous ones, text/attacks/lamp.py); ``name`` the attack's name in progress and errors."""
-    if settings.unresolved():
-        raise ConfigError(f"text dlg: {', '.join(settings.unresolved())} not resolved (run it through "
+    unresolved = [k for k in ("iterations", "lr", "optimizer", "dtype", "search_evaluations")
+                  if getattr(config, k) is None]
+    if unresolved:
+        raise ConfigError(f"text dlg: {', '.join(unresolved)} not resolved (run it through "
                           "gradleak.text.run_text_attack or the pipeline)")
-    s = settings
+    s, observer = config, engine.observer
     dtype = _text_dtype(s)
-    device = resolve_device(s.device)
+    device = resolve_device(str(engine.device))
     k = update.meta.batch_size
     bag = bag_of_words(update, model)
     content_ids = [t for t in bag.token_ids if t not in model.tokenizer.special_ids]
@@ -376,13 +391,13 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     relaxation = BagRelaxation if restrict else FreeRelaxation
     relax = relaxation(model, update, content_ids, k, length - 2, dtype, device, gen)
     if make_run is None:
-        run = TextDLG(relax, length, y_soft, fixed_labels, observer, s.l1_weight or 0.0)
+        run = TextDLG(relax, length, y_soft, fixed_labels, observer, l1_weight or 0.0)
     else:
         run = make_run(relax, length, y_soft, fixed_labels, observer)
-    name = name or ("tag" if s.l1_weight else ("dlg" if restrict else "dlg-free"))
-    loop = LoopSettings(iterations=int(s.iterations), lr=float(s.lr), optimizer=str(s.optimizer),
-                        progress=s.progress, description=f"{name} (text)")
-    res = run.optimise(engine, loop, gen, s.log_every)
+    name = name or ("tag" if l1_weight else ("dlg" if restrict else "dlg-free"))
+    loop = LoopSettings(iterations=int(s.iterations or 0), lr=float(s.lr or 0), optimizer=str(s.optimizer),
+                        progress=engine.progress, description=f"{name} (text)")
+    res = run.optimise(engine, loop, gen, engine.log_every)
 
     # ---- discrete sentences: each position's most probable token, then the order search
     start = time.perf_counter()
@@ -391,7 +406,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
     # One sentence: its length is the leaked L. K sentences: only the longest is known to be L.
     search = OrderSearch(run.score, candidates, k, length - 2, model.num_classes if fixed_labels is None else 0,
                          int(s.search_evaluations), lengths=k > 1)
-    final, scale = run.search(search, first, s)
+    final, scale = run.search(search, first, s, engine)
     search_seconds = time.perf_counter() - start
     return TextReconstruction(
         token_ids=run.to_tokens(final.ids, final.lengths), labels=final.labels.cpu().long(), bag=bag,
@@ -409,4 +424,4 @@ def dlg_text(update: SharedUpdate, model: TextModel, settings: TextAttackSetting
 
 
 __all__ = ["BagRelaxation", "FreeRelaxation", "MAX_LABEL_VALUES", "MAX_TEXT_TOKENS", "Relaxation", "RunFactory",
-           "TextDLG", "check_text_batch", "dlg_text", "progress_bar"]
+           "TextDLG", "TextDLGConfig", "check_text_batch", "dlg_text", "progress_bar"]

@@ -23,10 +23,13 @@ from ...engine import Engine, StateFileError
 from ...errors import GradleakError
 from ...fl.update import SharedUpdate
 from ...paths import one_line
-from ..configs import resolve_text_attack
+from ..configs import resolve_text_attack, text_config_class
 from ..leak import TextReconstruction
 from ..simulate import matched_tensors
 from ..models import TextModel
+
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextAutoConfig = text_config_class(SPEC["name"])
 
 __all__ = ["EXACT_FIRST", "PORTFOLIO", "SPEC", "run"]
 
@@ -40,7 +43,7 @@ def _score(rec: TextReconstruction) -> float:
     return float(rel) if isinstance(rel, (int, float)) and math.isfinite(rel) else math.inf
 
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+def run(config: TextAutoConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
     k = int(update.meta.batch_size)
     tried: list[dict[str, Any]] = []
     answers: list[tuple[str, TextReconstruction]] = []

@@ -16,14 +16,15 @@ SPEC = {
     "flags": {},
 }
 
-from typing import Any
-
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..leak import TextAttackSettings, TextReconstruction, bow_attack
+from ..configs import text_config_class
+from ..leak import TextReconstruction, bow_attack
 from ..models import TextModel
 
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextBowConfig = text_config_class(SPEC["name"])
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    return bow_attack(update, model, TextAttackSettings(seed=config.seed, device=str(engine.device)),
-                      engine.observer)
+
+def run(config: TextBowConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+    return bow_attack(update, model, engine.observer)

@@ -26,9 +26,13 @@ from ...engine import Engine
 from ...errors import GradleakError
 from ...fl.threats import ThreatModel
 from ...fl.update import SharedUpdate
+from ..configs import text_config_class
 from ..leak import BagOfWords, TextReconstruction, bag_of_words, bias_labels
 from ..search import progress_bar
 from ..models import TextModel
+
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextDAGERConfig = text_config_class(SPEC["name"])
 
 __all__ = ["SPEC", "TAU", "dager", "run", "span_basis"]
 
@@ -577,6 +581,6 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                "spliced": spliced, "tau": TAU})
 
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+def run(config: TextDAGERConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
     return dager(update, model, beam_width=int(config.beam_width), progress=engine.progress,
                  observer=engine.observer)

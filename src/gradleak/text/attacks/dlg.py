@@ -29,9 +29,13 @@ from typing import Any
 
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..leak import TextReconstruction, TextResolution, settings_from_config
+from ..configs import text_config_class
+from ..leak import TextReconstruction, TextResolution
 from ..search import dlg_text
 from ..models import TextModel
+
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextDLGConfig = text_config_class(SPEC["name"])
 
 
 def resolve(values: dict[str, Any], context: TextResolution) -> dict[str, Any]:
@@ -42,6 +46,5 @@ def resolve(values: dict[str, Any], context: TextResolution) -> dict[str, Any]:
     return values
 
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    return dlg_text(update, model, settings_from_config(config, engine), engine.observer, restrict=True,
-                    engine=engine)
+def run(config: TextDLGConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+    return dlg_text(update, model, config, engine, restrict=True)

@@ -41,11 +41,15 @@ import torch
 from ...attacks.objectives import cosine
 from ...engine import Engine, StateHooks
 from ...fl.update import SharedUpdate
-from ..leak import TextObserver, TextReconstruction, settings_from_config
+from ..configs import text_config_class
+from ..leak import TextObserver, TextReconstruction
 from ..search import FreeRelaxation, Relaxation, TextDLG, dlg_text
 from ..models import TextModel
 from ..prior import BigramPrior, stdlib_prior
 from .dlg import resolve  # the same label rule as dlg
+
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextLAMPConfig = text_config_class(SPEC["name"])
 
 __all__ = ["SPEC", "LampRun", "TRANSFORMS", "resolve", "run", "transform"]
 
@@ -171,8 +175,7 @@ class LampRun(TextDLG):
                          "prior_tokens": self.prior.tokens, "free_embeddings": self.free}}
 
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    settings = settings_from_config(config, engine)
+def run(config: TextLAMPConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
     start = time.perf_counter()
     prior = stdlib_prior(model.tokenizer)   # built once per process (~4 s), counted in the run that built it
     prior_seconds = time.perf_counter() - start
@@ -185,8 +188,7 @@ def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> 
                             lm_weight=float(config.lm_weight), every=int(config.discrete_every),
                             candidates=int(config.discrete_candidates), seed=int(config.seed), gen=gen))
         return runs[-1]
-    rec = dlg_text(update, model, settings, engine.observer, restrict=True, engine=engine, make_run=make_run,
-                   name="lamp")
+    rec = dlg_text(update, model, config, engine, restrict=True, make_run=make_run, name="lamp")
     # the whole cost: the prior's construction and the initial draws too
     setup = prior_seconds + sum(r.setup_seconds for r in runs)
     rec.wall_seconds += setup

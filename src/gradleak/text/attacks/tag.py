@@ -27,18 +27,20 @@ SPEC = {
     "hashed_flags": ["iterations", "lr", "optimizer", "dtype", "labels", "search_evaluations"],
 }
 
-from typing import Any
-
 from ...engine import Engine
 from ...fl.update import SharedUpdate
-from ..leak import TextReconstruction, settings_from_config
+from ..configs import text_config_class
+from ..leak import TextReconstruction
 from ..search import dlg_text
 from ..models import TextModel
 from .dlg import resolve  # the same label rule as dlg
 
+# the typed config of this attack, derived from its SPEC (text/configs.py)
+TextTAGConfig = text_config_class(SPEC["name"])
+
 __all__ = ["SPEC", "resolve", "run"]
 
 
-def run(config: Any, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
-    return dlg_text(update, model, settings_from_config(config, engine), engine.observer, restrict=False,
-                    engine=engine)
+def run(config: TextTAGConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
+    # TAG's distance: DLG's squared l2 plus alpha times the l1 (0 or None: DLG's alone)
+    return dlg_text(update, model, config, engine, restrict=False, l1_weight=float(config.l1_weight or 0.0))
