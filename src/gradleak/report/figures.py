@@ -120,6 +120,25 @@ def save_image_grid(
     if captions is not None and len(captions) != len(rows):
         raise ValueError(f"got {len(rows)} rows but {len(captions)} caption lists")
     rows, row_titles, captions = _bounded_grid(rows, row_titles, captions)
+    height, width = _grid_image_size(rows)
+    scale = max(1, round(_CELL_TARGET_PX / max(height, width)))
+    cell_h, cell_w = height * scale, width * scale
+    ncols = max(max(int(row.shape[0]) for row in rows), 1)
+    wrapped, caption_px = _wrapped_captions(rows, captions, cell_w)
+
+    fig_w = max(2 * _MARGIN_PX + ncols * cell_w + (ncols - 1) * _GAP_PX, 160,
+                2 * _MARGIN_PX + _TITLE_CHAR_PX * max(len(str(t)) for t in row_titles))
+    fig_h = _MARGIN_PX + sum(_ROW_TITLE_PX + cell_h + cap + _GAP_PX for cap in caption_px) + _MARGIN_PX
+    canvas = np.full((fig_h, fig_w, 3), 255, dtype=np.uint8)
+    fig = Figure(figsize=(fig_w / _DPI, fig_h / _DPI), dpi=_DPI, facecolor="white")
+    _draw_rows(fig, canvas, rows, row_titles, wrapped, caption_px, scale)
+    # figimage places the array 1:1 in device pixels (figure dpi == savefig dpi), no resampling.
+    fig.figimage(canvas, xo=0, yo=0, origin="upper", zorder=0)
+    return atomic_savefig(fig, path)
+
+
+def _grid_image_size(rows: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """(H, W) shared by every row's images; ValueError unless each row is [K, C, H, W], C = 1 or 3."""
     height = width = None
     for r, row in enumerate(rows):
         if row.ndim != 4 or row.shape[1] not in (1, 3):
@@ -129,11 +148,13 @@ def save_image_grid(
         elif (int(row.shape[2]), int(row.shape[3])) != (height, width):
             raise ValueError("all rows must hold images of the same height and width")
     assert height is not None and width is not None
+    return height, width
 
-    scale = max(1, round(_CELL_TARGET_PX / max(height, width)))
-    cell_h, cell_w = height * scale, width * scale
-    ncols = max(max(int(row.shape[0]) for row in rows), 1)
 
+def _wrapped_captions(rows: Sequence[torch.Tensor], captions: Sequence[Sequence[str]] | None,
+                      cell_w: int) -> tuple[list[list[list[str]]], list[int]]:
+    """(the caption lines of every cell, row by row; the caption band's height in px per row,
+    0 for a row without captions)."""
     wrapped: list[list[list[str]]] = []
     for r, row in enumerate(rows):
         texts = list(captions[r]) if captions is not None else []
@@ -145,12 +166,15 @@ def save_image_grid(
         else 0
         for row_caps in wrapped
     ]
+    return wrapped, caption_px
 
-    fig_w = max(2 * _MARGIN_PX + ncols * cell_w + (ncols - 1) * _GAP_PX, 160,
-                2 * _MARGIN_PX + _TITLE_CHAR_PX * max(len(str(t)) for t in row_titles))
-    fig_h = _MARGIN_PX + sum(_ROW_TITLE_PX + cell_h + cap + _GAP_PX for cap in caption_px) + _MARGIN_PX
-    canvas = np.full((fig_h, fig_w, 3), 255, dtype=np.uint8)
-    fig = Figure(figsize=(fig_w / _DPI, fig_h / _DPI), dpi=_DPI, facecolor="white")
+
+def _draw_rows(fig: Figure, canvas: np.ndarray, rows: Sequence[torch.Tensor], row_titles: Sequence[str],
+               wrapped: list[list[list[str]]], caption_px: list[int], scale: int) -> None:
+    """Each row's title and captions as text on ``fig``, its upscaled images into ``canvas``
+    [fig_h, fig_w, 3] uint8, top to bottom."""
+    fig_h, fig_w = canvas.shape[0], canvas.shape[1]
+    cell_h, cell_w = int(rows[0].shape[2]) * scale, int(rows[0].shape[3]) * scale
 
     def text(x_px: float, y_px_from_top: float, s: str, **kw: Any) -> None:
         # parse_math=False: titles/captions come from file names and labels; a "$" must stay a "$".
@@ -169,10 +193,6 @@ def save_image_grid(
                 text(x + cell_w / 2, y + cell_h + 2, "\n".join(lines), fontsize=_CAPTION_FONT_PT,
                      ha="center", va="top", linespacing=1.1)
         y += cell_h + caption_px[r] + _GAP_PX
-
-    # figimage places the array 1:1 in device pixels (figure dpi == savefig dpi), no resampling.
-    fig.figimage(canvas, xo=0, yo=0, origin="upper", zorder=0)
-    return atomic_savefig(fig, path)
 
 
 # --------------------------------------------------------------------------- plots
