@@ -95,6 +95,7 @@ def test_withhold_replies_with_an_error_that_strategies_leave_out(batch, tmp_pat
     assert rows(tmp_path)[0]["decision"] == "withheld"
 
 
+@pytest.mark.slow   # ~80 s: two checks per noise level, the portfolio each time
 def test_noise_sends_the_noised_weights_and_records_the_noise(batch, tmp_path):
     client = Client(batch)
     reply = mod(batch, tmp_path, action="noise", schedule=(3.0, 10.0))(train_message(lenet().module.state_dict()),

@@ -274,7 +274,8 @@ class _Guard:
         return self.finish(self.update if send else None, record)
 
     def remedy(self, record: GuardRecord) -> GuardResult:
-        """The noise policy: each level of the schedule until the noised update is defended."""
+        """The noise policy: each level of the schedule until the noised update is no leak as the
+        server receives it (the noise unannounced) and defended with the noise announced."""
         p = self.policy
         gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") & (2**63 - 1))
         record.clip = p.clip
@@ -285,9 +286,20 @@ class _Guard:
                     f"GuardBudgetSpent: {self.remaining():.0f} s of the budget left, less than the longest check "
                     f"so far ({longest:.0f} s)")))
             sent, checked, sigma = noised(self.update, z, p.clip, gen)
+            # As the server receives it (the noise not announced): the attacks run as on any update
+            # (auto's closed forms do not stop early on the noise floor); a leak there is a leak
+            seen = self.check(f"noise-{i}-as-sent", sent.replace(meta=replace(sent.meta, defenses=list(
+                self.update.meta.defenses))), z=z, sigma=sigma)
+            record.checks.append(seen)
+            record.verdict_after, record.noise_multiplier, record.noise_sigma = seen.verdict, z, sigma
+            if seen.verdict == FAILED:
+                return self.failed(record, seen)
+            if seen.verdict in LEAKS:
+                continue
+            # Announced (the defense's evidence: decoy or truth-start test, positive control)
             check = self.check(f"noise-{i}", checked, z=z, sigma=sigma)
             record.checks.append(check)
-            record.verdict_after, record.noise_multiplier, record.noise_sigma = check.verdict, z, sigma
+            record.verdict_after = check.verdict
             if check.verdict == DEFENDED:
                 record.decision, record.attack = REMEDIED, check.attack or record.attack
                 record.reason = f"noise z = {z:g} (sigma {sigma:.3g}): {check.reason}"

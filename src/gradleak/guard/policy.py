@@ -36,7 +36,8 @@ class GuardPolicy:
 
     action:        report (send the update, record the verdict) | withhold (send nothing when it
                    leaks) | noise (clip and add Gaussian noise, each level of ``schedule`` in turn,
-                   until the verdict on the noised update is "defended"; past the last, withhold).
+                   until the noised update is no leak as the server receives it (the noise
+                   not announced) and "defended" with the noise announced; past the last, withhold).
     on_suspicious: refuse (default: do not train on a received model ``fl.inspect`` flags) | train.
     on_error:      withhold (default: a failed check sends nothing) | send (the update as it is).
     budget_seconds: every check of one update together; past it the attack in progress stops
