@@ -11,7 +11,7 @@ from typing import Any, Collection
 from ..errors import ConfigError, Terminated, sigterm_as_interrupt  # noqa: F401 - where sweeps (and tests) find them
 from ..paths import one_line
 from .executors import EXECUTORS, available_cpus, run_cells
-from .spec import SweepSpec
+from .spec import Cell, SweepSpec
 from .store import STORE_NAME, FolderLock, ResultStore, check_sweep_folder, remove_csv_temps
 
 
@@ -57,6 +57,47 @@ def _progress_columns() -> list[Any]:
             TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[note]}")]
 
 
+def _checked_before_start(out: str | Path, executor: str, workers: int | None, address: str | None,
+                          save_runs: bool) -> Path:
+    """The options, ``out`` (check_sweep_folder) and, when resuming, every row of the existing
+    store, checked before anything runs (ConfigError / DataError): the sweep folder."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor: unknown {executor!r}; known: {', '.join(EXECUTORS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"--workers must be an integer >= 1 (got {workers!r})")
+    if address and executor != "ray":
+        raise ConfigError("--address applies to --executor ray only")
+    out = check_sweep_folder(out, save_runs=save_runs)
+    store_path = out / STORE_NAME
+    if store_path.exists() and store_path.stat().st_size > 0:  # resuming: a damaged store fails now, not mid-sweep
+        with ResultStore(out, create=False) as existing:
+            existing.validate()
+    return out
+
+
+def _commit(store: ResultStore, ids: list[str], summary: SweepSummary, cell: Cell, result: dict[str, Any]) -> None:
+    """A finished cell: its store row, results.csv rewritten, and its count in ``summary``."""
+    store.add(cell.cell_id, cell.grid, cell.config, result)
+    store.write_csv(ids)
+    summary.computed.append(cell.cell_id)
+    notice = (result.get("metrics") or {}).get("lpips_notice")
+    if isinstance(notice, str) and notice:
+        summary.lpips_notice = summary.lpips_notice or notice
+        summary.lpips_cells += 1
+    if result.get("status") != "ok":
+        summary.failed.append(cell.cell_id)
+
+
+def _cell_line(summary: SweepSummary, cell: Cell, result: dict[str, Any], eta: float) -> str:
+    """The console line of a finished cell (--no-progress): its grid values, PSNR or error, ETA."""
+    psnr = (result.get("metrics") or {}).get("psnr_mean")
+    shown = f"psnr {psnr:.2f} dB" if isinstance(psnr, (int, float)) \
+        else one_line(str(result.get("error") or ""), ERROR_CHARS)
+    return (f"[{summary.done}/{summary.total}] {cell.cell_id} "
+            + " ".join(f"{k}={one_line(str(v), 80)}" for k, v in cell.grid.items())
+            + f": {shown} {_eta(eta)}")
+
+
 def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", workers: int | None = None,
               address: str | None = None, retry_failed: bool = False, save_runs: bool | Collection[str] = False,
               redo: Collection[str] = (), progress: bool = True, console: Any = None) -> SweepSummary:
@@ -78,17 +119,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
     from rich.console import Console
     from rich.progress import Progress
 
-    if executor not in EXECUTORS:
-        raise ConfigError(f"executor: unknown {executor!r}; known: {', '.join(EXECUTORS)}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"--workers must be an integer >= 1 (got {workers!r})")
-    if address and executor != "ray":
-        raise ConfigError("--address applies to --executor ray only")
-    out = check_sweep_folder(out, save_runs=bool(save_runs))
-    store_path = out / STORE_NAME
-    if store_path.exists() and store_path.stat().st_size > 0:  # resuming: a damaged store fails now, not mid-sweep
-        with ResultStore(out, create=False) as existing:
-            existing.validate()
+    out = _checked_before_start(out, executor, workers, address, bool(save_runs))
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
     with FolderLock(out), ResultStore(out) as store, sigterm_as_interrupt():
@@ -114,28 +145,14 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local", work
                 if result is None:
                     summary.lost.append(cell.cell_id)
                     continue
-                store.add(cell.cell_id, cell.grid, cell.config, result)
-                store.write_csv(ids)
-                summary.computed.append(cell.cell_id)
-                notice = (result.get("metrics") or {}).get("lpips_notice")
-                if isinstance(notice, str) and notice:
-                    summary.lpips_notice = summary.lpips_notice or notice
-                    summary.lpips_cells += 1
-                if result.get("status") != "ok":
-                    summary.failed.append(cell.cell_id)
+                _commit(store, ids, summary, cell, result)
                 n = len(summary.computed)
                 left = len(pending) - n - len(summary.lost)
                 eta = (time.perf_counter() - started) / n * left
                 note = f"{len(summary.failed)} failed" if summary.failed else ""
                 bar.update(task, advance=1, eta=_eta(eta), note=note)
                 if not progress:
-                    psnr = (result.get("metrics") or {}).get("psnr_mean")
-                    shown = f"psnr {psnr:.2f} dB" if isinstance(psnr, (int, float)) \
-                        else one_line(str(result.get("error") or ""), ERROR_CHARS)
-                    console.print(f"[{summary.done}/{summary.total}] {cell.cell_id} "
-                                  + " ".join(f"{k}={one_line(str(v), 80)}" for k, v in cell.grid.items())
-                                  + f": {shown} {_eta(eta)}",
-                                  highlight=False, markup=False)
+                    console.print(_cell_line(summary, cell, result, eta), highlight=False, markup=False)
     summary.wall_seconds = time.perf_counter() - t0
     return summary
 
