@@ -219,6 +219,41 @@ def check_update_header(f: Any, p: Path, model_name: str, state: dict[str, torch
     return expected
 
 
+def _check_model_names(meta: UpdateMeta, p: Path, user_model: str | None) -> tuple[int, int]:
+    """(C, H) of the update's square input, once its model name is one gradleak may build: a
+    ``module:callable`` only when the caller chose that same model (UpdateFileError otherwise)."""
+    if ":" in meta.model and meta.model != user_model:
+        raise UpdateFileError(f"{p}: the update names the user model {meta.model!r}; gradleak never imports "
+                              f"code a file names (to use your own model, pass --model {meta.model} yourself)")
+    if user_model is not None and ":" in user_model and meta.model != user_model:
+        raise UpdateFileError(f"{p}: the update is for model {meta.model!r}, not --model {user_model}")
+    c, h, w = meta.input_shape
+    if h != w:
+        raise UpdateFileError(f"{p}: only square inputs are supported, got {meta.input_shape}")
+    return c, h
+
+
+def _read_bn_statistics(f: Any, p: Path, model: str, module: torch.nn.Module, keys: set[str],
+                        bn_keys: set[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{BatchNorm layer: (mean, var)} from the file's ``bn/<layer>/mean|var`` tensors, each checked
+    to name a BatchNorm layer of ``module`` and fit its features before any is read."""
+    bn_modules = {n: m for n, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for k in sorted(bn_keys):
+        _, _, rest = k.partition("/")
+        mod, _, stat = rest.rpartition("/")
+        if mod not in bn_modules or stat not in ("mean", "var"):
+            raise ModelMismatchError(f"{p}: {k} names no BatchNorm layer of model {model}")
+        shape, dtype = tensor_shape_dtype(f, k)
+        if shape != (bn_modules[mod].num_features,) or dtype not in FLOAT_DTYPES:
+            raise ModelMismatchError(f"{p}: {k} has shape {list(shape)}/{dtype}, expected [{bn_modules[mod].num_features}] float")
+    for mod in {k.partition('/')[2].rpartition('/')[0] for k in bn_keys}:
+        if f"bn/{mod}/mean" not in keys or f"bn/{mod}/var" not in keys:
+            raise ModelMismatchError(f"{p}: BN statistics of {mod} need both mean and var")
+        bn_stats[mod] = (read_tensor(f, f"bn/{mod}/mean", p), read_tensor(f, f"bn/{mod}/var", p))
+    return bn_stats
+
+
 def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[SharedUpdate, ModelSpec]:
     """Load and validate a shared update; rebuild its model with the global weights loaded.
 
@@ -235,14 +270,7 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
     p = Path(path)
     with open_safetensors(p, "update") as f:
         meta = _meta(f, p)
-        if ":" in meta.model and meta.model != user_model:
-            raise UpdateFileError(f"{p}: the update names the user model {meta.model!r}; gradleak never imports "
-                                  f"code a file names (to use your own model, pass --model {meta.model} yourself)")
-        if user_model is not None and ":" in user_model and meta.model != user_model:
-            raise UpdateFileError(f"{p}: the update is for model {meta.model!r}, not --model {user_model}")
-        c, h, w = meta.input_shape
-        if h != w:
-            raise UpdateFileError(f"{p}: only square inputs are supported, got {meta.input_shape}")
+        c, h = _check_model_names(meta, p, user_model)
         kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"),
                   server=meta.model_kwargs.get("server"))
         shapes_state, shapes_params = model_shapes(meta.model, **kw)
@@ -252,22 +280,9 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
         keys = set(f.keys())
         state = spec.module.state_dict()
         params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}
-        bn_modules = {n: m for n, m in spec.module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
         bn_keys = {k for k in keys if k.startswith("bn/")}
         check_update_header(f, p, meta.model, state, params, ignore=bn_keys)  # the real model too
-        bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for k in sorted(bn_keys):
-            _, _, rest = k.partition("/")
-            mod, _, stat = rest.rpartition("/")
-            if mod not in bn_modules or stat not in ("mean", "var"):
-                raise ModelMismatchError(f"{p}: {k} names no BatchNorm layer of model {meta.model}")
-            shape, dtype = tensor_shape_dtype(f, k)
-            if shape != (bn_modules[mod].num_features,) or dtype not in FLOAT_DTYPES:
-                raise ModelMismatchError(f"{p}: {k} has shape {list(shape)}/{dtype}, expected [{bn_modules[mod].num_features}] float")
-        for mod in {k.partition('/')[2].rpartition('/')[0] for k in bn_keys}:
-            if f"bn/{mod}/mean" not in keys or f"bn/{mod}/var" not in keys:
-                raise ModelMismatchError(f"{p}: BN statistics of {mod} need both mean and var")
-            bn_stats[mod] = (read_tensor(f, f"bn/{mod}/mean", p), read_tensor(f, f"bn/{mod}/var", p))
+        bn_stats = _read_bn_statistics(f, p, meta.model, spec.module, keys, bn_keys)
         weights = {k: read_tensor(f, f"weights/{k}", p) for k in state}
         grads = {k: read_tensor(f, f"grad/{k}", p) for k in params}
     for what, tensors in (("weights", weights), ("gradient", grads),
