@@ -179,6 +179,76 @@ class SampleSource(FileListSource):
 _GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "F"})
 
 
+def _class_dirs(root: Path, shown: str) -> list[str]:
+    """The class folders of an ImageFolder ``root``, sorted, hidden ones left out (DataError when
+    it cannot be listed or has none)."""
+    try:
+        class_dirs = sorted(
+            e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")
+        )
+    except OSError as exc:
+        raise DataError(f"cannot list folder {shown}: {exc.strerror or exc}") from None
+    if not class_dirs:
+        loose = any(is_image_file(e) for e in os.listdir(root))
+        hint = " (images must sit in one subfolder per class)" if loose else ""
+        raise DataError(f"folder {shown} has no class subfolders{hint}")
+    return class_dirs
+
+
+def _walk_class_dirs(root: Path, shown: str,
+                     class_dirs: list[str]) -> tuple[list[Path], list[int], list[tuple[str, str]]]:
+    """(image files, their class index, (path, why) of what could not be read) under each class
+    folder, in sorted order."""
+    files: list[Path] = []
+    labels: list[int] = []
+    # What cannot be read (a folder or an image this user may not read) is never skipped:
+    # the data would silently be other data (a class missing, fewer images). It is refused,
+    # naming the first such path.
+    unreadable: list[tuple[str, str]] = []
+
+    def cannot_read(exc: OSError) -> None:
+        unreadable.append((str(exc.filename or root), exc.strerror or str(exc)))
+
+    # Linked folders are followed (a class folder may be a link), but each real folder is
+    # entered once, so a symlink loop ends; the walk is bounded (a folder such as / fails
+    # fast with one line instead of walking the whole file system).
+    visited: set[tuple[int, int]] = set()
+    class_roots: dict[tuple[int, int], str] = {}
+    for cls in class_dirs:  # a link into another class's folder never relabels its images
+        with contextlib.suppress(OSError):
+            st = os.stat(root / cls)
+            class_roots[(st.st_dev, st.st_ino)] = cls
+    seen_entries = 0
+    for index, cls in enumerate(class_dirs):
+        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True, onerror=cannot_read):
+            try:
+                st = os.stat(dirpath)
+            except OSError as exc:
+                cannot_read(exc)
+                dirnames[:] = []
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in visited or class_roots.get(key, cls) != cls:
+                dirnames[:] = []
+                continue
+            visited.add(key)
+            seen_entries += len(dirnames) + len(filenames)
+            if seen_entries > MAX_FOLDER_ENTRIES or len(visited) > MAX_FOLDERS:
+                raise DataError(f"folder {shown} holds more than {MAX_FOLDER_ENTRIES} entries or "
+                                f"{MAX_FOLDERS} folders; point --data at a folder of images")
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for fname in sorted(filenames):
+                if is_image_file(fname) and not fname.startswith("."):
+                    path = Path(dirpath) / fname
+                    if not os.access(path, os.R_OK):
+                        unreadable.append((str(path), "not readable" if os.path.exists(path)
+                                           else "a link to nothing"))
+                        continue
+                    files.append(path)
+                    labels.append(index)
+    return files, labels, unreadable
+
+
 class ImageFolderSource(FileListSource):
     """torchvision-style ImageFolder: ``root/<class>/**/<image>``.
 
@@ -189,63 +259,8 @@ class ImageFolderSource(FileListSource):
 
     def __init__(self, root: Path, name: str | None = None) -> None:
         shown = one_line(str(root))
-        try:
-            class_dirs = sorted(
-                e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")
-            )
-        except OSError as exc:
-            raise DataError(f"cannot list folder {shown}: {exc.strerror or exc}") from None
-        if not class_dirs:
-            loose = any(is_image_file(e) for e in os.listdir(root))
-            hint = " (images must sit in one subfolder per class)" if loose else ""
-            raise DataError(f"folder {shown} has no class subfolders{hint}")
-        files: list[Path] = []
-        labels: list[int] = []
-        # What cannot be read (a folder or an image this user may not read) is never skipped:
-        # the data would silently be other data (a class missing, fewer images). It is refused,
-        # naming the first such path.
-        unreadable: list[tuple[str, str]] = []
-
-        def cannot_read(exc: OSError) -> None:
-            unreadable.append((str(exc.filename or root), exc.strerror or str(exc)))
-
-        # Linked folders are followed (a class folder may be a link), but each real folder is
-        # entered once, so a symlink loop ends; the walk is bounded (a folder such as / fails
-        # fast with one line instead of walking the whole file system).
-        visited: set[tuple[int, int]] = set()
-        class_roots: dict[tuple[int, int], str] = {}
-        for cls in class_dirs:  # a link into another class's folder never relabels its images
-            with contextlib.suppress(OSError):
-                st = os.stat(root / cls)
-                class_roots[(st.st_dev, st.st_ino)] = cls
-        seen_entries = 0
-        for index, cls in enumerate(class_dirs):
-            for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True, onerror=cannot_read):
-                try:
-                    st = os.stat(dirpath)
-                except OSError as exc:
-                    cannot_read(exc)
-                    dirnames[:] = []
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in visited or class_roots.get(key, cls) != cls:
-                    dirnames[:] = []
-                    continue
-                visited.add(key)
-                seen_entries += len(dirnames) + len(filenames)
-                if seen_entries > MAX_FOLDER_ENTRIES or len(visited) > MAX_FOLDERS:
-                    raise DataError(f"folder {shown} holds more than {MAX_FOLDER_ENTRIES} entries or "
-                                    f"{MAX_FOLDERS} folders; point --data at a folder of images")
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                for fname in sorted(filenames):
-                    if is_image_file(fname) and not fname.startswith("."):
-                        path = Path(dirpath) / fname
-                        if not os.access(path, os.R_OK):
-                            unreadable.append((str(path), "not readable" if os.path.exists(path)
-                                               else "a link to nothing"))
-                            continue
-                        files.append(path)
-                        labels.append(index)
+        class_dirs = _class_dirs(root, shown)
+        files, labels, unreadable = _walk_class_dirs(root, shown, class_dirs)
         if unreadable:
             first, why = unreadable[0]
             more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
