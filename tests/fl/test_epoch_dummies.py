@@ -137,3 +137,24 @@ def test_the_prior_improves_ig_on_a_tiny_client():
     psnr = {w: evaluate(r, case.truth).to_dict()["psnr_mean"] for w, r in runs.items()}
     assert psnr[1.0] > psnr[0.0] + 0.5, psnr
     assert runs[1.0].extra["relative_gradient_distance"] < runs[0.0].extra["relative_gradient_distance"]
+
+
+def test_the_expected_flip_is_the_mean_over_the_flip_states(cifar10):
+    """expected_augment under "flip": one step's simulated update on x is the mean of the updates
+    on x and on x flipped (the step's gradient averaged over the flip of each sample with
+    probability 1/2: exact for a single plain SGD step of a model without BatchNorm, LeNet)."""
+    model = build_model("lenet-dlg", num_classes=10)
+    model.module.double()
+    batch = sample_batch(cifar10, 1, 0, image_size=32, channels=3)
+    threat = ThreatModel("fedavg", local_steps=1, local_lr=0.1, local_augment="flip")
+    update = fedavg(model, batch, threat, private_seed=0)
+    plain = ThreatModel("fedavg", local_steps=1, local_lr=0.1)
+    x = model.normalize(batch.images.double())
+    sim = UpdateSimulator(model, update, dtype=torch.float64, expected_augment=True)
+    assert sim.augment_draws == 2 and sim.client_model == "augmentation unknown: lower bound"
+    ref = UpdateSimulator(model, fedavg(model, batch, plain, private_seed=0), dtype=torch.float64)
+    with torch.enable_grad():
+        got = sim(x, batch.labels, create_graph=False)
+        both = [ref(v, batch.labels, create_graph=False) for v in (x, x.flip(-1))]
+    for g, a, b in zip(got, *both, strict=True):
+        torch.testing.assert_close(g.detach(), (a.detach() + b.detach()) / 2, rtol=1e-9, atol=1e-12)

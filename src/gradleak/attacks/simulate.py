@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch.func import grad, vmap
 
@@ -19,6 +21,9 @@ from .victim import BNStats, DummyGradient
 # The largest autograd graph the attacker's unroll may hold (estimated before the run): above it
 # the attack is refused with the estimate rather than swapping or being killed part-way.
 MAX_UNROLL_BYTES = 32 * 2**30
+# Draws of the client's crop-flip augmentation each simulated step averages over (expected_augment);
+# "flip" takes its two states, which is its exact expectation per sample.
+AUGMENT_DRAWS = 4
 
 
 class UpdateSimulator:
@@ -40,7 +45,8 @@ class UpdateSimulator:
     epoch's set carrying the same label counts."""
 
     def __init__(self, model: ModelSpec, update: SharedUpdate, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", epoch_dummies: bool = False):
+                 device: torch.device | str = "cpu", epoch_dummies: bool = False,
+                 expected_augment: bool = False):
         self.gradient = DummyGradient(model, update, dtype=dtype, device=device)
         self.threat = ThreatModel.from_record(update.meta.threat)
         self.names, self.target = self.gradient.names, self.gradient.target
@@ -61,10 +67,47 @@ class UpdateSimulator:
                 self.epochs = math.ceil(len(self.steps) / per_epoch)
                 # step s of epoch e = s // per_epoch reads epoch e's own set of K dummies
                 self.steps = [idx + (s // per_epoch) * self.client_batch for s, idx in enumerate(self.steps)]
-            # no augmentation modelled: the client's draws are private (client_model says so)
+            # the client's draws are private (client_model says so); expected_augment models their mean
+            self.transform = self._expected_augment() if expected_augment and self.threat.local_augment != "none" \
+                else None
             self.optimizer = self.threat.optimizer
             self._activations: int | None = None
             self.check_memory(1)
+
+    def _expected_augment(self) -> Any:
+        """The transform of a step's mini-batch [B, ...] -> [D * B, ...]: D augmented copies, so that
+        the step's mean loss (and gradient) is the mean over D draws of the client's augmentation:
+        "flip" its two states (the exact expectation of each sample's flip with probability 1/2,
+        without BatchNorm), "crop-flip" AUGMENT_DRAWS fixed draws per step of a crop offset and a
+        flip, the attacker's own (the client's are private). Zero padding is in pixel space, as the
+        client's (fl.augment): the normalised value of a black pixel."""
+        policy, pad = self.threat.local_augment, self.threat.local_crop_padding
+        first = next(iter(self.gradient.params.values()))
+        zero = self.gradient.model.normalize(torch.zeros(1, *self.input_shape, dtype=first.dtype))
+        zero = zero[0, :, :1, :1].to(first.device)                                 # [C, 1, 1]
+        g = torch.Generator().manual_seed(0)
+        if policy == "flip" or pad == 0:
+            draws = [[(pad, pad, False), (pad, pad, True)]] * len(self.steps)
+        else:
+            draws = [[(int(a), int(b), bool(f)) for a, b, f in zip(torch.randint(0, 2 * pad + 1, (AUGMENT_DRAWS,), generator=g),
+                                                                  torch.randint(0, 2 * pad + 1, (AUGMENT_DRAWS,), generator=g),
+                                                                  torch.rand(AUGMENT_DRAWS, generator=g) < 0.5, strict=True)]
+                     for _ in self.steps]
+        calls = [0]
+        h, w = self.input_shape[-2:]
+
+        def transform(mini: list[torch.Tensor]) -> list[torch.Tensor]:
+            x, y = mini
+            step = draws[calls[0] % len(draws)]
+            calls[0] += 1
+            padded = F.pad(x - zero, (pad, pad, pad, pad)) + zero if policy == "crop-flip" and pad else x
+            out = []
+            for i, j, flip in step:
+                z = padded[..., i:i + h, j:j + w] if policy == "crop-flip" and pad else x
+                out.append(z.flip(-1) if flip else z)
+            return [torch.cat(out), y.repeat(len(step), *([1] * (y.ndim - 1)))]
+        self.augment_draws = len(draws[0])
+        return transform
 
     @property
     def dummy_batch(self) -> int:
@@ -138,7 +181,8 @@ class UpdateSimulator:
         g = self.gradient
         params = sum(p.numel() for p in g.params.values())
         per_param = 3 + 2 * self.optimizer.state_tensors()
-        elems = sum(3 * self._activations * len(idx) + per_param * params for idx in self.steps)
+        draws = self.augment_draws if self.transform is not None else 1
+        elems = sum(3 * self._activations * len(idx) * draws + per_param * params for idx in self.steps)
         item = next(iter(g.params.values())).element_size()
         return int(elems * item * self.clients * candidates)
 
@@ -166,7 +210,8 @@ class UpdateSimulator:
             return DummyGradient.loss(g.forward(params, buffers, x), labels)
         # The client's local steps (fl.unroll), the graph kept through every step (even when the
         # caller needs values only, create_graph=False), as in Geiping et al. 2020, Sec. 5.
-        run = local_train(g.params, loss, (x, labels), self.steps, self.optimizer, mode="graph")
+        run = local_train(g.params, loss, (x, labels), self.steps, self.optimizer, mode="graph",
+                          transform=self.transform)
         return list(run.update(self.names).values())
 
     # ------------------------------------------------------------------ G candidates at once
@@ -180,7 +225,7 @@ class UpdateSimulator:
         if self.threat.client_threat == "fedsgd":
             return grad(g._loss_and_stats, has_aux=True)(params, x, labels)
         run = local_train(params, g._loss_and_stats, (x, self._tiled(labels)), self.steps, self.optimizer, mode="func",
-                          has_aux=True)
+                          has_aux=True, transform=self.transform)
         return run.update(), mean_over_steps(run.aux)
 
     def _candidate(self, params: dict[str, torch.Tensor], x: torch.Tensor,
