@@ -35,6 +35,7 @@ def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:
     labels distinct within each one): the items ``--indices`` names, else a draw by ``--seed``;
     with the source's name and class count."""
     threat = threat_model(cfg)
+    threat.check_batch(cfg.batch_size * threat.clients)  # e.g. local mini-batches larger than a client's data
     source = open_source(cfg.data, root=cfg.data_root, split=cfg.split)
     size = cfg.image_size or default_image_size(cfg.model)
     channels = source.native_channels
