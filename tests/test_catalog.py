@@ -9,17 +9,18 @@ import sys
 
 import pytest
 
-from gradleak import catalog
+from gradleak import catalog, specs
 
 
 def test_catalog_equals_the_registries():
+    import dataclasses
     import importlib
 
     from gradleak.attacks import attack_names
     from gradleak.attacks.configs import CONFIGS
     from gradleak.data import SOURCE_NAMES
-    from gradleak.defenses import defense_names
-    from gradleak.experiments.base import EXPERIMENTS, experiment_names
+    from gradleak.defenses import DEFENSES, defense_names
+    from gradleak.experiments.base import ACCEPTS, EXPERIMENTS, experiment_names
     from gradleak.models import describe_models
     from gradleak.models.server import SERVERS
     from gradleak.attacks.gradinversion import PRESETS
@@ -35,6 +36,13 @@ def test_catalog_equals_the_registries():
         module = importlib.import_module(CONFIGS[name].spec.module)
         assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)
     assert tuple(defense_names()) == catalog.DEFENSES
+    for name, declared in specs.declarations("defense").items():  # each declaration is its class's
+        cls = DEFENSES[name]
+        assert cls.__module__ == declared.module and cls.name == name and cls.positional == declared.get("positional")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        assert list(fields) == list(declared.get("parameters"))
+        for field, (kind, required, *_) in declared.get("parameters").items():
+            assert (fields[field].default is dataclasses.MISSING) == required and fields[field].type == kind
     assert tuple(SERVERS) == catalog.SERVERS
     assert tuple(sorted(PRESETS)) == catalog.PRESETS
     assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("auto", "bow", "dager", "dlg", "dlg-free", "lamp", "tag")
@@ -44,6 +52,11 @@ def test_catalog_equals_the_registries():
     assert TEXT_MODELS == catalog.TEXT_MODELS
     assert experiment_names() == sorted(catalog.EXPERIMENTS)
     assert {k: v[1] for k, v in EXPERIMENTS.items()} == catalog.EXPERIMENTS
+    for name, declared in specs.declarations("experiment").items():  # the declaration is the registering module's
+        assert EXPERIMENTS[name][0].__module__ == declared.module
+        assert importlib.import_module(declared.module).SPEC == declared.values
+        assert ACCEPTS[name] == frozenset(declared.get("accepts", ()))
+    assert catalog.TEXT_EXPERIMENTS == {"text-batch-size"}
 
 
 @pytest.mark.parametrize("name, known, hint", [

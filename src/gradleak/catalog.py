@@ -7,7 +7,7 @@ import difflib
 from typing import Iterable
 
 from .errors import UnknownNameError
-from .specs import attack_specs
+from .specs import attack_specs, declarations
 
 MODELS: dict[str, str] = {
     "convnet": "small CNN with BatchNorm (--width, default 32)",
@@ -23,7 +23,9 @@ SOURCES: tuple[str, ...] = ("cifar10-samples", "cifar100-samples", "imagenet-sam
 # The image attacks: each declares itself in its module under attacks/ (gradleak/specs.py reads the
 # declarations without importing the modules).
 IMAGE_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs().items()}
-DEFENSES: tuple[str, ...] = ("dpsgd", "fp16", "gaussian", "int8", "laplace", "prune")
+# The defenses: each declares itself (a SPEC literal: name, summary, class, parameters) in its module
+# under defenses/.
+DEFENSES: tuple[str, ...] = tuple(sorted(declarations("defense")))
 SERVERS: tuple[str, ...] = ("honest", "imprint", "trap")
 PRESETS: tuple[str, ...] = tuple(sorted(attack_specs()["gradinversion"].presets))
 TEXT_MODELS: dict[str, str] = {
@@ -32,31 +34,12 @@ TEXT_MODELS: dict[str, str] = {
 }
 # The text attacks: each declares itself in its module under text/attacks/ (read the same way).
 TEXT_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs("text").items()}
-EXPERIMENTS: dict[str, str] = {
-    "ablation": "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered",
-    "batch-size": "leakage vs batch size for each attack on real photos",
-    "comparison": "GradInversion Table 4: DLG vs Inverting Gradients vs GradInversion BN approx / exact",
-    "defenses": "accuracy when trained under a defense vs whether iDLG and a malicious server's imprint still "
-                "leak (rebuttal Table 3)",
-    "feature-extractor": "GradInversion Table 3: leakage of a weaker vs a stronger network (pretrained vs random "
-                         "EfficientNet-Lite0, trained vs untrained convnet, convnet vs ResNet-18)",
-    "identifiability": "GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality "
-                       "(--trained: on a victim trained first)",
-    "gradient-loss": "GradInversion Table 5: l2 vs cosine as the gradient-matching loss (fit to the true gradient, "
-                     "PSNR)",
-    "label-restoration": "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)",
-    "local-iterations": "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size",
-    "model-size": "leakage vs model width (convnet) with Inverting Gradients on real photos",
-    "optimizers": "DLG with L-BFGS vs Adam vs SGD: time and iterations to a PSNR threshold",
-    "property-inference": "property inference from the update (Melis et al.'s classifier) vs the property read from "
-                          "DLG's reconstructions: AUC (rebuttal Table 2)",
-    "training-stage": "DLG against checkpoints at 0/30/70/100 % of training, held-out test images "
-                      "(rebuttal Table 4)",
-    "text-batch-size": "text leakage vs batch size: ROUGE-1/2/L and exact sentences for DLG, TAG, LAMP and DAGER on "
-                       "MiniLM, held-out sentences",
-}
+# The experiments: each declares itself (a SPEC literal: name, summary, accepts, modality) in its
+# module under experiments/ (specs.declarations reads them the same way).
+EXPERIMENTS: dict[str, str] = {name: d.summary for name, d in declarations("experiment").items()}
 # The experiments whose cells are all text (their --model and --attacks name text models and attacks).
-TEXT_EXPERIMENTS: frozenset[str] = frozenset({"text-batch-size"})
+TEXT_EXPERIMENTS: frozenset[str] = frozenset(name for name, d in declarations("experiment").items()
+                                             if d.get("modality") == "text")
 
 # What each kind of name is called in messages.
 KINDS = {"model": MODELS, "data source": SOURCES, "attack": IMAGE_ATTACKS, "defense": DEFENSES,
@@ -93,25 +76,24 @@ def check(kind: str, name: str, extra: str = "") -> str:
 
 
 # ---------------------------------------------------------------- defense specs, checked without torch
-# Each defense's parameters as defenses/ declares them (the dataclass fields and their bounds):
+# Each defense's parameters as its module under defenses/ declares them (its SPEC's parameters):
 # (field, kind, required, (minimum, inclusive) or None, (maximum, inclusive) or None, choices).
 # The CLI checks a --defense spec with them before torch loads; defenses/spec.py parses it again
 # (tests/reliability/test_reliability4_files.py holds the two to the same answers).
 Param = tuple[str, str, bool, "tuple[float, bool] | None", "tuple[float, bool] | None", tuple[str, ...]]
+
+
+def _param(field: str, declared: list) -> Param:
+    kind, required, low, high, choices = declared
+    return (field, kind, required, None if low is None else (float(low[0]), low[1]),
+            None if high is None else (float(high[0]), high[1]), tuple(choices))
+
+
 DEFENSE_PARAMETERS: dict[str, tuple[str | None, tuple[Param, ...]]] = {
-    "dpsgd": (None, (("clip", "float", True, (0.0, False), None, ()),
-                     ("noise", "float", True, (0.0, True), None, ()),
-                     ("delta", "float", False, (0.0, False), (1.0, False), ()),
-                     ("sample_rate", "float", False, (0.0, False), (1.0, True), ()),
-                     ("steps", "int", False, (1.0, True), None, ()))),
-    "fp16": (None, ()),
-    "gaussian": ("sigma", (("sigma", "float", True, (0.0, True), None, ()),)),
-    "int8": (None, ()),
-    "laplace": ("b", (("b", "float", True, (0.0, True), None, ()),)),
-    "prune": ("fraction", (("fraction", "float", True, (0.0, True), (1.0, False), ()),
-                           ("scope", "str", False, None, None, ("layer", "global")))),
-}
-_EXAMPLES = {"gaussian": "gaussian:0.01", "laplace": "laplace:0.01", "prune": "prune:0.9", "dpsgd": "dpsgd:clip=1,noise=1"}
+    name: (d.get("positional"), tuple(_param(f, p) for f, p in d.get("parameters").items()))
+    for name, d in sorted(declarations("defense").items())}
+# A valid spec of each defense that takes parameters (its name for one that takes none).
+DEFENSE_EXAMPLES: dict[str, str] = {name: d.get("example", name) for name, d in sorted(declarations("defense").items())}
 
 
 def check_defense(spec: object) -> str:
@@ -131,7 +113,7 @@ def check_defense(spec: object) -> str:
     params = {p[0]: p for p in DEFENSE_PARAMETERS[name][1]}
     missing = [f for f, p in params.items() if p[2] and f not in values]
     if missing:
-        raise ConfigError(f"defense {name}: missing value for {', '.join(missing)} (e.g. {_EXAMPLES.get(name, name)})")
+        raise ConfigError(f"defense {name}: missing value for {', '.join(missing)} (e.g. {DEFENSE_EXAMPLES.get(name, name)})")
     for field, text in values.items():
         _check_defense_value(name, params[field], text)
     return name
@@ -157,7 +139,7 @@ def defense_values(name: str, spec: str, rest: str) -> dict[str, str]:
         if not eq:
             if positional is None:
                 raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; write key=value pairs, e.g. "
-                                  f"{_EXAMPLES.get(name, name)}")
+                                  f"{DEFENSE_EXAMPLES.get(name, name)}")
             if i > 0:
                 raise ConfigError(f"defense {name}: bare value {one_line(repr(token), 80)}; only the first parameter "
                                   f"({positional}) may be given without its key")

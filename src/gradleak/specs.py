@@ -103,15 +103,8 @@ class AttackSpec:
 def read_spec(path: Path, module: str) -> AttackSpec | None:
     """The attack ``SPEC`` literal declared at the top level of the module file ``path`` (None when
     it declares none). ConfigError when the literal is not a valid spec."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
-            try:
-                literal = ast.literal_eval(node.value)
-            except ValueError as exc:
-                raise ConfigError(f"{path}: SPEC must be a literal (strings, numbers, lists, dicts): {exc}") from None
-            return make_spec(literal, module, str(path))
-    return None
+    literal = read_literal(path, "SPEC")
+    return None if literal is None else make_spec(literal, module, str(path))
 
 
 def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
@@ -283,5 +276,107 @@ def readers(flag: str) -> tuple[str, ...]:
     return tuple(name for name, spec in attack_specs().items() if flag in spec.flags)
 
 
-__all__ = ["ATTACK_PACKAGES", "AttackSpec", "annotation", "attacker_fields", "attacks_run", "hashed_flags", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
+# ---------------------------------------------------------------- the other plug-in kinds
+# Each kind: the packages whose modules declare it, the module-level literal they declare it with
+# (a dict, or a list of dicts for a module that declares several), and the keys a declaration must
+# and may hold. Read from the source like the attacks' SPECs, so that the catalog, `--help`,
+# `gradleak list` and "did you mean" need no torch.
+PLUGIN_KINDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, ...]]] = {
+    # accepts: the opt-in options it takes (experiments/base.py); modality "text": its cells are
+    # text (its --model and --attacks name text models and attacks)
+    "experiment": (("gradleak.experiments",), "SPEC", ("name", "summary"), ("accepts", "modality")),
+    # class: the Defense subclass in its module; parameters: field -> [type ("float", "int", "str"),
+    # required, [minimum, inclusive] or None, [maximum, inclusive] or None, choices]; positional:
+    # the field a bare value fills; example: a valid spec; averages (default true): its noise floor
+    # averages over aggregated clients; unmodelled: the part of it the noise floor does not model
+    "defense": (("gradleak.defenses",), "SPEC", ("name", "summary", "class", "parameters"),
+                ("positional", "example", "averages", "unmodelled")),
+}
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One plug-in's declaration: its kind, name, module, one-line summary and every key it gave."""
+
+    kind: str
+    name: str
+    module: str
+    summary: str
+    values: dict[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+def read_literal(path: Path, variable: str) -> Any:
+    """The literal assigned to ``variable`` at the top level of the module file ``path`` (None when
+    there is none); ConfigError when it is not a literal."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: {variable} must be a literal (strings, numbers, lists, dicts): "
+                                  f"{exc}") from None
+    return None
+
+
+def make_declaration(kind: str, literal: Any, module: str, where: str = "") -> Declaration:
+    """A Declaration of ``kind`` from one declared dict (ConfigError naming ``where`` when it is not one)."""
+    where = where or module
+    _, variable, required, optional = PLUGIN_KINDS[kind]
+    if not isinstance(literal, dict):
+        raise ConfigError(f"{where}: each {kind} {variable} must be a dict")
+    missing = [k for k in required if k not in literal]
+    unknown = [k for k in literal if k not in required + optional]
+    if missing or unknown:
+        raise ConfigError(f"{where}: {kind} {variable} " + (f"lacks {', '.join(missing)}" if missing else
+                                                            f"has unknown keys {', '.join(map(str, unknown))}"))
+    if not all(isinstance(literal[k], str) and literal[k].strip() for k in ("name", "summary")):
+        raise ConfigError(f"{where}: {kind} {variable} name and summary must be non-empty strings")
+    if literal.get("modality", "image") not in COMMON_BY_MODALITY:
+        raise ConfigError(f"{where}: {kind} {literal['name']!r} modality {literal['modality']!r} is not one of "
+                          f"{', '.join(COMMON_BY_MODALITY)}")
+    if kind == "defense":
+        _check_parameters(literal, where)
+    return Declaration(kind, literal["name"], module, literal["summary"], dict(literal))
+
+
+def _check_parameters(literal: dict[str, Any], where: str) -> None:
+    """A defense declaration's parameters: each [type, required, minimum, maximum, choices]."""
+    params = literal["parameters"]
+    bound = lambda b: b is None or (isinstance(b, list) and len(b) == 2 and isinstance(b[1], bool))  # noqa: E731
+    if not isinstance(params, dict) or not all(
+            isinstance(p, list) and len(p) == 5 and p[0] in ("float", "int", "str") and isinstance(p[1], bool)
+            and bound(p[2]) and bound(p[3]) and isinstance(p[4], list) for p in params.values()):
+        raise ConfigError(f"{where}: defense {literal['name']!r} parameters must map each field to [type (float, int, "
+                          "str), required, [minimum, inclusive] or None, [maximum, inclusive] or None, choices]")
+    if literal.get("positional") is not None and literal["positional"] not in params:
+        raise ConfigError(f"{where}: defense {literal['name']!r} positional {literal['positional']!r} is not one of "
+                          "its parameters")
+
+
+@functools.cache
+def declarations(kind: str) -> dict[str, Declaration]:
+    """Every ``kind`` plug-in (see PLUGIN_KINDS) by name, in the order its modules (sorted) declare
+    them, read without importing them. ConfigError for a bad or twice-declared one."""
+    if kind not in PLUGIN_KINDS:
+        raise ConfigError(f"unknown plug-in kind {kind!r}; known: {', '.join(PLUGIN_KINDS)}")
+    packages, variable = PLUGIN_KINDS[kind][:2]
+    found: dict[str, Declaration] = {}
+    for package in packages:
+        for folder in _package_folders(package):
+            for path in sorted(folder.glob("*.py")):
+                literal = read_literal(path, variable)
+                for item in (literal if isinstance(literal, list) else [] if literal is None else [literal]):
+                    decl = make_declaration(kind, item, f"{package}.{path.stem}", str(path))
+                    if decl.name in found:
+                        raise ConfigError(f"{kind} {decl.name!r} is declared twice: {found[decl.name].module} and "
+                                          f"{decl.module}")
+                    found[decl.name] = decl
+    return found
+
+
+__all__ = ["ATTACK_PACKAGES", "Declaration", "PLUGIN_KINDS", "declarations", "make_declaration", "read_literal", "AttackSpec", "annotation", "attacker_fields", "attacks_run", "hashed_flags", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
            "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers"]

@@ -114,6 +114,19 @@ def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: f
     return float(accountant.get_epsilon(delta))
 
 
+# Declared for the catalog (read without torch). "unmodelled": the part of it the noise floor
+# cannot model (defenses/floor.py): the per-sample norms it clips are private.
+SPEC = {
+    "name": "dpsgd", "class": "DPSGD", "summary": "DP-SGD on the client: per-sample clipping + Gaussian noise",
+    "parameters": {"clip": ["float", True, [0.0, False], None, []],
+                   "noise": ["float", True, [0.0, True], None, []],
+                   "delta": ["float", False, [0.0, False], [1.0, False], []],
+                   "sample_rate": ["float", False, [0.0, False], [1.0, True], []],
+                   "steps": ["int", False, [1.0, True], None, []]},
+    "example": "dpsgd:clip=1,noise=1", "unmodelled": "clipping",
+}
+
+
 @dataclass(frozen=True)
 class DPSGD(Defense):
     """``dpsgd:clip=C,noise=Z[,delta=D][,sample_rate=Q][,steps=T]``: DP-SGD on the client.

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 
 from ..fl.update import SharedUpdate
+from ..specs import declarations
 from .base import Residual
 from .spec import parse_defense
 
@@ -73,7 +74,7 @@ def noise_floor(update: SharedUpdate, matched: Mapping[str, Sequence[int] | None
         defense = parse_defense(spec)
         res: Residual | None = defense.residual(shared, client_batch)
         if res is not None and clients > 1:
-            if defense.name in ("fp16", "int8"):
+            if not declarations("defense")[defense.name].get("averages", True):
                 res = None
             else:
                 per_client = res.mean / clients
@@ -82,8 +83,9 @@ def noise_floor(update: SharedUpdate, matched: Mapping[str, Sequence[int] | None
             unmodelled.append(spec)
             continue
         modelled.append(spec)
-        if defense.name == "dpsgd":  # its noise is modelled, its per-sample clipping is not
-            unmodelled.append(f"{spec} (clipping)")
+        part = declarations("defense")[defense.name].get("unmodelled")
+        if part:  # DP-SGD: its noise is modelled, its per-sample clipping is not
+            unmodelled.append(f"{spec} ({part})")
         mean, var = mean + res.mean, var + res.var
     if norm2 <= 0:
         return NoiseFloor(0.0, 0.0, modelled, unmodelled)

@@ -10,6 +10,17 @@ import torch
 from .base import Defense, Residual, check_finite, entry_noise
 
 
+# The two noise defenses, declared for the catalog (specs.declarations reads this without torch):
+# each parameter as [type, required, (minimum, inclusive) or None, (maximum, inclusive) or None, choices].
+SPEC = [
+    {"name": "gaussian", "class": "GaussianNoise", "summary": "add N(0, sigma^2) i.i.d. to every gradient entry",
+     "positional": "sigma", "parameters": {"sigma": ["float", True, [0.0, True], None, []]},
+     "example": "gaussian:0.01"},
+    {"name": "laplace", "class": "LaplaceNoise", "summary": "add Laplace(0, b) i.i.d. to every gradient entry",
+     "positional": "b", "parameters": {"b": ["float", True, [0.0, True], None, []]}, "example": "laplace:0.01"},
+]
+
+
 def _noise_dtype(t: torch.Tensor) -> torch.dtype:
     # float64 gradients get float64 noise; half/bfloat16 ones get float32 noise, rounded on add
     return torch.float64 if t.dtype == torch.float64 else torch.float32

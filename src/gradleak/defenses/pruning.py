@@ -25,6 +25,16 @@ def _smallest(abs_flat: torch.Tensor, k: int) -> torch.Tensor:
     return torch.argsort(abs_flat, stable=True)[:k]
 
 
+# Declared for the catalog (read without torch).
+SPEC = {
+    "name": "prune", "class": "Prune", "summary": "zero the smallest-magnitude fraction of the gradient entries",
+    "positional": "fraction",
+    "parameters": {"fraction": ["float", True, [0.0, True], [1.0, False], []],
+                   "scope": ["str", False, None, None, ["layer", "global"]]},
+    "example": "prune:0.9",
+}
+
+
 @dataclass(frozen=True)
 class Prune(Defense):
     """``prune:P`` / ``prune:P,scope=global``: zero the fraction P in [0, 1) of the

@@ -13,6 +13,16 @@ from .base import Defense, Residual, uniform_rounding
 INT8_LEVELS = 127
 
 
+# Declared for the catalog (read without torch). "averages": False: a mean of quantised updates
+# is off their grid, so the noise floor does not model an aggregate (defenses/floor.py).
+SPEC = [
+    {"name": "fp16", "class": "FP16", "summary": "cast each gradient to float16 and back", "parameters": {},
+     "averages": False},
+    {"name": "int8", "class": "Int8", "summary": "symmetric per-tensor 8-bit quantisation, then dequantisation",
+     "parameters": {}, "averages": False},
+]
+
+
 @dataclass(frozen=True)
 class FP16(Defense):
     """``fp16``: cast each gradient to float16 and back, as a float16 transport would.

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import typing
 
 import torch
 
-from ..catalog import defense_values, unknown
+from ..catalog import DEFENSE_EXAMPLES, defense_values, unknown
+from ..specs import declarations
 from ..errors import ConfigError
 from ..paths import one_line
 from ..fl.update import SharedUpdate
 from .base import Defense
-from .dpsgd import DPSGD
-from .noise import GaussianNoise, LaplaceNoise
-from .pruning import Prune
-from .quantization import FP16, Int8
 
+# Each defense's class, from its module's declaration (its SPEC: specs.declarations).
 DEFENSES: dict[str, type[Defense]] = {
-    cls.name: cls for cls in (GaussianNoise, LaplaceNoise, Prune, FP16, Int8, DPSGD)
+    name: getattr(importlib.import_module(d.module), d.get("class")) for name, d in declarations("defense").items()
 }
 
 
@@ -68,8 +67,7 @@ def parse_defense(spec: str) -> Defense:
 
 
 def _example(name: str) -> str:
-    return {"gaussian": "gaussian:0.01", "laplace": "laplace:0.01", "prune": "prune:0.9",
-            "dpsgd": "dpsgd:clip=1,noise=1"}.get(name, name)
+    return DEFENSE_EXAMPLES.get(name, name)
 
 
 def parse_defenses(specs: typing.Iterable[str] | str | None) -> list[Defense]:

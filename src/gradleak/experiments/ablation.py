@@ -30,6 +30,12 @@ SUMMARY = ["step", "gradient_distance", "candidate_distance_best", "candidate_di
 LOWER_IS_BETTER = ("gradient_distance", "candidate_distance_best", "candidate_distance_mean", "fft2d", "lpips")
 
 
+SPEC = {
+    "name": "ablation",
+    "summary": "GradInversion Table 2: L_grad, + fidelity priors, + group lazy, + group registered",
+}
+
+
 @experiment("ablation")
 def ablation(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data, k, samples, iterations, seeds = one_batch_victim(opt, "ablation", "GradInversion with each term added in turn")

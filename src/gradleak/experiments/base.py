@@ -94,22 +94,24 @@ OPT_IN_OPTIONS = ("trained",)
 ACCEPTS: dict[str, frozenset[str]] = {}
 
 
-def experiment(name: str, description: str | None = None, *,
-               accepts: tuple[str, ...] = ()) -> Callable[[ExperimentFn], ExperimentFn]:
-    """Register an experiment. Its one-line description is catalog.EXPERIMENTS[name] (torch-free,
-    so that `gradleak list` and a misspelt name need no experiment module); ``description``, when
-    given, must be that same text."""
-    from ..catalog import EXPERIMENTS as DESCRIPTIONS
+def experiment(name: str) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Register the experiment ``name`` its module declares in its ``SPEC`` literal (name, one-line
+    summary, opt-in ``accepts``; read without torch by specs.declarations, so that `gradleak list`
+    and a misspelt name need no experiment module)."""
+    from ..specs import declarations
 
+    declared = declarations("experiment").get(name)
+    if declared is None:
+        raise ValueError(f"experiment {name}: declare it (a SPEC literal with its name and summary) in its module")
+    accepts = tuple(declared.get("accepts", ()))
     unknown = set(accepts) - set(OPT_IN_OPTIONS)
     if unknown:
         raise ValueError(f"experiment {name}: unknown opt-in options {sorted(unknown)}")
-    if name not in DESCRIPTIONS or description not in (None, DESCRIPTIONS[name]):
-        raise ValueError(f"experiment {name}: add it (its one-line description) to catalog.EXPERIMENTS")
-    description = DESCRIPTIONS[name]
 
     def register(fn: ExperimentFn) -> ExperimentFn:
-        EXPERIMENTS[name] = (fn, description)
+        if fn.__module__ != declared.module:
+            raise ValueError(f"experiment {name} is declared in {declared.module}, not {fn.__module__}")
+        EXPERIMENTS[name] = (fn, declared.summary)
         ACCEPTS[name] = frozenset(accepts)
         return fn
     return register

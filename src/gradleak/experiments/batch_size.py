@@ -42,6 +42,12 @@ ITERATIONS: dict[str, tuple[int, int | None]] = {"dlg": (60, 300), "idlg": (30, 
 SMOKE_OPTIONS: dict[str, dict[str, Any]] = {"gradinversion": dict(seeds=2)}
 
 
+SPEC = {
+    "name": "batch-size",
+    "summary": "leakage vs batch size for each attack on real photos",
+}
+
+
 @experiment("batch-size")
 def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     data = opt.data or "cifar10-samples"

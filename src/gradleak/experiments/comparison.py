@@ -42,7 +42,14 @@ def method_cell(method: str, iterations: int, seeds: int, **fields: Any) -> dict
     return gradinversion_cell(iterations, seeds, bn=method.rsplit("-", 1)[-1], **fields)
 
 
-@experiment("comparison", accepts=("trained",))
+SPEC = {
+    "name": "comparison",
+    "summary": "GradInversion Table 4: DLG vs Inverting Gradients vs GradInversion BN approx / exact",
+    "accepts": ["trained"],
+}
+
+
+@experiment("comparison")
 def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data = victim(opt)
     k = (opt.batch_sizes or [4])[0]

@@ -65,6 +65,13 @@ SERVERS = {"imprint": "imprint", "trap": "trap"}
 TEXT_POOL = python_docs_sentences(max_chars=45)
 
 
+SPEC = {
+    "name": "defenses",
+    "summary": ("accuracy when trained under a defense vs whether iDLG and a malicious server's imprint still leak "
+                "(rebuttal Table 3)"),
+}
+
+
 @experiment("defenses")
 def defenses(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="idlg", samples=(1, 4), iterations=(20, 200))

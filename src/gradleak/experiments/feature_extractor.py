@@ -228,6 +228,13 @@ def _reading(diff: float, paired: list[float], converged: bool, *, both_below: b
     return reading
 
 
+SPEC = {
+    "name": "feature-extractor",
+    "summary": ("GradInversion Table 3: leakage of a weaker vs a stronger network (pretrained vs random "
+                "EfficientNet-Lite0, trained vs untrained convnet, convnet vs ResNet-18)"),
+}
+
+
 @experiment("feature-extractor")
 def feature_extractor(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     _refuse_fixed_options(opt)

@@ -163,6 +163,12 @@ def _figures(ws: Workspace, cells: dict[tuple[str, str, int], CellResult], summa
     return figs
 
 
+SPEC = {
+    "name": "gradient-loss",
+    "summary": "GradInversion Table 5: l2 vs cosine as the gradient-matching loss (fit to the true gradient, PSNR)",
+}
+
+
 @experiment("gradient-loss")
 def gradient_loss(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     model, width, data, k, samples, iterations, seeds = one_batch_victim(opt, "gradient-loss", "GradInversion with each gradient loss (l2, cosine)")

@@ -144,7 +144,15 @@ def _figures(out: Path, cells: dict[Any, Any], rows: list[dict[str, Any]], iip_r
     return figs
 
 
-@experiment("identifiability", accepts=("trained",))
+SPEC = {
+    "name": "identifiability",
+    "summary": ("GradInversion Fig. 8: IIP vs batch size, and gradient norm vs reconstruction quality (--trained: on a "
+                "victim trained first)"),
+    "accepts": ["trained"],
+}
+
+
+@experiment("identifiability")
 def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     refuse_attacks(opt, "identifiability", "GradInversion")
     model, width, data = victim(opt)

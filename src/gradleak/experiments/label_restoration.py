@@ -178,6 +178,12 @@ def _setup(opt: ExperimentOptions, source: Any, data: str, model_name: str, batc
             "smoke": opt.smoke}
 
 
+SPEC = {
+    "name": "label-restoration",
+    "summary": "GradInversion Table 1: label accuracy vs batch size, Eq. 8 vs the sum rule (Eq. 7)",
+}
+
+
 @experiment("label-restoration")
 def label_restoration(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     _refuse_attack_options(opt)

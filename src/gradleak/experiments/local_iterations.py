@@ -32,6 +32,12 @@ SMOKE_BATCH, SMOKE_LOCAL_BATCH_SIZES = 2, (1, 2)
 ITERATIONS = (40, 300)
 
 
+SPEC = {
+    "name": "local-iterations",
+    "summary": "leakage vs FedAvg local steps (rebuttal Table 1) and vs local mini-batch size",
+}
+
+
 @experiment("local-iterations")
 def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="cifar10-samples", attack="dlg", samples=(1, 4), iterations=ITERATIONS)

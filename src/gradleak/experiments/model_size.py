@@ -26,6 +26,12 @@ ITERATIONS: dict[str, tuple[int, int | None]] = {"ig": (300, None)}
 OPTIONS: dict[str, dict[str, Any]] = {"dlg": dict(dtype="float64", stop=DLG_STOP), "idlg": dict(dtype="float64", stop=DLG_STOP)}
 
 
+SPEC = {
+    "name": "model-size",
+    "summary": "leakage vs model width (convnet) with Inverting Gradients on real photos",
+}
+
+
 @experiment("model-size")
 def model_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     data = opt.data or "cifar10-samples"

@@ -21,6 +21,12 @@ THRESHOLD_DB = 30.0
 SETTINGS = {"lbfgs": (1.0, 200, 120), "adam": (0.1, 3000, 600), "sgd": (0.1, 3000, 600)}
 
 
+SPEC = {
+    "name": "optimizers",
+    "summary": "DLG with L-BFGS vs Adam vs SGD: time and iterations to a PSNR threshold",
+}
+
+
 @experiment("optimizers")
 def optimizers(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     refuse_attacks(opt, "optimizers", "DLG with each optimizer")

@@ -230,8 +230,14 @@ def _setup(opt: ExperimentOptions, st: Setting, prop: _Property, clf: _Classifie
             "smoke": opt.smoke}
 
 
-@experiment(NAME, "property inference from the update (Melis et al.'s classifier) vs the property read from DLG's "
-                  "reconstructions: AUC (rebuttal Table 2)")
+SPEC = {
+    "name": "property-inference",
+    "summary": ("property inference from the update (Melis et al.'s classifier) vs the property read from DLG's "
+                "reconstructions: AUC (rebuttal Table 2)"),
+}
+
+
+@experiment(NAME)
 def property_inference(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     st = setting(opt, model="lenet-dlg", data="fashion-mnist", attack="dlg", samples=TARGETS,
                  iterations=ITERATIONS)

@@ -37,6 +37,14 @@ def batch_sentences(k: int, seed: int) -> list[str]:
     return random.Random(seed).sample(pool, k)
 
 
+SPEC = {
+    "name": "text-batch-size",
+    "summary": ("text leakage vs batch size: ROUGE-1/2/L and exact sentences for DLG, TAG, LAMP and DAGER on MiniLM, "
+                "held-out sentences"),
+    "modality": "text",
+}
+
+
 @experiment("text-batch-size")
 def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     attacks = opt.attacks or list(ATTACKS)

@@ -26,6 +26,12 @@ SMOKE_TRAIN_SUBSET = 5000
 SMOKE_TEST_SUBSET = 1000
 
 
+SPEC = {
+    "name": "training-stage",
+    "summary": "DLG against checkpoints at 0/30/70/100 % of training, held-out test images (rebuttal Table 4)",
+}
+
+
 @experiment("training-stage")
 def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     from ..training import TrainConfig
