@@ -54,25 +54,7 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     attacks = opt.attacks or list(CANDIDATES)
     sizes = opt.batch_sizes or list(SMOKE_BATCH_SIZES if opt.smoke else BATCH_SIZES)
     samples = opt.samples or (1 if opt.smoke else 3)
-    iterations: dict[str, int | None] = {}
-    models: dict[str, str] = {}
-    options: dict[str, dict[str, Any]] = {}
-    plan: dict[tuple[str, int, int], dict[str, Any]] = {}
-    for attack in attacks:
-        model, width = MODELS.get(attack, ("lenet-dlg", None))
-        if opt.model:
-            model, width = opt.model, None
-        width = opt.width or width
-        smoke_iter, full_iter = ITERATIONS.get(attack, (100, None))
-        n_iter = opt.iterations or (smoke_iter if opt.smoke else full_iter)
-        iterations[attack] = n_iter
-        models[attack] = model + (f" width {width}" if width else "")
-        options[attack] = {**OPTIONS.get(attack, {}), **(SMOKE_OPTIONS.get(attack, {}) if opt.smoke else {})}
-        for k in sizes:
-            for s in range(samples):
-                plan[(attack, k, s)] = dict(attack=attack, model=model, width=width, data=data, batch_size=k,
-                                            seed=opt.seed + s, iterations=n_iter,
-                                            log_every=max(1, (n_iter or 200) // 10), **options[attack])
+    plan, iterations, models, options = _plan(opt, data, attacks, sizes, samples)
     # The first sample's run folders: at each K every attack gets the same batch (drawn by the seed).
     cells = ws.run(plan, run_folders=[(a, k, 0) for a in attacks for k in sizes])
     rows = leakage_rows(cells, ("attack", "batch_size", "sample"))
@@ -111,3 +93,29 @@ def batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         + trend_notes(summary, "batch_size", falls=True, within=("attack",),
                       claim="leakage falls as the batch size grows"))
 
+
+def _plan(opt: ExperimentOptions, data: str, attacks: list[str], sizes: list[int], samples: int
+          ) -> tuple[dict[tuple[str, int, int], dict[str, Any]], dict[str, int | None], dict[str, str],
+                     dict[str, dict[str, Any]]]:
+    """(the cells (attack, K, sample) -> run options; per attack its iterations, its model as the
+    setup states it, its attack options)."""
+    iterations: dict[str, int | None] = {}
+    models: dict[str, str] = {}
+    options: dict[str, dict[str, Any]] = {}
+    plan: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for attack in attacks:
+        model, width = MODELS.get(attack, ("lenet-dlg", None))
+        if opt.model:
+            model, width = opt.model, None
+        width = opt.width or width
+        smoke_iter, full_iter = ITERATIONS.get(attack, (100, None))
+        n_iter = opt.iterations or (smoke_iter if opt.smoke else full_iter)
+        iterations[attack] = n_iter
+        models[attack] = model + (f" width {width}" if width else "")
+        options[attack] = {**OPTIONS.get(attack, {}), **(SMOKE_OPTIONS.get(attack, {}) if opt.smoke else {})}
+        for k in sizes:
+            for s in range(samples):
+                plan[(attack, k, s)] = dict(attack=attack, model=model, width=width, data=data, batch_size=k,
+                                            seed=opt.seed + s, iterations=n_iter,
+                                            log_every=max(1, (n_iter or 200) // 10), **options[attack])
+    return plan, iterations, models, options
