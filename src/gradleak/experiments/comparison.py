@@ -8,7 +8,7 @@ from typing import Any
 
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment, markdown_table
-from .cells import Workspace
+from .cells import CellResult, Workspace
 from .common import (VERDICT_RULE, DLG_STOP, THRESHOLD_DB, IMAGE_VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grid, settings_of, summarize, summary_columns, trained_victim, verdict_fields, victim,
                      victim_setup)
@@ -62,34 +62,11 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                                           batch_size=k, seed=opt.seed + sample, **victim_fields)
             for sample in range(samples) for method in methods}
     cells = ws.run(plan, run_folders=[(method, 0) for method in methods])
-    rows: list[dict[str, Any]] = []
-    for (method, sample), cell in cells.items():
-        if cell.ok:
-            m = cell.metrics
-            img = image_rows(cell, method=method, sample=sample, seed=opt.seed + sample,
-                             label_accuracy=m["label_accuracy"], gradient_distance=m.get("gradient_distance"),
-                             iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
-            for r in img:
-                r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB, image=r["image"]))
-            rows += img
+    rows = _rows(cells, opt.seed)
     spread = summarize(rows, ["method"], values=("psnr_by_label", "psnr", "rpsnr", "zero_psnr", "prior_psnr"), images=True)
     summary = [{"method": mt, **{c: mean([r[c] for r in rows if r["method"] == mt]) for c in SUMMARY[1:]}}
                for mt in methods]
-    notes = ["Means over every image of every batch:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
-    notes += convergence_notes(cells.values())
-    if all(r["lpips"] is None for r in rows):
-        notes.append("LPIPS is null: its AlexNet/VGG weights are not in the torch cache (no random backbone is used).")
-    if "gradinversion-bn-approx" in methods:
-        notes.append("BN approx regularises towards the model's running statistics: " + (
-            "the trained victim's, learnt from the training split (as in the paper)." if checkpoint else
-            "for a randomly initialised model these are the initial 0/1, not statistics learnt from the data as in "
-            "the paper (--trained trains the victim first)."))
-    best = max(summary, key=lambda r: r["psnr"] if r["psnr"] is not None else -1.0)
-    if best["psnr"] is not None:
-        b = next((r for r in spread if r["method"] == best["method"]), None)
-        notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB"
-                     + (f"; {b['non_converged']} of {b['samples']} samples did not converge, "
-                        f"{b['inconclusive']} of {b['images']} images inconclusive" if b else "") + ").")
+    notes = _notes(cells, rows, methods, summary, spread, trained=bool(checkpoint))
     figs = ["comparison_quality.png", "comparison_images.png"]
     save_line_plot(ws.out / figs[0], [r["method"] for r in summary],
                    {"PSNR (dB)": [r["psnr"] for r in summary], "RPSNR (dB)": [r["rpsnr"] for r in summary]},
@@ -102,22 +79,63 @@ def comparison(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
         summary_columns=summary_columns(["method"], ("psnr_by_label", "psnr", "rpsnr", "zero_psnr", "prior_psnr"), images=True),
         setup={**victim_setup(model, width, data, k, samples, opt.seed, weights),
-               "success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
-                                    f"{VERDICT_RULE}",
-               "budget": f"{iterations} iterations x {seeds} seeds/restarts; "
-                         f"DLG {dlg_steps(iterations, seeds)} "
-                         "L-BFGS steps (<= 20 evaluations each)",
-               "methods": {"deepinversion": "DeepInversion (Table 4's row): the cpu preset's fidelity prior alone "
-                                            "(alpha_G = 0, no gradient matching), BN prior towards the running "
-                                            "statistics; gradleak's objective has no class term, so unlike "
-                                            "DeepInversion's cross-entropy the labels do not enter it",
-                           "dlg": "DLG: L-BFGS, float64, joint soft labels",
-                           "ig": "Inverting Gradients: cosine + TV 0.1, signed Adam, step decay, restarts",
-                           "gradinversion-bn-approx": "cpu preset, BN prior towards the running statistics",
-                           "gradinversion-bn-exact": "cpu preset, BN prior towards the client's shared batch "
-                                                     "statistics"},
-               "gradinversion settings": settings_of(c for (mt, _), c in cells.items()
-                                                     if mt == "gradinversion-bn-exact"),
-               "labels": "restored from the gradient (Eq. 8) for ig and gradinversion; DLG optimises soft labels",
-               "lpips": "null unless the AlexNet/VGG LPIPS weights are in the torch cache",
+               **_method_setup(cells, iterations, seeds),
                "torch threads": ws.threads(), "smoke": opt.smoke})
+
+
+def _rows(cells: dict[tuple[str, int], CellResult], seed: int) -> list[dict[str, Any]]:
+    """One row per image of every finished cell, with its verdict."""
+    rows: list[dict[str, Any]] = []
+    for (method, sample), cell in cells.items():
+        if cell.ok:
+            m = cell.metrics
+            img = image_rows(cell, method=method, sample=sample, seed=seed + sample,
+                             label_accuracy=m["label_accuracy"], gradient_distance=m.get("gradient_distance"),
+                             iterations=m["iterations"], wall_seconds=round(float(m["wall_seconds"]), 2))
+            for r in img:
+                r.update(verdict_fields(cell, r["psnr"] >= THRESHOLD_DB, image=r["image"]))
+            rows += img
+    return rows
+
+
+def _notes(cells: dict[tuple[str, int], CellResult], rows: list[dict[str, Any]], methods: list[str],
+           summary: list[dict[str, Any]], spread: list[dict[str, Any]], *, trained: bool) -> list[str]:
+    """The table of means, convergence, LPIPS and BN-approx caveats, and the best method."""
+    notes = ["Means over every image of every batch:\n\n" + markdown_table(SUMMARY, summary) + "\n"]
+    notes += convergence_notes(cells.values())
+    if all(r["lpips"] is None for r in rows):
+        notes.append("LPIPS is null: its AlexNet/VGG weights are not in the torch cache (no random backbone is used).")
+    if "gradinversion-bn-approx" in methods:
+        notes.append("BN approx regularises towards the model's running statistics: " + (
+            "the trained victim's, learnt from the training split (as in the paper)." if trained else
+            "for a randomly initialised model these are the initial 0/1, not statistics learnt from the data as in "
+            "the paper (--trained trains the victim first)."))
+    best = max(summary, key=lambda r: r["psnr"] if r["psnr"] is not None else -1.0)
+    if best["psnr"] is not None:
+        b = next((r for r in spread if r["method"] == best["method"]), None)
+        notes.append(f"Highest mean PSNR: {best['method']} ({best['psnr']:.2f} dB"
+                     + (f"; {b['non_converged']} of {b['samples']} samples did not converge, "
+                        f"{b['inconclusive']} of {b['images']} images inconclusive" if b else "") + ").")
+    return notes
+
+
+def _method_setup(cells: dict[tuple[str, int], CellResult], iterations: int, seeds: int) -> dict[str, Any]:
+    """The setup's entries on the methods: threshold, budget, what each method is, labels, LPIPS."""
+    return {"success threshold": f"leaked = the image's PSNR >= {THRESHOLD_DB} dB (or a recognisable image); "
+                                 f"{VERDICT_RULE}",
+            "budget": f"{iterations} iterations x {seeds} seeds/restarts; "
+                      f"DLG {dlg_steps(iterations, seeds)} "
+                      "L-BFGS steps (<= 20 evaluations each)",
+            "methods": {"deepinversion": "DeepInversion (Table 4's row): the cpu preset's fidelity prior alone "
+                                         "(alpha_G = 0, no gradient matching), BN prior towards the running "
+                                         "statistics; gradleak's objective has no class term, so unlike "
+                                         "DeepInversion's cross-entropy the labels do not enter it",
+                        "dlg": "DLG: L-BFGS, float64, joint soft labels",
+                        "ig": "Inverting Gradients: cosine + TV 0.1, signed Adam, step decay, restarts",
+                        "gradinversion-bn-approx": "cpu preset, BN prior towards the running statistics",
+                        "gradinversion-bn-exact": "cpu preset, BN prior towards the client's shared batch "
+                                                  "statistics"},
+            "gradinversion settings": settings_of(c for (mt, _), c in cells.items()
+                                                  if mt == "gradinversion-bn-exact"),
+            "labels": "restored from the gradient (Eq. 8) for ig and gradinversion; DLG optimises soft labels",
+            "lpips": "null unless the AlexNet/VGG LPIPS weights are in the torch cache"}
