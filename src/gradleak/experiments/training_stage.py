@@ -8,9 +8,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..report import save_line_plot
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .cells import Workspace
+from .cells import CellResult, Trained, Workspace
 from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, convergence_notes, lbfgs_cell, quality, save_grids,
-                     scored_title, series, setting, summarize, summary_columns, verdict_fields)
+                     Setting, scored_title, series, setting, summarize, summary_columns, verdict_fields)
 
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
 # The attacks it runs (one per run) and how each reads the image: the rebuttal's DLG, iDLG, and
@@ -42,8 +42,8 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     closed_form = st.attack == "rgap"
     if closed_form and opt.iterations:
         raise ConfigError("--iterations does not apply to rgap (a closed form: no iterations)")
-    model, data, samples, n_iter = st.model, st.data, st.samples, st.iterations
-    name, how = ATTACKS[st.attack]
+    model, data, samples = st.model, st.data, st.samples
+    name = ATTACKS[st.attack][0]
     train_subset = SMOKE_TRAIN_SUBSET if opt.smoke else None
     test_subset = SMOKE_TEST_SUBSET if opt.smoke else None
     cfg = TrainConfig(model=model, width=opt.width, data=data, checkpoints=FRACTIONS, train_subset=train_subset,
@@ -59,18 +59,8 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     plan: dict[tuple[float, int], dict[str, Any]] = {
         (cp.fraction, s): cell(opt.seed + s, str(cp.path)) for cp in trained.checkpoints for s in range(samples)}
     accuracy = {cp.fraction: cp.test_accuracy for cp in trained.checkpoints}
-    rows = []
     cells = ws.run(plan, run_folders=list(plan))
-    for (fraction, s), cell in cells.items():
-        if not cell.ok:
-            continue
-        m, q = cell.metrics, quality(cell)
-        recovered = q["psnr"] >= THRESHOLD_DB
-        rows.append({"fraction": fraction, "test_accuracy": accuracy[fraction], "sample": s, "seed": opt.seed + s,
-                     "image": m["per_image"][0].get("name", ""), "mse": q["mse"], "psnr": q["psnr"],
-                     "ssim": q["ssim"], "label_accuracy": q["label_accuracy"], **pairing_fields(cell),
-                     "recovered": recovered, **verdict_fields(cell, recovered), "update_loss": m["update"].get("loss"),
-                     "iterations": q["iterations"], "wall_seconds": q["wall_seconds"]})
+    rows = _rows(cells, accuracy, opt.seed)
     by = ["fraction", "test_accuracy"]
     summary = summarize(rows, by, values=("psnr", "mse", "prior_psnr"))
     fig = "psnr_vs_training_stage.png"
@@ -95,22 +85,44 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                  *PAIRING_COLUMNS[1:], "ssim", "label_accuracy",
                  "recovered", *BATCH_VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
         rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse", "prior_psnr")),
-        setup={"data": f"{data}: model trained on the train split, attacked on test-split images (held out)",
-               "model": model,
-               "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,
-                            "steps": trained.total_steps, "wall_seconds": round(trained.wall_seconds, 1),
-                            "folder": str(trained.folder.relative_to(ws.folder)) + "/"},
-               "attack": (f"{st.attack} ({how}), batch 1, FedSGD gradient at the checkpoint's weights" if closed_form
-                          else f"{st.attack} ({how}, float64 L-BFGS, {n_iter} iterations, start {INIT}), batch 1, FedSGD "
-                               "gradient at the checkpoint's weights"),
-               "samples": samples, "seeds": f"{st.seed_text} (test image drawn and attack start)",
-               "success threshold": f"PSNR >= {THRESHOLD_DB} dB",
-               "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
-               "smoke": opt.smoke},
+        setup=_setup(opt, ws, st, cfg, trained),
         notes=["test_accuracy is the checkpoint's accuracy on the test images scored by training (the attacked "
                "images are drawn from the same test split).",
                "reconstructions.png: each held-out image and its reconstruction at every stage of training."]
         + convergence_notes(cells.values()) + stage_notes(summary))
+
+
+def _rows(cells: dict[tuple[float, int], CellResult], accuracy: dict[float, float], seed: int) -> list[dict[str, Any]]:
+    """One row per finished cell (training fraction, sample): its quality, pairing and verdict."""
+    rows = []
+    for (fraction, s), cell in cells.items():
+        if not cell.ok:
+            continue
+        m, q = cell.metrics, quality(cell)
+        recovered = q["psnr"] >= THRESHOLD_DB
+        rows.append({"fraction": fraction, "test_accuracy": accuracy[fraction], "sample": s, "seed": seed + s,
+                     "image": m["per_image"][0].get("name", ""), "mse": q["mse"], "psnr": q["psnr"],
+                     "ssim": q["ssim"], "label_accuracy": q["label_accuracy"], **pairing_fields(cell),
+                     "recovered": recovered, **verdict_fields(cell, recovered), "update_loss": m["update"].get("loss"),
+                     "iterations": q["iterations"], "wall_seconds": q["wall_seconds"]})
+    return rows
+
+
+def _setup(opt: ExperimentOptions, ws: Workspace, st: Setting, cfg: Any, trained: Trained) -> dict[str, Any]:
+    """The setup the report states: data, model, the training run, the attack, seeds, verdict rule."""
+    how = ATTACKS[st.attack][1]
+    return {"data": f"{st.data}: model trained on the train split, attacked on test-split images (held out)",
+            "model": st.model,
+            "training": {**cfg.to_dict(), "train_images": trained.train_images, "test_images": trained.test_images,
+                         "steps": trained.total_steps, "wall_seconds": round(trained.wall_seconds, 1),
+                         "folder": str(trained.folder.relative_to(ws.folder)) + "/"},
+            "attack": (f"{st.attack} ({how}), batch 1, FedSGD gradient at the checkpoint's weights" if st.attack == "rgap"
+                       else f"{st.attack} ({how}, float64 L-BFGS, {st.iterations} iterations, start {INIT}), batch 1, "
+                            "FedSGD gradient at the checkpoint's weights"),
+            "samples": st.samples, "seeds": f"{st.seed_text} (test image drawn and attack start)",
+            "success threshold": f"PSNR >= {THRESHOLD_DB} dB",
+            "verdict": f"leaked = recovered (or PSNR >= 20 dB, or a recognisable image); {VERDICT_RULE}",
+            "smoke": opt.smoke}
 
 
 CLAIM = "the attack leaks at every stage of training (DLG rebuttal Table 4)"
