@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..report import save_line_plot
 from ..text.data import python_docs_sentences
 from .base import ExperimentOptions, ExperimentResult, experiment
-from .cells import Workspace
+from .cells import CellResult, Workspace
 from .common import VERDICT_COLUMNS, convergence_notes, series, summarize, summary_columns, verdict_fields
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -49,18 +49,7 @@ SPEC = {
 def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     attacks = opt.attacks or list(ATTACKS)
     sizes = opt.batch_sizes or list(SMOKE_BATCH_SIZES if opt.smoke else BATCH_SIZES)
-    for a in attacks:
-        if a not in TEXT_ATTACKS:
-            raise unknown("text attack", a, TEXT_ATTACKS)
-    if opt.model is not None and opt.model not in TEXT_MODELS:
-        raise unknown("text model", opt.model, TEXT_MODELS)
-    if opt.data is not None or opt.width is not None or opt.trained:
-        flag = "--data" if opt.data is not None else "--width" if opt.width is not None else "--trained"
-        raise ConfigError(f"{flag} does not apply to experiment 'text-batch-size' (held-out CPython documentation "
-                          "sentences on the text models at their own sizes, untrained)")
-    pool = len(python_docs_sentences())
-    if max(sizes) > pool:
-        raise ConfigError(f"batch size {max(sizes)}: the held-out pool has {pool} sentences")
+    _check_options(opt, attacks, sizes)
     batches = opt.batches or opt.samples or (1 if opt.smoke else 3)
     model = opt.model or (SMOKE_MODEL if opt.smoke else MODEL)
     plan: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -74,18 +63,7 @@ def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                 plan[(attack, k, b)] = dict(attack=attack, modality="text", model=model,
                                             text=batch_sentences(k, 1000 * k + seed), seed=seed, **extra)
     cells = ws.run(plan)
-    rows = []
-    for (attack, k, b), cell in cells.items():
-        if not cell.ok:
-            continue
-        m = cell.metrics
-        exact = m.get("exact_sentences")
-        rows.append({"attack": attack, "batch_size": k, "sample": b, "seed": opt.seed + b,
-                     "rouge1": m.get("rouge1"), "rouge2": m.get("rouge2"), "rougeL": m.get("rougeL"),
-                     "exact_sentences": exact, "exact_fraction": None if exact is None else exact / k,
-                     "token_accuracy": m.get("token_accuracy"), "label_accuracy": m.get("label_accuracy"),
-                     "verified": m.get("verified"), **verdict_fields(cell, None),
-                     "iterations": m.get("iterations"), "wall_seconds": m.get("wall_seconds"), "model": model})
+    rows = _rows(cells, opt.seed, model)
     by = ["attack", "batch_size"]
     summary = summarize(rows, by, values=VALUES)
     figs = []
@@ -120,3 +98,37 @@ def text_batch_size(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "dager's `verified` counts the sentences its span test certified (exact by that test); "
                "the others are its unverified guesses.", PAPERS_NOTE]
         + convergence_notes(cells.values()))
+
+
+def _check_options(opt: ExperimentOptions, attacks: list[str], sizes: list[int]) -> None:
+    """Refuse, before any cell runs, unknown text attacks or models, the image-only flags, and a
+    batch larger than the held-out pool."""
+    for a in attacks:
+        if a not in TEXT_ATTACKS:
+            raise unknown("text attack", a, TEXT_ATTACKS)
+    if opt.model is not None and opt.model not in TEXT_MODELS:
+        raise unknown("text model", opt.model, TEXT_MODELS)
+    if opt.data is not None or opt.width is not None or opt.trained:
+        flag = "--data" if opt.data is not None else "--width" if opt.width is not None else "--trained"
+        raise ConfigError(f"{flag} does not apply to experiment 'text-batch-size' (held-out CPython documentation "
+                          "sentences on the text models at their own sizes, untrained)")
+    pool = len(python_docs_sentences())
+    if max(sizes) > pool:
+        raise ConfigError(f"batch size {max(sizes)}: the held-out pool has {pool} sentences")
+
+
+def _rows(cells: dict[tuple[str, int, int], CellResult], seed: int, model: str) -> list[dict[str, Any]]:
+    """One row per finished cell (attack, K, batch): its ROUGE, exact sentences and verdict."""
+    rows = []
+    for (attack, k, b), cell in cells.items():
+        if not cell.ok:
+            continue
+        m = cell.metrics
+        exact = m.get("exact_sentences")
+        rows.append({"attack": attack, "batch_size": k, "sample": b, "seed": seed + b,
+                     "rouge1": m.get("rouge1"), "rouge2": m.get("rouge2"), "rougeL": m.get("rougeL"),
+                     "exact_sentences": exact, "exact_fraction": None if exact is None else exact / k,
+                     "token_accuracy": m.get("token_accuracy"), "label_accuracy": m.get("label_accuracy"),
+                     "verified": m.get("verified"), **verdict_fields(cell, None),
+                     "iterations": m.get("iterations"), "wall_seconds": m.get("wall_seconds"), "model": model})
+    return rows
