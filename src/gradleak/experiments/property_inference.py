@@ -437,15 +437,26 @@ def _update_check(losses: list[tuple[float, Any]]) -> str:
 # --------------------------------------------------------------------------- figures
 def _roc_figure(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, Any]], attack: str, k: int,
                 data: str) -> None:
+    """Three panels: the ROC curves, the classifier's scores, the property read from the reconstructions."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-    from sklearn.metrics import roc_curve
 
     from ..paths import atomic_write_bytes
 
-    by = {s["key"]: s for s in summary}
     fig = Figure(figsize=(13.5, 4.2), dpi=100, facecolor="white", layout="constrained")
     ax_roc, ax_clf, ax_dlg = fig.subplots(1, 3)
+    _roc_panel(ax_roc, rows, {s["key"]: s for s in summary}, attack, k, data)
+    _classifier_panel(ax_clf, rows)
+    _attack_panel(ax_dlg, rows, attack)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _roc_panel(ax_roc: Any, rows: list[dict[str, Any]], by: dict[str, dict[str, Any]], attack: str, k: int,
+               data: str) -> None:
+    """ROC of the ground truth, the property classifier and the attack's reconstructions, with AUCs."""
+    from sklearn.metrics import roc_curve
+
     styles = {"truth": ("ground truth", "#555555", ":"), "classifier": ("property classifier (Melis)", "#1f77b4", "-"),
               "attack": (f"{attack} reconstructions", "#d62728", "-")}
     for method, (label, color, ls) in styles.items():
@@ -463,6 +474,9 @@ def _roc_figure(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, 
     ax_roc.legend(loc="lower right", fontsize=8)
     ax_roc.grid(True, alpha=0.3)
 
+
+def _classifier_panel(ax_clf: Any, rows: list[dict[str, Any]]) -> None:
+    """The classifier's P(property) on the target updates without and with the property."""
     rng = np.random.default_rng(0)  # horizontal jitter only
     for x, has in ((0, False), (1, True)):
         vals = [r["classifier_score"] for r in rows if r["property"] == has]
@@ -474,6 +488,11 @@ def _roc_figure(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, 
     ax_clf.set_ylabel("classifier P(property)")
     ax_clf.set_title("Property classifier on the target updates", fontsize=10)
     ax_clf.grid(True, alpha=0.3)
+
+
+def _attack_panel(ax_dlg: Any, rows: list[dict[str, Any]], attack: str) -> None:
+    """The property score of each reconstruction against that of its true images, by verdict."""
+    from matplotlib.ticker import MaxNLocator
 
     colors = {"leaked": "#d62728", "defended": "#2ca02c", "inconclusive": "#7f7f7f"}
     for verdict, color in colors.items():
@@ -494,9 +513,6 @@ def _roc_figure(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, 
     ax_dlg.set_ylabel(f"score of the {attack} reconstruction")
     ax_dlg.set_title(f"Property read from {attack}'s reconstructions", fontsize=10)
     ax_dlg.grid(True, alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _reconstruction_figure(path: Path, rows: list[dict[str, Any]], cells: dict[tuple[str, int], CellResult],
