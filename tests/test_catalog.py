@@ -21,13 +21,20 @@ def test_catalog_equals_the_registries():
     from gradleak.data import SOURCE_NAMES
     from gradleak.defenses import DEFENSES, defense_names
     from gradleak.experiments.base import ACCEPTS, EXPERIMENTS, experiment_names
-    from gradleak.models import describe_models
+    from gradleak.models import default_image_size, describe_models
+    from gradleak.models.registry import normalisation
     from gradleak.models.server import SERVERS
     from gradleak.attacks.gradinversion import PRESETS
     from gradleak.text.configs import TEXT_ATTACK_CONFIGS
     from gradleak.text.models import TEXT_MODELS
 
     assert describe_models() == dict(sorted(catalog.MODELS.items()))
+    for name, declared in specs.declarations("model").items():  # each declaration names its module's builder
+        assert callable(getattr(importlib.import_module(declared.module), declared.get("build")))
+        assert default_image_size(name) == declared.get("image_size")
+        assert normalisation(name) == (tuple(declared.get("mean")), tuple(declared.get("std")))
+    from gradleak.models.pretrained import LITE_MEAN, LITE_STD
+    assert normalisation("efficientnet-lite0") == (LITE_MEAN, LITE_STD)
     assert tuple(SOURCE_NAMES) == catalog.SOURCES
     assert tuple(attack_names()) == tuple(catalog.IMAGE_ATTACKS)
     assert tuple(catalog.IMAGE_ATTACKS) == ("analytic", "auto", "cpa", "dlg", "gradinversion", "idlg", "ig", "imprint", "rgap",

@@ -9,16 +9,9 @@ from typing import Iterable
 from .errors import UnknownNameError
 from .specs import attack_specs, declarations
 
-MODELS: dict[str, str] = {
-    "convnet": "small CNN with BatchNorm (--width, default 32)",
-    "efficientnet-lite0": "EfficientNet-Lite0, ImageNet-pretrained BatchNorm net (offline weights; dropout off)",
-    "efficientnet-lite0-random": "EfficientNet-Lite0 architecture with random weights (model seed; dropout off)",
-    "lenet-dlg": "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights",
-    "mlp": "fully connected: Linear(C*H*W, width) - ReLU - Linear (--width, default 1024)",
-    "resnet18": "torchvision ResNet-18",
-    "resnet18-cifar": "ResNet-18 with a 3x3 stem for 32 px",
-    "resnet50": "torchvision ResNet-50",
-}
+# The image models: each module under models/ declares its own (a SPEC literal: name, summary,
+# builder, size, normalisation).
+MODELS: dict[str, str] = {name: d.summary for name, d in sorted(declarations("model").items())}
 SOURCES: tuple[str, ...] = ("cifar10-samples", "cifar100-samples", "imagenet-samples", "fashion-mnist")
 # The image attacks: each declares itself in its module under attacks/ (gradleak/specs.py reads the
 # declarations without importing the modules).

@@ -291,6 +291,9 @@ PLUGIN_KINDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, 
     # averages over aggregated clients; unmodelled: the part of it the noise floor does not model
     "defense": (("gradleak.defenses",), "SPEC", ("name", "summary", "class", "parameters"),
                 ("positional", "example", "averages", "unmodelled")),
+    # build: the name of its builder in the module, build(num_classes, channels, image_size,
+    # **kwargs) -> nn.Module; image_size: its default side; mean, std: its input normalisation
+    "model": (("gradleak.models",), "SPEC", ("name", "summary", "build", "image_size", "mean", "std"), ()),
 }
 
 
@@ -340,6 +343,12 @@ def make_declaration(kind: str, literal: Any, module: str, where: str = "") -> D
                           f"{', '.join(COMMON_BY_MODALITY)}")
     if kind == "defense":
         _check_parameters(literal, where)
+    if kind == "model" and not (isinstance(literal["image_size"], int) and 4 <= literal["image_size"] <= 1024
+                                and all(isinstance(literal[k], list) and literal[k]
+                                        and all(isinstance(v, (int, float)) for v in literal[k]) for k in ("mean", "std"))
+                                and all(v > 0 for v in literal["std"])):
+        raise ConfigError(f"{where}: model {literal['name']!r} needs an image_size in 4..1024 and mean and std lists of "
+                          "numbers (std > 0)")
     return Declaration(kind, literal["name"], module, literal["summary"], dict(literal))
 
 

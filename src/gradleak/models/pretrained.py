@@ -8,13 +8,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..catalog import MODELS
 from ..errors import ModelMismatchError
-from .registry import register_model
 
 #: Names in the model registry: pretrained, and the same architecture with random weights.
 MODEL_NAME = "efficientnet-lite0"
 RANDOM_MODEL_NAME = "efficientnet-lite0-random"
+# Both declared for the registry (specs.declarations("model"), read without torch); mean and std:
+# LITE_MEAN and LITE_STD below, spelled as numbers.
+SPEC = [
+    {"name": "efficientnet-lite0", "build": "efficientnet_lite0", "image_size": 224,
+     "summary": "EfficientNet-Lite0, ImageNet-pretrained BatchNorm net (offline weights; dropout off)",
+     "mean": [0.4980392156862745, 0.4980392156862745, 0.4980392156862745],
+     "std": [0.5019607843137255, 0.5019607843137255, 0.5019607843137255]},
+    {"name": "efficientnet-lite0-random", "build": "efficientnet_lite0_random", "image_size": 224,
+     "summary": "EfficientNet-Lite0 architecture with random weights (model seed; dropout off)",
+     "mean": [0.4980392156862745, 0.4980392156862745, 0.4980392156862745],
+     "std": [0.5019607843137255, 0.5019607843137255, 0.5019607843137255]},
+]
 
 #: model input = (x*255 - 127) / 128  <=>  (x - 127/255) / (128/255)
 LITE_MEAN = (127.0 / 255.0,) * 3
@@ -105,5 +115,3 @@ def _build(num_classes: int, channels: int, image_size: int, *, pretrained: bool
     return net
 
 
-register_model(MODEL_NAME, efficientnet_lite0, 224, LITE_MEAN, LITE_STD, MODELS[MODEL_NAME])
-register_model(RANDOM_MODEL_NAME, efficientnet_lite0_random, 224, LITE_MEAN, LITE_STD, MODELS[RANDOM_MODEL_NAME])

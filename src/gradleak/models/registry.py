@@ -3,6 +3,7 @@ shared update and loads the global weights the client received."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import warnings
@@ -12,8 +13,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..catalog import MODELS, unknown
+from ..catalog import unknown
 from ..errors import ModelMismatchError, UnknownNameError
+from ..specs import declarations
 from .small import MLP, ConvNet, LeNetDLG
 from .spec import ModelSpec
 
@@ -57,6 +59,31 @@ def _torchvision_resnet(arch: str, cifar_stem: bool) -> Callable[..., nn.Module]
     return build
 
 
+_resnet18 = _torchvision_resnet("resnet18", False)
+_resnet50 = _torchvision_resnet("resnet50", False)
+_resnet18_cifar = _torchvision_resnet("resnet18", True)
+
+# The models whose builders live here, declared as any module under models/ declares its own
+# (specs.declarations("model") reads them without torch): build, the builder's name in the module,
+# ``build(num_classes, channels, image_size, **kwargs) -> nn.Module``; image_size, its default
+# side; mean and std, its input normalisation per channel. mean 0 / std 1 for LeNet: the DLG code
+# feeds ToTensor() pixels without normalisation. The ResNets: ImageNet's mean and std.
+SPEC = [
+    {"name": "convnet", "summary": "small CNN with BatchNorm (--width, default 32)", "build": "_convnet",
+     "image_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    {"name": "lenet-dlg", "summary": "DLG paper's LeNet, sigmoid, U(-0.5,0.5) weights", "build": "_lenet",
+     "image_size": 32, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]},
+    {"name": "mlp", "summary": "fully connected: Linear(C*H*W, width) - ReLU - Linear (--width, default 1024)",
+     "build": "_mlp", "image_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    {"name": "resnet18", "summary": "torchvision ResNet-18", "build": "_resnet18", "image_size": 224,
+     "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+    {"name": "resnet18-cifar", "summary": "ResNet-18 with a 3x3 stem for 32 px", "build": "_resnet18_cifar",
+     "image_size": 32, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+    {"name": "resnet50", "summary": "torchvision ResNet-50", "build": "_resnet50", "image_size": 224,
+     "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+]
+
+
 @dataclass(frozen=True)
 class _Entry:
     build: Callable[..., nn.Module]
@@ -66,34 +93,42 @@ class _Entry:
     description: str
 
 
-# mean 0 / std 1 for LeNet: the DLG code feeds ToTensor() pixels without normalisation.
-_REGISTRY: dict[str, _Entry] = {
-    "lenet-dlg": _Entry(_lenet, 32, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), MODELS["lenet-dlg"]),
-    "convnet": _Entry(_convnet, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), MODELS["convnet"]),
-    "mlp": _Entry(_mlp, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), MODELS["mlp"]),
-    "resnet18": _Entry(_torchvision_resnet("resnet18", False), 224, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet18"]),
-    "resnet50": _Entry(_torchvision_resnet("resnet50", False), 224, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet50"]),
-    "resnet18-cifar": _Entry(_torchvision_resnet("resnet18", True), 32, IMAGENET_MEAN, IMAGENET_STD, MODELS["resnet18-cifar"]),
-}
+# The models added with :func:`register_model` (beside the declared ones).
+_ADDED: dict[str, _Entry] = {}
+
+
+@functools.cache
+def _declared() -> dict[str, _Entry]:
+    """The declared models, their modules imported on first use."""
+    entries = {}
+    for name, d in declarations("model").items():
+        build = getattr(importlib.import_module(d.module), d.get("build"))
+        entries[name] = _Entry(build, int(d.get("image_size")), tuple(d.get("mean")), tuple(d.get("std")), d.summary)
+    return entries
+
+
+def _registry() -> dict[str, _Entry]:
+    """Every named model: the declared ones, then those added with :func:`register_model`."""
+    return {**_declared(), **_ADDED}
 
 
 def register_model(name: str, build: Callable[..., nn.Module], image_size: int,
                    mean: tuple[float, ...], std: tuple[float, ...], description: str = "") -> None:
     """Add a named model: ``build(num_classes, channels, image_size, **kwargs) -> nn.Module``."""
-    _REGISTRY[name] = _Entry(build, image_size, mean, std, description)
+    _ADDED[name] = _Entry(build, image_size, mean, std, description)
 
 
 def model_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def describe_models() -> dict[str, str]:
-    return {k: v.description for k, v in sorted(_REGISTRY.items())}
+    return {k: v.description for k, v in sorted(_registry().items())}
 
 
 def default_image_size(name: str) -> int:
-    if name in _REGISTRY:
-        return _REGISTRY[name].image_size
+    if name in _registry():
+        return _registry()[name].image_size
     if ":" in name:
         return 32
     raise unknown("model", name, model_names(), " or package.module:callable")
@@ -137,10 +172,10 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # weight init draws from the global generator; restored below
     try:
-        if name in _REGISTRY:
-            entry = _REGISTRY[name]
+        if name in _registry():
+            entry = _registry()[name]
             if width is not None and "width" not in inspect.signature(entry.build).parameters:
-                takes = ", ".join(n for n, e in _REGISTRY.items() if "width" in inspect.signature(e.build).parameters)
+                takes = ", ".join(n for n, e in _registry().items() if "width" in inspect.signature(e.build).parameters)
                 raise ModelMismatchError(f"--width applies to models with a width ({takes}), not to {name}")
             module = entry.build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
             mean, std = _per_channel(entry.mean, channels), _per_channel(entry.std, channels)
@@ -164,8 +199,8 @@ def build_model(name: str, *, num_classes: int, channels: int = 3, image_size: i
 def normalisation(name: str, channels: int = 3) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(mean, std) per channel of model ``name``'s input normalisation, without building it (a
     ``module:callable`` model: 0.5 / 0.5, as :func:`build_model` normalises it)."""
-    if name in _REGISTRY:
-        entry = _REGISTRY[name]
+    if name in _registry():
+        entry = _registry()[name]
         return _per_channel(entry.mean, channels), _per_channel(entry.std, channels)
     if ":" in name:
         return (0.5,) * channels, (0.5,) * channels
@@ -178,7 +213,7 @@ def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: 
     """(state dict, trainable parameters) of a registry model as meta tensors: shapes and
     dtypes without allocating memory, to check a file's declared tensors before the model is
     built for real. A ``module:callable`` model is built for real (its code is the user's)."""
-    if name not in _REGISTRY:
+    if name not in _registry():
         spec = build_model(name, num_classes=num_classes, channels=channels, image_size=image_size, width=width,
                            server=server)
         module = spec.module
@@ -191,11 +226,11 @@ def model_shapes(name: str, *, num_classes: int, channels: int = 3, image_size: 
         kwargs = {"width": int(width)} if width is not None else {}
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")  # pretrained weights copied onto meta tensors: a no-op
-            module = _REGISTRY[name].build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
+            module = _registry()[name].build(num_classes=num_classes, channels=channels, image_size=size, **kwargs)
             if server is not None:
                 from .server import server_model
 
-                entry = _REGISTRY[name]
+                entry = _registry()[name]
                 module = server_model(ModelSpec(name, module, (channels, size, size), num_classes,
                                                 _per_channel(entry.mean, channels), _per_channel(entry.std, channels)),
                                       server).module
