@@ -45,6 +45,19 @@ CASES: list[tuple[str, list[str]]] = [
                     "--iterations", "30"]),
     ("text-dlg", ["--modality", "text", "--attack", "dlg", "--iterations", "30", "--text", SENTENCE]),
     ("text-bow", ["--modality", "text", "--attack", "bow", "--text", SENTENCE, "--text", "a second private line"]),
+    # issue 58's splits touched every attack's module: one case each for the rest
+    ("analytic-mlp", ["--attack", "analytic", "--model", "mlp"]),
+    ("rgap", ["--attack", "rgap", "--model", "lenet-dlg"]),
+    ("cpa", ["--attack", "cpa", "--model", "mlp", "--data", "fashion-mnist", "--batch-size", "8"]),
+    ("imprint", ["--attack", "imprint", "--server", "imprint:bins=8", "--batch-size", "4"]),
+    ("trap", ["--attack", "trap", "--server", "trap:rows=200", "--model", "mlp", "--width", "16", "--data",
+              "fashion-mnist", "--batch-size", "2"]),
+    ("ig-momentum-epochs", ["--attack", "ig", "--threat", "fedavg", "--local-epochs", "2", "--batch-size", "2",
+                            "--local-batch-size", "1", "--local-lr", "0.05", "--local-momentum", "0.9",
+                            "--local-weight-decay", "5e-4", "--iterations", "20"]),
+    ("text-tag", ["--modality", "text", "--attack", "tag", "--iterations", "30", "--text", SENTENCE]),
+    ("text-lamp", ["--modality", "text", "--attack", "lamp", "--iterations", "20", "--text", SENTENCE]),
+    ("text-dager", ["--modality", "text", "--attack", "dager", "--text", SENTENCE]),
 ]
 UPDATE_CASE = ("dlg-update-file", ["--model", "lenet-dlg", "--data", "cifar10-samples", "--batch-size", "1",
                                    "--seed", "2"], ["--attack", "dlg", "--seed", "2", "--iterations", "30"])
@@ -70,11 +83,37 @@ def _gradleak(args: list[str], env: dict[str, str]) -> None:
         raise Failed(f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
 
 
+def _digest(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of the reconstruction's tensors (their bytes, by name) and of history.csv without its
+    clock columns: the answer and the path to it, beyond the headline numbers."""
+    import csv
+    import hashlib
+
+    out = {}
+    rec = run_dir / "reconstruction.safetensors"
+    if rec.is_file():
+        from safetensors.numpy import load_file
+
+        h = hashlib.sha256()
+        for name, array in sorted(load_file(str(rec)).items()):
+            h.update(name.encode() + str(array.dtype).encode() + str(array.shape).encode() + array.tobytes())
+        out["reconstruction_sha256"] = h.hexdigest()
+    hist = run_dir / "history.csv"
+    if hist.is_file():
+        with hist.open(newline="") as f:
+            rows = list(csv.reader(f))
+        keep = [i for i, c in enumerate(rows[0] if rows else []) if not any(w in c for w in ("second", "time", "wall"))]
+        text = "\n".join(",".join(r[i] for i in keep if i < len(r)) for r in rows)
+        out["history_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
 def _numbers(run_dir: Path) -> dict[str, Any]:
     m = json.loads((run_dir / "metrics.json").read_text())
     out = {k: m[k] for k in KEEP if k in m}
     out["per_image_psnr"] = [r.get("psnr") for r in m.get("per_image", [])]
-    return out
+    out["verdict"] = m.get("verdict")
+    return {**out, **_digest(run_dir)}
 
 
 def record(path: Path, src: str | None) -> None:
