@@ -255,3 +255,13 @@ def test_the_flag_check_finds_a_spelling(tmp_path):
     path.write_text('a = values["ica_iterations"]\nb = config.ica_iterations\nc = values["iterations"]\n')
     assert attack_flag_spellings({"gradleak.x": path}) == {"gradleak.x": {"ica_iterations"}}
     assert attack_flag_spellings({"gradleak.attacks.cpa": path}) == {}
+
+
+def test_no_two_test_files_share_a_basename():
+    """pytest's default rootdir-relative import collides on equal basenames in folders without
+    __init__.py: a fresh clone's collection errors (the CI failure of stop 66)."""
+    tests = Path(__file__).parent
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
