@@ -43,7 +43,8 @@ def guarded_client_app(s: FederationSettings, policy: GuardPolicy, out: Path) ->
         return client_batch(FederationSettings(**settings), int(context.node_config["partition-id"]), rnd)
 
     app = client_app(s)
-    return guarded(app, GuardMod(policy, model_fn=model_fn, batch_fn=batch_fn, arch=s.model, out=out))
+    return guarded(app, GuardMod(policy, model_fn=model_fn, batch_fn=batch_fn, arch=s.model, out=out,
+                                 data_root=s.data_root))
 
 
 def evaluator(s: FederationSettings) -> Any:
@@ -114,7 +115,8 @@ def run_guarded(s: FederationSettings, policy: GuardPolicy | None, out: str | Pa
     auditor = None
     if audit_attack is not None:
         settings = AuditSettings(attack=dict(audit_attack), out=out / "audit", local_steps=s.local_steps,
-                                 local_batch_size=s.batch_size, local_lr=s.lr, max_batch_size=max(64, s.examples))
+                                 local_batch_size=s.batch_size, local_lr=s.lr, max_batch_size=max(64, s.examples),
+                                 data_root=s.data_root)
         auditor = LeakageAuditor(build_example_model(s), settings,
                                  truth_fn=lambda rnd, client: client_batch(s, int(client), rnd))
     result: dict[str, Any] = {}

@@ -129,7 +129,8 @@ def test_noised_clips_then_noises_and_checks_what_the_server_can_undo(client):
                                  dict(budget_seconds=0), dict(budget_seconds=float("nan")), dict(iterations=0),
                                  dict(iterations=True), dict(schedule=()), dict(schedule=(1.0, 0.5)),
                                  dict(schedule=(-1.0,)), dict(schedule="1,2"), dict(clip=0.0), dict(seed=-1),
-                                 dict(extra={"iterations": 3}), dict(progress="yes")])
+                                 dict(extra={"iterations": 3}), dict(progress="yes"), dict(attack="tag"),
+                                 dict(attack="")])
 def test_bad_policy_values_are_one_typed_error(bad):
     with pytest.raises(ConfigError, match="guard policy: ") as info:
         GuardPolicy(**bad)
@@ -140,3 +141,13 @@ def test_a_policy_that_is_not_a_guard_policy_is_refused(client):
     model, batch, update = client
     with pytest.raises(ConfigError, match="GuardPolicy"):
         guard_update(model, update, batch, {"action": "noise"})
+
+
+def test_a_closed_form_attack_runs_without_the_policys_iterations(client):
+    """iterations is auto's and the optimisation attacks' budget: a closed-form policy attack
+    (R-GAP) does not take it, and its check runs instead of failing on the flag."""
+    model, batch, update = client
+    assert "iterations" not in policy(attack="rgap").attack_flags()
+    assert policy(attack="ig").attack_flags()["iterations"] == 50
+    rec = guard_update(model, update, batch, policy(action="report", attack="rgap")).record
+    assert rec.verdict_before == "leaked" and rec.checks[0].psnr > 40

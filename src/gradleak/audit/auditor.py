@@ -54,6 +54,9 @@ class AuditSettings:
                        public local training (fl.threats.ThreatModel's fields, torch.optim's
                        meanings), used where the round's train config does not carry them (see
                        ``FedAvgKeys``). ``local_epochs`` (when set) replaces ``local_steps``.
+    data_root:         the folder of the clients' named data source (open_source's ``root``;
+                       None: its default place), read to score against the truth: the IIP pool
+                       and the source's own mean prior come from the truth's source.
     max_batch_size:    clients that trained on more examples are logged as skipped (an
                        optimisation-based attack on hundreds of images is pointless).
     every:             audit rounds 1, 1 + every, 1 + 2*every, ...
@@ -75,6 +78,7 @@ class AuditSettings:
     local_eps: float = 1e-8
     local_augment: str = "none"
     local_crop_padding: int = 4
+    data_root: str | Path | None = None
     max_batch_size: int = 64
     every: int = 1
     defenses: tuple[str, ...] = ()
@@ -252,10 +256,27 @@ class LeakageAuditor:
         metrics = dict(attacked)
         if case.truth is None:
             return metrics
-        scored = case.metrics(self.cfg, recon, self.device)
+        scored = case.metrics(self.scoring_config(case), recon, self.device)
         metrics.update({k: v for k, v in scored.items() if k != "attack"})   # "attack": the one auto used
         metrics.update(judge(evidence_from_metrics(metrics)).to_dict())
         return metrics
+
+    def scoring_config(self, case: Any) -> AttackConfig:
+        """The attack config the truth is scored with: its ``data`` the named source the client's
+        batch comes from (the IIP pool and the source's own mean prior of the recognisability
+        evidence are that source's, as the client's guard scores it), ``data_root`` the settings'.
+        A truth from no named source: no source pool (``case`` gets the public decoys only), never
+        the config's default source, whose photos are another data set."""
+        from ..data import SOURCE_NAMES
+        from ..metrics.recognisable import candidate_pool
+
+        name = str(case.truth.source or "").strip().lower()
+        if name in SOURCE_NAMES:
+            root = None if self.settings.data_root is None else str(self.settings.data_root)
+            return self.cfg.model_copy(update={"data": name, "data_root": root})
+        if not case.iip_loaded:
+            case.iip_images, case.iip_loaded = candidate_pool(None, case.truth.images), True
+        return self.cfg
 
     def _write_run(self, server_round: int, client: str, case: Any, attack: Any, result: Any,
                    metrics: dict[str, Any]) -> str:

@@ -103,7 +103,8 @@ def screen_model(state: Mapping[str, torch.Tensor], arch: str, *, num_classes: i
 
 # ------------------------------------------------------------------ the guard
 def guard_update(model: ModelSpec, update: SharedUpdate, batch: Batch, policy: GuardPolicy, *,
-                 out: str | Path | None = None, name: str = "update", arch: str | None = None) -> GuardResult:
+                 out: str | Path | None = None, name: str = "update", arch: str | None = None,
+                 data_root: str | Path | None = None) -> GuardResult:
     """Check ``update`` (a FedSGD gradient or a FedAvg weight difference W_S - W_0, its meta
     describing the client as fl.threats records it) computed by ``model`` from ``batch`` (the
     client's images [K, C, H, W] in [0, 1] and labels [K]: the truth), and apply ``policy``.
@@ -112,12 +113,15 @@ def guard_update(model: ModelSpec, update: SharedUpdate, batch: Batch, policy: G
     is screened first (:func:`screen_model`) and, suspicious, refused under ``on_suspicious``
     refuse (the update is then not sent). ``out``: run folders ``out/NAME-before``,
     ``out/NAME-noise-1``, ... Never raises for a failed check: the record says why and the
-    policy's ``on_error`` decides. Bad arguments (not a GuardPolicy) are a ConfigError."""
+    policy's ``on_error`` decides. ``data_root``: the folder of the batch's named source
+    (open_source's ``root``), whose other images are the recognisability evidence's IIP pool and
+    source prior, as the server-side audit scores them. Bad arguments (not a GuardPolicy) are a
+    ConfigError."""
     if not isinstance(policy, GuardPolicy):
         raise ConfigError(f"guard: policy must be a gradleak.guard.GuardPolicy (got {type(policy).__name__})")
     t0 = time.monotonic()
     record = GuardRecord(name=name)
-    guard = _Guard(model, update, batch, policy, Path(out) if out is not None else None, name, t0)
+    guard = _Guard(model, update, batch, policy, Path(out) if out is not None else None, name, t0, data_root)
     if arch is not None:
         suspicious, why, found = screen_model(update.global_weights, arch, num_classes=model.num_classes,
                                               channels=model.input_shape[0], image_size=model.input_shape[1])
@@ -142,14 +146,18 @@ class _Guard:
     """One update's checks (the state :func:`guard_update` shares between them)."""
 
     def __init__(self, model: ModelSpec, update: SharedUpdate, batch: Batch, policy: GuardPolicy, out: Path | None,
-                 name: str, t0: float):
+                 name: str, t0: float, data_root: str | Path | None = None):
         from ..config import make_config
 
         self.model, self.update, self.batch, self.policy, self.out, self.name, self.t0 = \
             model, update, batch, policy, out, name, t0
-        data = batch.source if batch.source in SOURCE_NAMES else None
-        self.cfg = make_config(**policy.attack_flags(), **({"data": data} if data else {}), progress=False,
-                               paper_metrics=False, checkpoint_every=0)
+        # Scored as the audit scores it (audit.auditor.LeakageAuditor.scoring_config): the batch's
+        # named source is the IIP pool's and the source prior's; no named source, no source pool
+        source = str(batch.source or "").strip().lower()
+        self.source = source if source in SOURCE_NAMES else None
+        where = {"data": source, "data_root": None if data_root is None else str(data_root)} if self.source else {}
+        self.cfg = make_config(**policy.attack_flags(), **where, progress=False, paper_metrics=False,
+                               checkpoint_every=0)
         from ..runtime import resolve_device
 
         self.device = resolve_device(policy.device)
@@ -177,7 +185,12 @@ class _Guard:
                          iip_images=base.iip_images if base is not None else None,
                          iip_loaded=base.iip_loaded if base is not None else False)
         if base is None:
-            case.load_iip_pool(self.cfg)
+            if self.source is not None:
+                case.load_iip_pool(self.cfg)
+            else:
+                from ..metrics.recognisable import candidate_pool
+
+                case.iip_images, case.iip_loaded = candidate_pool(None, self.batch.images), True
             self.base_case = case
         return case
 

@@ -90,11 +90,13 @@ class GuardMod:
     received weights are loaded into it here). batch_fn(msg, context): the batch it trains on in
     this round (the truth). threat_fn: how it trains (default :func:`train_config_threat`).
     arch: the client's architecture name for fl.inspect (None: no screening). out: guard.csv and
-    the run folders (None: neither)."""
+    the run folders (None: neither). data_root: the folder of the batches' named source
+    (guard_update's)."""
 
     def __init__(self, policy: GuardPolicy, *, model_fn: ModelFn, batch_fn: BatchFn, arch: str | None = None,
                  threat_fn: ThreatFn = train_config_threat, out: str | Path | None = None,
-                 arrays_key: str = "arrays", num_examples_key: str = "num-examples"):
+                 arrays_key: str = "arrays", num_examples_key: str = "num-examples",
+                 data_root: str | Path | None = None):
         if not isinstance(policy, GuardPolicy):
             from ..errors import ConfigError
 
@@ -102,6 +104,7 @@ class GuardMod:
         self.policy, self.model_fn, self.batch_fn, self.arch = policy, model_fn, batch_fn, arch
         self.threat_fn, self.arrays_key, self.num_examples_key = threat_fn, arrays_key, num_examples_key
         self.out = Path(out) if out is not None else None
+        self.data_root = data_root
         self.log = GuardLog(self.out) if self.out is not None else None
 
     def __call__(self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
@@ -154,7 +157,7 @@ class GuardMod:
         update = fedavg_update(model, received, weights, threat=self.threat_fn(msg, context),
                                num_examples=int(metrics[self.num_examples_key]), loss=loss)
         batch = self.batch_fn(msg, context)
-        result = guard_update(model, update, batch, self.policy, name=name,
+        result = guard_update(model, update, batch, self.policy, name=name, data_root=self.data_root,
                               out=self.out / RUNS if self.out is not None else None)
         if result.update is None:
             return result.record, None

@@ -86,8 +86,10 @@ class GuardPolicy:
         object.__setattr__(self, "schedule", tuple(float(z) for z in levels))
         if self.clip is not None:
             _number("clip", self.clip, 0.0, 1e12, low_open=True)
-        if not isinstance(self.attack, str) or not self.attack:
-            raise ConfigError(f"guard policy: attack must be an attack name (got {self.attack!r})")
+        from ..catalog import IMAGE_ATTACKS
+
+        if not isinstance(self.attack, str) or self.attack not in IMAGE_ATTACKS:
+            raise ConfigError(f"guard policy: attack must be one of {' | '.join(IMAGE_ATTACKS)} (got {self.attack!r})")
         if not isinstance(self.progress, bool):
             raise ConfigError(f"guard policy: progress must be true or false (got {self.progress!r})")
         if not isinstance(self.extra, dict):
@@ -97,9 +99,13 @@ class GuardPolicy:
             raise ConfigError(f"guard policy: extra may not set {reserved[0]!r} (a field of the policy itself)")
 
     def attack_flags(self) -> dict[str, Any]:
-        """The flat attack config the guard's checks run (validated by gradleak.config.make_config)."""
-        return {"attack": self.attack, "iterations": self.iterations, "seed": self.seed, "device": self.device,
-                **self.extra}
+        """The flat attack config the guard's checks run (validated by gradleak.config.make_config);
+        ``iterations`` only for an attack that takes steps (auto, the optimisation attacks)."""
+        from ..specs import attack_specs
+
+        steps = self.attack == "auto" or "iterations" in attack_specs()[self.attack].flags
+        return {"attack": self.attack, **({"iterations": self.iterations} if steps else {}), "seed": self.seed,
+                "device": self.device, **self.extra}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
