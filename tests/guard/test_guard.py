@@ -151,3 +151,16 @@ def test_a_closed_form_attack_runs_without_the_policys_iterations(client):
     assert policy(attack="ig").attack_flags()["iterations"] == 50
     rec = guard_update(model, update, batch, policy(action="report", attack="rgap")).record
     assert rec.verdict_before == "leaked" and rec.checks[0].psnr > 40
+
+
+def test_each_check_prints_one_progress_line_with_the_budget(client, capsys):
+    model, batch, update = client
+    p = policy(action="report", attack="ig", iterations=100_000, budget_seconds=3.0, progress=True)
+    rec = guard_update(model, update, batch, p, name="c0").record
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rec.decision == WITHHELD and rec.seconds < 3.0 + 15
+    assert lines[0].startswith("guard c0: before: ig (") and lines[0].endswith(" s of 3 s)")
+    assert lines[-1].startswith("guard c0: withheld (verdict failed)")
+    assert len(lines) == 2
+    guard_update(model, update, batch, policy(action="report", attack="ig", iterations=5), name="c0")
+    assert capsys.readouterr().err == ""   # progress=False: silent

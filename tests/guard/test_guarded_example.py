@@ -64,3 +64,40 @@ def test_noise_remedies_every_leaking_update_and_the_server_side_audit_finds_non
     audit = json.loads((out / "federation.json").read_text())["audit"]
     assert len(audit) == sum(r["decision"] == "remedied" for r in rows)
     assert audit and all(a["verdict"] != "leaked" for a in audit)
+
+
+def _run(tmp_path, name, policy):
+    out = tmp_path / name
+    with ray_lock():
+        assert example().main(["--policy", policy, "--rounds", "1", "--clients", "2", "--iterations", "50",
+                               "--out", str(out), "--no-progress"]) == 0
+    return out, json.loads((out / "federation.json").read_text())
+
+
+@pytest.mark.slow   # ~90 s: Flower's simulation on Ray, one guard check per client
+def test_withhold_sends_no_leaking_update(tmp_path):
+    out, record = _run(tmp_path, "withhold", "withhold")
+    rows = guard_rows(out)
+    assert sorted(r["client"] for r in rows) == ["0", "1"]
+    assert all(r["verdict_before"] == "leaked" and r["decision"] == "withheld" for r in rows)
+    assert all(r["verdict_after"] == "" and r["noise_multiplier"] == "" for r in rows)
+    assert record["audit"] == []          # nothing reached the server: nothing leaked to it
+    assert (out / "audit" / "audit.csv").read_text().count("\n") == 1
+    assert record["accuracy"]["1"] == record["accuracy"]["0"]   # the global model did not move
+
+
+@pytest.mark.slow   # ~2 min: two federations (unguarded, report)
+def test_report_changes_nothing_but_records(tmp_path):
+    _, plain = _run(tmp_path, "plain", "none")
+    out, report = _run(tmp_path, "report", "report")
+    rows = guard_rows(out)
+    assert sorted(r["client"] for r in rows) == ["0", "1"]
+    assert all(r["verdict_before"] == "leaked" and r["decision"] == "passed" for r in rows)
+    assert all(float(r["seconds"]) > 0 and r["noise_sigma"] == "" for r in rows)
+    # the server receives what it receives unguarded: the same updates, rebuilt alike, the same model
+    assert report["accuracy"] == plain["accuracy"]
+    by_client = {a["client"]: a for a in plain["audit"]}
+    assert len(report["audit"]) == len(plain["audit"]) == 2
+    for a in report["audit"]:
+        assert a["verdict"] == by_client[a["client"]]["verdict"] == "leaked" and float(a["psnr_mean"]) > 40
+        assert float(a["psnr_mean"]) == pytest.approx(float(by_client[a["client"]]["psnr_mean"]), abs=1e-6)
