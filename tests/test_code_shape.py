@@ -67,8 +67,7 @@ LONG_MODULES: dict[str, str] = {
 }
 PRIVATE_IMPORTS: dict[str, str] = {   # "importer -> owner.name": who makes the name public
 }
-IMPORT_LOOPS = {   # sorted members of a loop: who breaks it
-    ("gradleak.experiments", "gradleak.experiments.base", "gradleak.experiments.common"): "the experiments helper",
+IMPORT_LOOPS: dict[tuple[str, ...], str] = {   # sorted members of a loop: who breaks it
 }
 
 

@@ -35,7 +35,8 @@ def test_summary_note_says_which_unit_each_count_counts(tmp_path):
     """Where a sample is a batch, results.md says that `samples` and `non_converged` count batches
     and the verdicts count images; a per-sample summary does not carry that sentence."""
     from gradleak.experiments.base import ExperimentResult, write_result
-    from gradleak.experiments.common import IMAGES_NOTE, MEANS_NOTE, summary_columns
+    from gradleak.experiments.base import IMAGES_NOTE, MEANS_NOTE
+    from gradleak.experiments.common import summary_columns
 
     rows = [{"batch_size": 2, "sample": 0, "image": i, "identified": 1.0, "converged": False,
              "verdict": "leaked"} for i in range(2)]

@@ -126,11 +126,10 @@ def _load_all() -> None:
     import importlib
     import pkgutil
 
-    from .. import experiments as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    # the registry finds its plug-ins by name: no import of the package that imports it
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if mod.name != "base":
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+            importlib.import_module(f"{__package__}.{mod.name}")
 
 
 def make_options(**values: Any) -> ExperimentOptions:
@@ -225,6 +224,16 @@ def write_result(result: ExperimentResult, out: Path) -> None:
     atomic_write_text(out / "experiment.json", json.dumps(record, indent=2, default=str))
 
 
+MEANS_NOTE = ("Summary per setting: `<metric>_mean`, `_std` (sample standard deviation, n - 1), `_min`, `_max` "
+              "are over ALL samples, the inconclusive ones included (a failed attack lowers the mean: it is not "
+              "evidence of protection); `<metric>_mean_converged` is over the samples whose attack converged only. "
+              "`non_converged`: samples whose attack did not converge (attacks/verdict.py); `leaked`, "
+              "`inconclusive`, `defended`: the verdicts of results.csv's rows (gradleak/outcome.py).")
+#: Added to MEANS_NOTE where a sample is a batch of images (a summary with an ``images`` column).
+IMAGES_NOTE = ("Here a sample is one attack on a batch of `images` images: `samples` and `non_converged` count "
+               "batches; the means, spreads and verdict columns are over images (results.csv has a row per image).")
+
+
 def results_markdown(name: str, title: str, setup: dict[str, Any], columns: list[str], rows: list[dict[str, Any]],
                      summary_columns: list[str], summary: list[dict[str, Any]], notes: list[str],
                      figures: list[str], wall_seconds: float, cells: dict[str, Any] | None = None) -> str:
@@ -232,8 +241,6 @@ def results_markdown(name: str, title: str, setup: dict[str, Any], columns: list
     names): what :func:`write_result` writes, and what reproduction/collect.py writes again from a
     folder's committed results.csv, summary.csv and experiment.json. ``cells`` (CellsReport.to_dict):
     a run that replayed cells from its store says so beside its time, which is then no compute time."""
-    from .common import IMAGES_NOTE, MEANS_NOTE
-
     summary_md = ""
     if summary_columns:
         means_note = MEANS_NOTE + (f" {IMAGES_NOTE}" if "images" in summary_columns else "")

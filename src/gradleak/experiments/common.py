@@ -359,16 +359,6 @@ BATCH_VERDICT_COLUMNS = [*VERDICT_COLUMNS, "images_leaked"]
 #: How the verdict column is decided, as results.md's setup states it (after the experiment's leak rule).
 VERDICT_RULE = ("defended = gradleak/outcome.py's positive evidence (a defense, an answer that fits the defended "
                 "update as well as the truth, nothing identified, a positive control that leaked); else inconclusive")
-MEANS_NOTE = ("Summary per setting: `<metric>_mean`, `_std` (sample standard deviation, n - 1), `_min`, `_max` "
-              "are over ALL samples, the inconclusive ones included (a failed attack lowers the mean: it is not "
-              "evidence of protection); `<metric>_mean_converged` is over the samples whose attack converged only. "
-              "`non_converged`: samples whose attack did not converge (attacks/verdict.py); `leaked`, "
-              "`inconclusive`, `defended`: the verdicts of results.csv's rows (gradleak/outcome.py).")
-#: Added to MEANS_NOTE where a sample is a batch of images (a summary with an ``images`` column).
-IMAGES_NOTE = ("Here a sample is one attack on a batch of `images` images: `samples` and `non_converged` count "
-               "batches; the means, spreads and verdict columns are over images (results.csv has a row per image).")
-
-
 def converged_of(metrics: dict[str, Any]) -> bool | None:
     """The run's own verdict (metrics "converged", else "convergence"["converged"]); None when the
     run recorded none (a cell computed before the verdict existed)."""
