@@ -120,6 +120,16 @@ def main() -> None:
     with TemporaryDirectory() as d:
         for seed in (int(s) for s in args.seeds.split(",")):
             rows += measure(args.data, seed, Path(d), attack, clients)
+            summary = _summary(rows, clients)   # written after every seed: a cut run keeps its seeds
+            Path(args.out).write_text(json.dumps({"date": _dt.date.today().isoformat(), "code": _code(),
+                                                  "data": args.data, "attack": attack, "client": CLIENT,
+                                                  "clients": CLIENTS, "summary": summary, "rows": rows},
+                                                 indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
+def _summary(rows: list[dict[str, Any]], clients: list[str]) -> list[dict[str, Any]]:
+    """Per seed: the plain, modelled-momentum, mis-modelled and Adam PSNRs and the Done-when checks."""
     by = {(r["seed"], r["client"], r["attacker"]): r for r in rows}
     summary = []
     for seed in sorted({r["seed"] for r in rows}) if set(clients) == set(CLIENTS) else ():
@@ -130,10 +140,7 @@ def main() -> None:
                         "mismodelled_worse_by_db": round(mom - mis, 2),
                         "adam_db": adam["psnr"], "adam_verdict": adam["verdict"],
                         "adam_never_defended": adam["verdict"] != "defended"})
-    Path(args.out).write_text(json.dumps({"date": _dt.date.today().isoformat(), "code": _code(), "data": args.data,
-                                          "attack": attack, "client": CLIENT, "clients": CLIENTS,
-                               "summary": summary, "rows": rows}, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":
