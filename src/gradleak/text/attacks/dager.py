@@ -479,34 +479,26 @@ def _why_not_exact(exact_bag: bool, verified: dict[tuple[int, ...], float], foun
     return None
 
 
-def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
-          observer: Any = None) -> TextReconstruction:
-    """DAGER on ``update`` (docs notes): verified sentences, then the best unverified ones up
-    to the batch size. Never sees the sentences."""
-    _refuse_unless_one_gradient(update)
-    t0 = time.perf_counter()
-    tok = model.tokenizer
-    k = int(update.meta.batch_size)
-    bag: BagOfWords = bag_of_words(update, model)
-    length = bag.length if bag.length is not None and bag.length >= 3 else min(model.max_length, 32)
-    # [UNK] and [MASK] may be a sentence's tokens; [PAD] never is, [CLS] and [SEP] have fixed places
-    content = [t for t in bag.token_ids if t not in (tok.pad_id, tok.cls_id, tok.sep_id)] or [tok.unk_id]
-    spans = _Spans(model, update)
-
+def _filter_tokens(spans: _Spans, update: SharedUpdate, bag: BagOfWords, vocab: list[int],
+                   length: int) -> tuple[list[list[int]], Any, "_Ledger | None", int]:
+    """Step 1 of DAGER (the position-aware token filter of block 0, then 1b's pins): each
+    position's candidates, the filter's pass mask, the ledger and how many tokens it pinned."""
     # 1. the position-aware token filter of block 0 (content tokens and [SEP] at positions 1..L-1).
     # A noisy or pruned update has no exact low rank: nothing to filter or verify (and its bag may be
     # thousands of rows), so no search runs; the guesses are then the bag dealt round-robin.
-    vocab = [*content, tok.sep_id]
-    if bag.exact:
-        passes = spans.token_filter(vocab, length) < TAU
-        # 1b. a token whose occurrences all sit at one position is a candidate there only
-        ledger = _Ledger(spans, update, vocab)
-        candidates = ledger.candidates(passes, length)
-        pinned = len(ledger.pins)
-    else:
-        candidates, ledger, pinned = [[] for _ in range(length)], None, 0
-    filtered = [len(c) for c in candidates[1:]]
+    if not bag.exact:
+        return [[] for _ in range(length)], None, None, 0
+    passes = spans.token_filter(vocab, length) < TAU
+    # 1b. a token whose occurrences all sit at one position is a candidate there only
+    ledger = _Ledger(spans, update, vocab)
+    return ledger.candidates(passes, length), passes, ledger, len(ledger.pins)
 
+
+def _search(spans: _Spans, bag: BagOfWords, step1: tuple, length: int, k: int, beam_width: int, tok: Any,
+            progress: bool, observer: Any) -> tuple:
+    """Steps 2-3 of DAGER (the beam over positions verified by block 1's span, 2b's splice, 2c's
+    peeling): the verified and closed sentences with their residuals, the last beams, the counts."""
+    candidates, passes, ledger = step1
     # 2-3. the beam over positions, each prefix closed by [SEP]; closed sentences verified. A further
     # pass (at most cap) runs while it verifies new sentences, the prefixes of the verified ones
     # ranked after every other prefix (the beam's room goes to the sentences still missing)
@@ -554,6 +546,28 @@ def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, prog
                 break
             candidates, passes = _peel(ledger, verified, before, candidates, passes, length, tried)
         bar.update(task, total=ticks[0])
+    return verified, closed, beams, passes_run, splice_jobs, spliced
+
+
+def dager(update: SharedUpdate, model: TextModel, *, beam_width: int = 128, progress: bool = False,
+          observer: Any = None) -> TextReconstruction:
+    """DAGER on ``update`` (docs notes): verified sentences, then the best unverified ones up
+    to the batch size. Never sees the sentences."""
+    _refuse_unless_one_gradient(update)
+    t0 = time.perf_counter()
+    tok = model.tokenizer
+    k = int(update.meta.batch_size)
+    bag: BagOfWords = bag_of_words(update, model)
+    length = bag.length if bag.length is not None and bag.length >= 3 else min(model.max_length, 32)
+    # [UNK] and [MASK] may be a sentence's tokens; [PAD] never is, [CLS] and [SEP] have fixed places
+    content = [t for t in bag.token_ids if t not in (tok.pad_id, tok.cls_id, tok.sep_id)] or [tok.unk_id]
+    spans = _Spans(model, update)
+
+    vocab = [*content, tok.sep_id]
+    candidates, passes, ledger, pinned = _filter_tokens(spans, update, bag, vocab, length)
+    filtered = [len(c) for c in candidates[1:]]
+    verified, closed, beams, passes_run, splice_jobs, spliced = _search(
+        spans, bag, (candidates, passes, ledger), length, k, beam_width, tok, progress, observer)
 
     _confirm_in_full_span(spans, verified)
     found = sorted(verified, key=lambda s: verified[s])[:k]
