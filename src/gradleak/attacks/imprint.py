@@ -15,6 +15,7 @@ SPEC = {
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -195,6 +196,67 @@ def _why_not_exact(defended: bool, n_nonempty: int, k: int, mixed: int) -> str:
     return f"{mixed} bins held samples of opposite gradient signs"
 
 
+def _bin_differences(update: SharedUpdate, weight: torch.Tensor,
+                     bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The bins' thresholds, their order and the adjacent differences of their gradients in that
+    order (Fowl et al. Sec. 3: bin i minus bin i+1 holds the samples between the two thresholds),
+    with which differences are non-empty (above the empty-bin tolerance)."""
+    scales = _row_scales(weight)
+    # Row i is a_i w, so bin i is active when w . x > -b_i / a_i: its threshold (Sec. 3)
+    thresholds = -bias / scales
+    order = torch.argsort(thresholds)
+    dw = update.gradients[W0].detach().double().cpu()[order]
+    db = update.gradients[B0].detach().double().cpu()[order]
+    # Adjacent differences in threshold order; the top bin stands alone (no bin above it).
+    ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
+    ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
+    nonempty = (ddb.abs() > _empty_tolerance(update, bias[order], db, ddb)) & (ddb != 0)
+    return thresholds, order, ddw, ddb, nonempty
+
+
+def _photos(model: ModelSpec, ratios: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor,
+            sorted_thresholds: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen bins' images, dW / db per difference (Sec. 3), in [0, 1], and which bins are
+    mixed (their slot a flat image at the bin's brightness)."""
+    pixels = model.denormalize(ratios.view(len(chosen), *shape))
+    # A bin holding one sample gives a photo (pixels in [0, 1]); samples whose g have opposite
+    # signs give a ratio far outside: such a bin certainly held several samples (a "mixed" bin).
+    # Its slot becomes a flat image at the bin's brightness, the best guess for any of them
+    # (a clamped extrapolation is worse than that, and steals the pairing of the exact slots).
+    outside = ((pixels < -PIXEL_MARGIN) | (pixels > 1 + PIXEL_MARGIN)).flatten(1).double().mean(1)
+    mixed = outside > MIXED_FRACTION
+    flat_pixels = _flat_pixels(model, weight[0], sorted_thresholds, chosen, int(sorted_thresholds.numel()))
+    return torch.where(mixed.view(-1, 1, 1, 1), flat_pixels, pixels).clamp(0.0, 1.0).float(), mixed
+
+
+def _record(k: int, n: int, n_nonempty: int, mixed: torch.Tensor, filled: int, fill: Any,
+            recovered_bins: list[int], defended: bool) -> dict[str, Any]:
+    """The reconstruction's extra (see :func:`imprint_attack`), with why the answer is not exact."""
+    separated = min(n_nonempty, k)
+    extra = {
+        "analytic": True,
+        "closed_form": True,
+        "exact": n_nonempty == k and not defended and not bool(mixed.any()),
+        "separated": separated,
+        "bins": n,
+        "nonempty_bins": n_nonempty,
+        "collided_or_lost": k - separated,
+        "mixed_bins": int(mixed.sum()),
+        "filled": filled,
+        "fill": fill,
+        "empty_bin_tolerance": EMPTY_BIN_TOLERANCE,
+        "recovered_bins": recovered_bins,
+        "plateau": False,
+        "restarts_used": 0,
+    }
+    if not extra["exact"]:  # why the attacker cannot claim every input (the verdict's reason)
+        extra["why_not_exact"] = _why_not_exact(defended, n_nonempty, k, int(mixed.sum()))
+    if n_nonempty > k:
+        extra["note"] = (f"{n_nonempty} non-empty bins for {k} samples: noise (a defense) or a "
+                         "mismatched batch size; the strongest K were kept")
+    return extra
+
+
 def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     """Rebuild the client's images from the imprint block's gradients (Fowl et al. Sec. 3).
 
@@ -224,60 +286,22 @@ def imprint_attack(update: SharedUpdate, model: ModelSpec) -> Reconstruction:
     k = int(update.meta.batch_size)
     weight = update.global_weights[W0].detach().double().cpu()
     bias = update.global_weights[B0].detach().double().cpu()
-    scales = _row_scales(weight)
-    # Row i is a_i w, so bin i is active when w . x > -b_i / a_i: its threshold (Sec. 3)
-    thresholds = -bias / scales
-    order = torch.argsort(thresholds)
-    dw = update.gradients[W0].detach().double().cpu()[order]
-    db = update.gradients[B0].detach().double().cpu()[order]
-    n = int(db.numel())
-    # Adjacent differences in threshold order; the top bin stands alone (no bin above it).
-    ddw = torch.cat([dw[:-1] - dw[1:], dw[-1:]])
-    ddb = torch.cat([db[:-1] - db[1:], db[-1:]])
-    nonempty = (ddb.abs() > _empty_tolerance(update, bias[order], db, ddb)) & (ddb != 0)
+    thresholds, order, ddw, ddb, nonempty = _bin_differences(update, weight, bias)
+    n = int(ddb.numel())
     n_nonempty = int(nonempty.sum())
     separated = min(n_nonempty, k)
     candidates = torch.nonzero(nonempty).flatten()
     # the K strongest differences, back in threshold (brightness) order
     chosen = candidates[torch.argsort(ddb[candidates].abs(), descending=True)[:separated]].sort().values
     shape = tuple(int(v) for v in model.input_shape)
-    x = (ddw[chosen] / ddb[chosen, None]).view(separated, *shape)
-    pixels = model.denormalize(x)
-    # A bin holding one sample gives a photo (pixels in [0, 1]); samples whose g have opposite
-    # signs give a ratio far outside: such a bin certainly held several samples (a "mixed" bin).
-    # Its slot becomes a flat image at the bin's brightness, the best guess for any of them
-    # (a clamped extrapolation is worse than that, and steals the pairing of the exact slots).
-    outside = ((pixels < -PIXEL_MARGIN) | (pixels > 1 + PIXEL_MARGIN)).flatten(1).double().mean(1)
-    mixed = outside > MIXED_FRACTION
-    flat_pixels = _flat_pixels(model, weight[0], thresholds[order], chosen, n)
-    recovered = torch.where(mixed.view(-1, 1, 1, 1), flat_pixels, pixels).clamp(0.0, 1.0).float()
+    recovered, mixed = _photos(model, ddw[chosen] / ddb[chosen, None], shape, weight, thresholds[order], chosen)
     filled = k - separated
     fill = None
     if filled:
         recovered, fill = _fill_slots(recovered, mixed, filled, shape)
     labels = restore_labels(update, _label_model(update, model), k, method="counts")
-    defended = bool(update.meta.defenses)
-    extra = {
-        "analytic": True,
-        "closed_form": True,
-        "exact": n_nonempty == k and not defended and not bool(mixed.any()),
-        "separated": separated,
-        "bins": n,
-        "nonempty_bins": n_nonempty,
-        "collided_or_lost": k - separated,
-        "mixed_bins": int(mixed.sum()),
-        "filled": filled,
-        "fill": fill,
-        "empty_bin_tolerance": EMPTY_BIN_TOLERANCE,
-        "recovered_bins": [int(order[i]) for i in chosen.tolist()],
-        "plateau": False,
-        "restarts_used": 0,
-    }
-    if not extra["exact"]:  # why the attacker cannot claim every input (the verdict's reason)
-        extra["why_not_exact"] = _why_not_exact(defended, n_nonempty, k, int(mixed.sum()))
-    if n_nonempty > k:
-        extra["note"] = (f"{n_nonempty} non-empty bins for {k} samples: noise (a defense) or a "
-                         "mismatched batch size; the strongest K were kept")
+    extra = _record(k, n, n_nonempty, mixed, filled, fill, [int(order[i]) for i in chosen.tolist()],
+                    bool(update.meta.defenses))
     return Reconstruction(images=recovered.contiguous(), labels=labels, history=[], iterations=0,
                           wall_seconds=time.perf_counter() - start, label_method="counts", extra=extra)
 
