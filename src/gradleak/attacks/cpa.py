@@ -296,6 +296,42 @@ def _scale(dw: torch.Tensor, db: torch.Tensor | None, sources: torch.Tensor,
     return x, a, from_bias
 
 
+def _first_layer(update: SharedUpdate, name: str, k: int) -> tuple[torch.Tensor, Any, tuple, int]:
+    """The first layer's weight and bias gradients, the SVD of dW and its rank, checked against
+    the claimed batch (Eq. 2: dW = A S mixes the K inputs; Sec. 4.1: V_K spans the sources)."""
+    dw = update.gradients[f"{name}.weight"].detach().double().cpu()
+    bias = update.gradients.get(f"{name}.bias")
+    db = bias.detach().double().cpu() if bias is not None else None
+    if not bool(torch.isfinite(dw).all()) or (db is not None and not bool(torch.isfinite(db).all())):
+        raise NonFiniteError(f"cpa: the gradient of the first layer {name} holds NaN or Inf")
+    u, s, vt = torch.linalg.svd(dw, full_matrices=False)  # the one SVD of dW (the peel reuses it)
+    if float(s[0]) == 0:
+        raise ConfigError("cpa: the first layer's gradient is zero: the update reveals no input")
+    rank = int((s > RANK_ABOVE * s[0]).sum())
+    if rank < k:
+        raise ConfigError(f"cpa: the update claims a batch of {k} but the gradient of its first layer {name} has rank "
+                          f"{rank}: it holds at most {rank} distinct inputs (metadata that does not match the "
+                          "tensors, or repeated inputs)")
+    return dw, db, (u, s, vt), rank
+
+
+def _slot_labels(update: SharedUpdate, threat: ThreatModel, model: ModelSpec, name: str, images: torch.Tensor,
+                 a: torch.Tensor, all_exact: bool, labels: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """Each slot's label from its share of the bias gradient (its column a_k of the mixing
+    matrix), with how it was chosen."""
+    k = len(images)
+    # slot k's share of the bias gradient (a one-step FedAvg update is -lr times the gradient)
+    target = a.T / (-threat.local_lr if threat.client_threat == "fedavg" else 1.0)
+    rows = [torch.nonzero(t.abs() > ROW_ABOVE * float(t.abs().max())).flatten() if float(t.abs().max()) > 0
+            else None for t in target]
+    # every slot read off exactly (its column a_k too): each slot's own best class, free of the
+    # multiset (whose counts are estimates); otherwise the multiset, assigned
+    choices = torch.arange(model.num_classes).repeat(k) if all_exact else labels
+    with torch.enable_grad():
+        return (slot_labels(model, update, name, model.normalize(images.double()), rows, target, choices),
+                "per-slot columns" if all_exact else "counts")
+
+
 def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations: int = 400,
         peel: bool = True, device: str | torch.device = "cpu", poll: Callable[[], None] = no_stop) -> Reconstruction:
     """The batch unmixed from the first fully connected layer's gradient (see the module's notes in docs/).
@@ -309,20 +345,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
     start = time.perf_counter()
     name = check_cpa(update, model)
     k = int(update.meta.batch_size)
-    dw = update.gradients[f"{name}.weight"].detach().double().cpu()
-    bias = update.gradients.get(f"{name}.bias")
-    db = bias.detach().double().cpu() if bias is not None else None
-    if not bool(torch.isfinite(dw).all()) or (db is not None and not bool(torch.isfinite(db).all())):
-        raise NonFiniteError(f"cpa: the gradient of the first layer {name} holds NaN or Inf")
-    # Eq. 2: dW = A S, every row a mixture of the K inputs; Sec. 4.1: V_K spans the sources
-    u, s, vt = torch.linalg.svd(dw, full_matrices=False)  # the one SVD of dW (the peel reuses it)
-    if float(s[0]) == 0:
-        raise ConfigError("cpa: the first layer's gradient is zero: the update reveals no input")
-    rank = int((s > RANK_ABOVE * s[0]).sum())
-    if rank < k:
-        raise ConfigError(f"cpa: the update claims a batch of {k} but the gradient of its first layer {name} has rank "
-                          f"{rank}: it holds at most {rank} distinct inputs (metadata that does not match the "
-                          "tensors, or repeated inputs)")
+    dw, db, (u, s, vt), rank = _first_layer(update, name, k)
     found: list[torch.Tensor] = []
     columns: list[torch.Tensor] = []
     by_rows = 0
@@ -349,16 +372,7 @@ def cpa(update: SharedUpdate, model: ModelSpec, *, seed: int = 0, ica_iterations
     threat = ThreatModel.from_record(update.meta.threat)
     poll()
     if k > 1 and db is not None:
-        # slot k's share of the bias gradient (a one-step FedAvg update is -lr times the gradient)
-        target = a.T / (-threat.local_lr if threat.client_threat == "fedavg" else 1.0)
-        rows = [torch.nonzero(t.abs() > ROW_ABOVE * float(t.abs().max())).flatten() if float(t.abs().max()) > 0
-                else None for t in target]
-        # every slot read off exactly (its column a_k too): each slot's own best class, free of the
-        # multiset (whose counts are estimates); otherwise the multiset, assigned
-        choices = torch.arange(model.num_classes).repeat(k) if len(found) == k - 1 else labels
-        label_method = "per-slot columns" if len(found) == k - 1 else "counts"
-        with torch.enable_grad():
-            labels = slot_labels(model, update, name, model.normalize(images.double()), rows, target, choices)
+        labels, label_method = _slot_labels(update, threat, model, name, images, a, len(found) == k - 1, labels)
     poll()
     victim = copy.deepcopy(model)
     sim = UpdateSimulator(victim, update, dtype=torch.float64, device=device)
