@@ -500,6 +500,36 @@ def _key(layer: _Layer, what: str) -> str:
     return f"{layer.name}.{what}" if layer.name else what
 
 
+def _rank_entry(layer: Any, system: Any, counts: dict[str, int], info: dict[str, Any], grads: dict[str, torch.Tensor],
+                delta: torch.Tensor, hidden: bool) -> dict[str, Any]:
+    """One layer's rank analysis (Sec. 4: the system is determined when its rank is the number
+    of unknowns), with a hidden layer's bias residual (its delta against its bias gradient)."""
+    bias_key = _key(layer, "bias")
+    bias_residual = None
+    if hidden and bias_key in grads:
+        db = grads[bias_key]
+        bias_residual = float((delta.sum(1) - db).norm() / db.norm().clamp_min(1e-300))
+    return {
+        "layer": layer.name, "kind": layer.kind, "unknowns": system.n,
+        "equations": counts["forward_equations"] + counts["gradient_equations"], **counts,
+        "rank": info["rank"], "determined": info["rank"] == system.n,
+        "singular_max": info["singular_max"], "singular_min": info["singular_min"],
+        "rank_tolerance": RANK_RTOL, "spectrum": info["spectrum"], "bias_residual": bias_residual,
+    }
+
+
+def _step_back(prev: Any, system: Any, delta: torch.Tensor, x: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Algorithm 1's step to layer i-1: its output a = x, its pre-activation z = act^{-1}(a)
+    (less its bias: the next system's target) and its delta; how many outputs the clamp moved."""
+    upstream = system.forward_adjoint(delta)  # dL/da_{i-1} = W_i^T delta_i (the vjp)
+    z, slope, clamped = _invert(prev, x, eps)
+    delta = (upstream * slope).reshape(prev.out_shape[0], -1)
+    bias = prev.module.bias
+    z = z.reshape(prev.out_shape[0], -1)
+    return delta, z - bias.detach().view(-1, 1) if bias is not None else z, clamped
+
+
 def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",
          eps: float = EPS) -> Reconstruction:
     """R-GAP (module doc): the one input of a batch-1 update and its label, in closed form, with
@@ -529,29 +559,9 @@ def rgap(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device =
             dw = grads[_key(layer, "weight")].reshape(o, -1)
             gram, rhs, counts = _layer_system(system, delta, dw, target)
             x, info = _solve(gram, rhs)
-            bias_key = _key(layer, "bias")
-            bias_residual = None
-            if i < len(chain) - 1 and bias_key in grads:
-                db = grads[bias_key]
-                bias_residual = float((delta.sum(1) - db).norm() / db.norm().clamp_min(1e-300))
-            entry: dict[str, Any] = {
-                "layer": layer.name, "kind": layer.kind, "unknowns": system.n,
-                "equations": counts["forward_equations"] + counts["gradient_equations"], **counts,
-                "rank": info["rank"], "determined": info["rank"] == system.n,
-                "singular_max": info["singular_max"], "singular_min": info["singular_min"],
-                "rank_tolerance": RANK_RTOL, "spectrum": info["spectrum"], "bias_residual": bias_residual,
-            }
+            analysis.append(_rank_entry(layer, system, counts, info, grads, delta, i < len(chain) - 1))
             if i > 0:
-                # step to layer i-1: its output a = x, its pre-activation z = act^{-1}(a), its delta
-                prev = chain[i - 1]
-                upstream = system.forward_adjoint(delta)  # dL/da_{i-1} = W_i^T delta_i (the vjp)
-                z, slope, clamped = _invert(prev, x, eps)
-                delta = (upstream * slope).reshape(prev.out_shape[0], -1)
-                bias = prev.module.bias
-                z = z.reshape(prev.out_shape[0], -1)
-                target = z - bias.detach().view(-1, 1) if bias is not None else z
-                clamped_by_layer[i - 1] = clamped
-            analysis.append(entry)
+                delta, target, clamped_by_layer[i - 1] = _step_back(chain[i - 1], system, delta, x, eps)
         analysis.reverse()  # input layer first
         for j, entry in enumerate(analysis):
             # how many of the layer's recovered outputs the inverse's clamp moved (eps)
