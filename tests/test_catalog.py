@@ -12,6 +12,12 @@ import pytest
 from gradleak import catalog, specs
 
 
+def gradleak_parse(text):
+    from gradleak.server_spec import parse_server
+
+    return parse_server(text)
+
+
 def test_catalog_equals_the_registries():
     import dataclasses
     import importlib
@@ -50,13 +56,25 @@ def test_catalog_equals_the_registries():
         assert list(fields) == list(declared.get("parameters"))
         for field, (kind, required, *_) in declared.get("parameters").items():
             assert (fields[field].default is dataclasses.MISSING) == required and fields[field].type == kind
-    assert tuple(SERVERS) == catalog.SERVERS
+    assert tuple(SERVERS) == catalog.SERVERS == ("honest", "imprint", "trap")
+    from gradleak.server_spec import INTEGER_PARAMETERS, PARAMETERS
+    for name, declared in specs.declarations("server").items():  # each module's SERVER_SPEC, the parser's keys
+        assert importlib.import_module(declared.module).SERVER_SPEC == declared.values
+        assert PARAMETERS.get(name, ()) == tuple(declared.get("parameters", ()))
+        assert set(declared.get("integers", ())) == INTEGER_PARAMETERS & set(PARAMETERS.get(name, ()))
+        assert catalog.check("server", name) == name and gradleak_parse(declared.get("example")).name == name
+    assert specs.declarations("server")["imprint"].module == "gradleak.models.imprint"
     assert tuple(sorted(PRESETS)) == catalog.PRESETS
     assert tuple(catalog.TEXT_ATTACKS) == tuple(TEXT_ATTACK_CONFIGS) == ("auto", "bow", "dager", "dlg", "dlg-free", "lamp", "tag")
     for name, summary in catalog.TEXT_ATTACKS.items():  # text attacks declare themselves the same way
         module = importlib.import_module(TEXT_ATTACK_CONFIGS[name].spec.module)
         assert module.SPEC["name"] == name and module.SPEC["summary"] == summary and callable(module.run)
     assert TEXT_MODELS == catalog.TEXT_MODELS
+    from gradleak.text.models import describe_text_models, text_model_names
+    assert describe_text_models() == catalog.TEXT_MODELS and text_model_names() == ["tiny-transformer", "minilm"]
+    for name, declared in specs.declarations("text model").items():  # the builder each declaration names
+        assert declared.module == "gradleak.text.models"
+        assert callable(getattr(importlib.import_module(declared.module), declared.get("build")))
     assert experiment_names() == sorted(catalog.EXPERIMENTS)
     assert {k: v[1] for k, v in EXPERIMENTS.items()} == catalog.EXPERIMENTS
     for name, declared in specs.declarations("experiment").items():  # the declaration is the registering module's
@@ -139,6 +157,15 @@ def test_list_needs_no_torch():
     assert first == "0 False", proc.stderr
     for name in (*catalog.MODELS, *catalog.SOURCES, *catalog.IMAGE_ATTACKS, *catalog.EXPERIMENTS):
         assert name in listing
+    sections = {s.split(":")[0].split(" (")[0]: s for s in listing.split("\n") if s and not s.startswith(" ")}
+    assert {"defenses", "servers", "text models", "experiments"} <= set(sections)
+    defenses = listing.split("\ndefenses")[1].split("\nservers")[0]
+    servers = listing.split("\nservers")[1].split("\ntext models")[0]
+    for name, summary in catalog.DEFENSE_SUMMARIES.items():
+        assert f"  {name} " in defenses and summary in defenses
+    for name, summary in catalog.SERVER_SUMMARIES.items():
+        assert f"  {name} " in servers and summary in servers
+    assert "imprint" in catalog.SERVER_SUMMARIES and "gaussian" in catalog.DEFENSE_SUMMARIES
 
 
 def test_cli_error_line_is_bounded(capsys):

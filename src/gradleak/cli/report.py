@@ -47,6 +47,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     sections = {"models": dict(sorted(catalog.MODELS.items())), "attacks": catalog.IMAGE_ATTACKS,
                 "text models": catalog.TEXT_MODELS, "text attacks": catalog.TEXT_ATTACKS,
+                "defenses": catalog.DEFENSE_SUMMARIES, "servers": catalog.SERVER_SUMMARIES,
                 "experiments": dict(sorted(catalog.EXPERIMENTS.items()))}
     width = max(20, *(len(k) for names in sections.values() for k in names))
 
@@ -58,6 +59,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     section("models", sections["models"])
     print("data sources: " + ", ".join(catalog.SOURCES) + ", or a folder (ImageFolder layout)")
     section("attacks", sections["attacks"])
+    examples = [e for e in catalog.DEFENSE_EXAMPLES.values() if ":" in e][:2]
+    section(f"defenses (--defense NAME[:VALUE], e.g. {', '.join(examples)}; repeatable)", sections["defenses"])
+    section("servers (--server NAME[:KEY=VALUE,...])", sections["servers"])
     section("text models (--modality text)", sections["text models"])
     section("text attacks (--modality text; text data: --text \"...\" (repeatable) or --data FILE.txt)",
             sections["text attacks"])

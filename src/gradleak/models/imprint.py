@@ -14,6 +14,12 @@ from torch import nn
 from ..errors import ConfigError
 from .spec import ModelSpec
 
+# Declared for the catalog (specs.declarations reads this without torch; server_spec.py parses
+# --server imprint[:...] with its parameters, the first of them a bare value's).
+SERVER_SPEC = {"name": "imprint", "summary": "imprint block before the model: each bin's rows rebuild one image "
+               "(Fowl et al., ICLR 2022)", "parameters": ["bins", "mean", "std", "gain"], "integers": ["bins"],
+               "example": "imprint:bins=64"}
+
 # How loud and how visible the block is. linear2's weights all hold ``gain``; linear0's rows are
 # the measurement scaled by s = IMPRINT_SHIFT / gain (row s/d, bias -s c_i). The victim sees its
 # input plus a shift gain * s * sum_i relu(h - c_i) = IMPRINT_SHIFT * sum_i relu(h - c_i) on every

@@ -8,6 +8,10 @@ from .imprint import IMPRINT_GAIN, default_brightness_prior, imprint_model
 from .spec import ModelSpec
 from .trap import DEFAULT_RATE, DEFAULT_SEED, TRAP_GAIN, calibrate_shrink, default_rows, trap_model
 
+# The honest server, declared like the malicious ones (imprint.py, trap.py) for the catalog.
+SERVER_SPEC = {"name": "honest", "summary": "the global model as it is (the default)", "example": "honest"}
+
+
 def server_model(spec: ModelSpec, server: str | None) -> ModelSpec:
     """The model the client receives from ``server`` (``spec`` itself for an honest server).
     Its kwargs record the canonical server text, every value resolved."""

@@ -16,6 +16,13 @@ from torch import nn
 from ..errors import ConfigError
 from .spec import ModelSpec
 
+# Declared for the catalog (specs.declarations reads this without torch; server_spec.py parses
+# --server trap[:...] with its parameters, the first of them a bare value's).
+SERVER_SPEC = {"name": "trap", "summary": "trap weights in a fully connected first layer: rows firing for one "
+               "image rebuild it (Boenisch et al., EuroS&P 2023)", "parameters": ["rows", "shrink", "rate", "seed",
+                                                                                  "gain"],
+               "integers": ["rows", "seed"], "example": "trap:rows=1000"}
+
 # Rows the server sends by default (at most MAX_TRAP_ENTRIES // d: 891 at 224 px RGB). Measured on
 # 5 batches of 8 from each of cifar10-samples and cifar100-samples at the default rate, 32 px: with
 # 1000 rows 5-8 images of 8 had two or more rows of their own (the attack's rule), with 2000 all 8

