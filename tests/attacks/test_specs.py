@@ -1,7 +1,8 @@
 """One attack, one module: each attack declares itself once (its SPEC literal) and the names, the
 flags, the --help defaults, the typed configs, the verdict lines, auto's candidates and the sweep's
 changed defaults are derived from the declarations. Dropping a new module into attacks/ is all it
-takes to add an attack (checked end to end on a copy of the package)."""
+takes to add an attack (checked end to end on a copy of the package); the same for a defense, an
+image model and an experiment, each one file."""
 
 import importlib
 import json
@@ -223,3 +224,112 @@ def test_dropping_a_module_into_text_attacks_adds_a_text_attack(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["attack"] == "echo" and len(metrics["recovered_sentences"][0].split()) == 3
     assert json.loads((out / "config.json").read_text())["copies"] == 3   # recorded with the run
+
+
+SCALE = '''
+"""A defense added by dropping this file into defenses/ (tests/attacks/test_specs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Defense
+
+SPEC = {"name": "scale", "class": "Scale", "summary": "multiply every gradient entry by a factor > 0",
+        "positional": "factor", "parameters": {"factor": ["float", True, [0.0, False], None, []]},
+        "example": "scale:0.5"}
+
+
+@dataclass(frozen=True)
+class Scale(Defense):
+    factor: float
+    name: ClassVar[str] = "scale"
+    positional: ClassVar[str | None] = "factor"
+
+    def transform(self, gradients, generator):
+        return {k: g.detach() * self.factor for k, g in gradients.items()}
+'''
+
+ONE_LAYER = '''
+"""An image model added by dropping this file into models/ (tests/attacks/test_specs.py)."""
+
+SPEC = {"name": "one-layer", "summary": "one fully connected layer on the flattened image", "build": "build",
+        "image_size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+
+
+def build(num_classes, channels, image_size, **kw):
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size * image_size, num_classes))
+'''
+
+SCALE_CHECK = '''
+"""An experiment added by dropping this file into experiments/ (tests/attacks/test_specs.py)."""
+
+from .base import ExperimentResult, experiment
+
+SPEC = {"name": "scale-check", "summary": "the analytic attack on one-layer under the scale defense"}
+FACTORS = (1.0, 0.25)
+
+
+@experiment("scale-check")
+def scale_check(opt, ws):
+    plan = {f: dict(attack="analytic", model=opt.model or "one-layer", data="cifar10-samples", seed=opt.seed,
+                    batch_size=1, defense=[f"scale:{f:g}"]) for f in FACTORS}
+    cells = ws.run(plan)
+    rows = [{"factor": f, "psnr": c.metrics["psnr_mean"], "verdict": c.metrics["verdict"]}
+            for f, c in cells.items() if c.ok]
+    return ExperimentResult(name="scale-check", title="analytic under scale", columns=["factor", "psnr", "verdict"],
+                            rows=rows, setup={"model": opt.model or "one-layer", "factors": list(FACTORS)})
+'''
+
+
+@pytest.mark.slow
+def test_dropping_a_defense_a_model_and_an_experiment_adds_them(tmp_path):
+    """On a copy of the package with three new files (defenses/scale.py, models/one_layer.py,
+    experiments/scale_check.py) and no other edit: `gradleak list` names each, a misspelt name of
+    each gets its "did you mean", the defense's parameter is checked from its declaration, a
+    shared update is the clean one times the factor, and the experiment runs the analytic attack
+    on the new model under the new defense (x = dW_i / db_i is blind to the factor: every image
+    rebuilt)."""
+    from safetensors.torch import load_file
+
+    src = tmp_path / "src"
+    shutil.copytree(Path(gradleak.__file__).parent, src / "gradleak",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, name, text in (("defenses", "scale.py", SCALE), ("models", "one_layer.py", ONE_LAYER),
+                               ("experiments", "scale_check.py", SCALE_CHECK)):
+        (src / "gradleak" / folder / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "gradleak.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    listed = cli("list").stdout
+    for section, end, line in (("models:", "data sources", "one-layer "), ("defenses", "servers", "scale "),
+                               ("experiments:", None, "scale-check ")):
+        part = listed.split(section)[1]
+        part = part.split(end)[0] if end else part
+        assert line in part, (section, listed)
+    for argv, hint in ((["attack", "--defense", "scal:0.5"], "did you mean 'scale'"),
+                       (["attack", "--model", "one-layr"], "did you mean 'one-layer'"),
+                       (["experiment", "scale-chek", "--out", str(tmp_path / "never")], "did you mean 'scale-check'"),
+                       (["attack", "--defense", "scale:0"], "factor must be a finite number > 0")):
+        refused = cli(*argv, "--no-progress")
+        assert refused.returncode == 2 and hint in refused.stderr, (argv, refused.stderr)
+    clean, scaled = tmp_path / "clean.safetensors", tmp_path / "scaled.safetensors"
+    for out, extra in ((clean, []), (scaled, ["--defense", "scale:0.25"])):
+        shared = cli("share", "--model", "one-layer", "--data", "cifar10-samples", "--batch-size", "1", *extra,
+                     "--out", str(out))
+        assert shared.returncode == 0, shared.stderr
+    a, b = load_file(str(clean)), load_file(str(scaled))
+    grads = [k for k in a if k.startswith("grad/")]
+    assert grads == ["grad/1.bias", "grad/1.weight"] and all(bool((b[k] == a[k] * 0.25).all()) for k in grads)
+    ran = cli("experiment", "scale-check", "--out", str(tmp_path / "exp"), "--threads", "1", "--executor", "inline",
+              "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    rows = json.loads((tmp_path / "exp" / "experiment.json").read_text())["rows"]
+    assert [r["factor"] for r in rows] == [1.0, 0.25]
+    assert all(r["psnr_oracle_pairing"] >= 60 and r["verdict"] == "leaked" for r in rows), rows
