@@ -184,6 +184,28 @@ def assign_labels(cost_matrix: torch.Tensor, multiset: torch.Tensor) -> torch.Te
     return labels
 
 
+def _separate(dw: torch.Tensor, db: torch.Tensor, rows: torch.Tensor,
+              k: int) -> tuple[torch.Tensor, int, int, list[torch.Tensor | None]]:
+    """A batch's K inputs from the active rows: each row's candidate x = dW_i / db_i (Phong et
+    al. Sec. 3.2, exact for a row that one input alone activates), rows that agree grouped, the K
+    largest pure groups (at least MIN_ROWS rows) first, then mixed groups, then blanks."""
+    cand = dw[rows] / db[rows, None]
+    groups = _clusters(cand, db[rows].abs())
+    pure = [g for g in groups if len(g) >= MIN_ROWS]
+    pure.sort(key=lambda g: -len(g))
+    chosen = pure[:k]
+    picks = [cand[g].mean(0) for g in chosen]
+    slot_rows: list[torch.Tensor | None] = [rows[g] for g in chosen]
+    rest = [g for g in groups if not any(g is c for c in chosen)]
+    for g in rest[:k - len(picks)]:
+        picks.append(cand[g].mean(0))
+        slot_rows.append(None)
+    while len(picks) < k:
+        picks.append(torch.zeros_like(cand[0]))  # nothing left: a blank (mid-grey after denormalising)
+        slot_rows.append(None)
+    return torch.stack(picks), len(chosen), len(pure), slot_rows
+
+
 def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.device = "cpu",
              layer: str | None = None, labeller: Any = None) -> Reconstruction:
     """The inputs read off the first fully connected layer's gradient (see the module's notes in docs/).
@@ -207,22 +229,7 @@ def analytic(update: SharedUpdate, model: ModelSpec, *, device: str | torch.devi
         x = (db[rows, None] * dw[rows]).sum(0, keepdim=True) / db[rows].pow(2).sum()
         separated, clusters, slot_rows = 1, 1, [rows]
     else:
-        cand = dw[rows] / db[rows, None]
-        groups = _clusters(cand, db[rows].abs())
-        pure = [g for g in groups if len(g) >= MIN_ROWS]
-        pure.sort(key=lambda g: -len(g))
-        chosen = pure[:k]
-        separated, clusters = len(chosen), len(pure)
-        picks = [cand[g].mean(0) for g in chosen]
-        slot_rows = [rows[g] for g in chosen]
-        rest = [g for g in groups if not any(g is c for c in chosen)]
-        for g in rest[:k - len(picks)]:
-            picks.append(cand[g].mean(0))
-            slot_rows.append(None)
-        while len(picks) < k:
-            picks.append(torch.zeros_like(cand[0]))  # nothing left: a blank (mid-grey after denormalising)
-            slot_rows.append(None)
-        x = torch.stack(picks)
+        x, separated, clusters, slot_rows = _separate(dw, db, rows, k)
     x = x.reshape(k, *model.input_shape)
     images = model.denormalize(x).clamp(0, 1).float()
     method = "idlg" if k == 1 else "counts"
