@@ -22,6 +22,7 @@ SPEC = {
     "default_note": {"alpha_tv": "ig: 0.1 for up to 14 parameter tensors (convnet), scaled by the attacked model's "
                                  "count / 14 above (ResNet-18: 0.44)"},
     "auto": {"order": 3, "one_image": True, "batch": True, "max_side": 64},
+    "one_start": {"restarts": 1},   # a single start: one restart
     "resolve": True,
     # Data, not history: each tag is hashed into stored sweep cells' identities (sweep/spec.py), so
     # it stays word for word, its date included; a new tag says what changed, not when.
@@ -114,6 +115,31 @@ def resolve(given: dict[str, object], context: Any) -> dict[str, object]:
     return {"alpha_tv": ig_alpha_tv(context.layers), **given}
 
 
+def _reconstruction(s: IGConfig, victim: UpdateSimulator, model: ModelSpec, labels: torch.Tensor, method: str,
+                    kept: KeptIterates, result: Any, epoch_prior: float) -> Reconstruction:
+    """The answer: the restart whose kept iterate has the lowest objective (IG Eq. 4), its epoch
+    sets merged, with the distances the verdict weighs."""
+    alpha_tv, restarts = float(s.alpha_tv), int(s.restarts)
+    score, answer = kept.score, kept.x
+    merged = victim.merge_epochs(answer, labels)  # [R, K, ...]: the per-epoch sets matched and averaged
+    best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
+    with torch.no_grad():
+        grads, _ = victim.batched(answer[best:best + 1], labels)
+        l2 = float(victim.gradient.layer_l2(grads)[0])
+    with torch.enable_grad():  # the verdict's evidence (verdict.py)
+        relative = relative_distance(victim(answer[best], labels, create_graph=False), victim.target)
+    return Reconstruction(
+        images=to_pixels(model, merged[best]), labels=labels.cpu().long(), candidates=to_pixels(model, merged),
+        history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
+        label_method=method,
+        extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
+               "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
+               "alpha_tv": alpha_tv, "lr": s.lr, "epoch_prior": epoch_prior, "epoch_dummy_sets": victim.epochs,
+               "relative_gradient_distance": relative, "plateau": False, "restarts_used": restarts - 1,
+               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
+               "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True}})
+
+
 def run(s: IGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """Inverting Gradients with R = ``s.restarts`` batched restarts (``s``: its typed config)."""
     observer = engine.observer
@@ -167,24 +193,7 @@ def run(s: IGConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> 
     result = engine.optimise([x], objective, loop, LoopHooks(after_step=box, on_log=log, state=kept))
     with torch.no_grad():
         keep(per_restart(x.detach()), x.detach())  # the final iterate competes too
-    score, answer = kept.score, kept.x
-    merged = victim.merge_epochs(answer, labels)  # [R, K, ...]: the per-epoch sets matched and averaged
-    best = int(torch.argmin(torch.nan_to_num(score, nan=float("inf"))))
-    with torch.no_grad():
-        grads, _ = victim.batched(answer[best:best + 1], labels)
-        l2 = float(victim.gradient.layer_l2(grads)[0])
-    with torch.enable_grad():  # the verdict's evidence (verdict.py)
-        relative = relative_distance(victim(answer[best], labels, create_graph=False), victim.target)
-    return Reconstruction(
-        images=to_pixels(model, merged[best]), labels=labels.cpu().long(), candidates=to_pixels(model, merged),
-        history=result.history, iterations=result.iterations, wall_seconds=result.wall_seconds,
-        label_method=method,
-        extra={"cosine_objective": float(score[best]), "gradient_distance": l2,
-               "candidate_objective": [float(v) for v in score], "best_restart": best, "restarts": restarts,
-               "alpha_tv": alpha_tv, "lr": s.lr, "epoch_prior": epoch_prior, "epoch_dummy_sets": victim.epochs,
-               "relative_gradient_distance": relative, "plateau": False, "restarts_used": restarts - 1,
-               "seconds_per_iteration": result.wall_seconds / max(1, result.iterations),
-               "settings": {"alpha_tv": alpha_tv, "schedule": "step", "signed_gradient": True}})
+    return _reconstruction(s, victim, model, labels, method, kept, result, epoch_prior)
 
 
 __all__ = ["IG_ALPHA_TV", "SPEC", "ig_alpha_tv", "resolve", "run"]
