@@ -29,7 +29,7 @@ import importlib
 import math
 from typing import Any
 
-from ..defenses.floor import noise_floor
+from ..defenses.floor import NoiseFloor, noise_floor
 from ..errors import GradleakError
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
@@ -93,6 +93,29 @@ def _better(name: str, rec: Reconstruction, converged: bool, best: tuple[str, Re
     return _score(rec) < _score(best[1])
 
 
+def _tried_entry(name: str, rec: Reconstruction, conv: Convergence, closed: bool) -> dict[str, Any]:
+    """What the record says of one member that ran: its convergence, distance and cost."""
+    entry = {"attack": name, "applies": True, "converged": conv.converged,
+             "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)}
+    if not closed:
+        entry["iterations"] = rec.iterations
+    if floor_only(conv):   # converged only onto the noise floor: no sign of a rebuilt input
+        entry["floor_only"] = True
+    return entry
+
+
+def _enough(name: str, conv: Convergence, closed: bool, several: bool, floor: NoiseFloor) -> str:
+    """Why the chooser stops at this member ("" to go on): a closed form that converged, or a
+    portfolio member whose answer is within DLG's line."""
+    if closed and conv.converged:
+        return f"{name} applies and its answer {fit_words(conv)}"
+    if not closed and several and conv.relative_gradient_distance is not None \
+            and conv.relative_gradient_distance <= converged_below("dlg", floor):
+        return (f"{name}'s answer {fit_words(conv, exactly=True)} (within DLG's line): the rest of the portfolio "
+                "was not needed")
+    return ""
+
+
 def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The chooser (module doc): closed forms first, then the portfolio ``cfg.portfolio``."""
     floor = noise_floor(update)
@@ -130,23 +153,12 @@ def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine)
         observed[name] = _observed(engine)
         spent += rec.wall_seconds
         conv = verdict(name, rec.extra, floor)
-        entry = {"attack": name, "applies": True, "converged": conv.converged,
-                 "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)}
-        if not closed:
-            entry["iterations"] = rec.iterations
-        if floor_only(conv):   # converged only onto the noise floor: no sign of a rebuilt input
-            entry["floor_only"] = True
-        tried.append(entry)
+        tried.append(_tried_entry(name, rec, conv, closed))
         answers.append((name, rec))
         if _better(name, rec, conv.converged, best):
             best = (name, rec, conv.converged)
-        if closed and conv.converged:
-            why = f"{name} applies and its answer {fit_words(conv)}"
-            break
-        if not closed and several and conv.relative_gradient_distance is not None \
-                and conv.relative_gradient_distance <= converged_below("dlg", floor):
-            why = (f"{name}'s answer {fit_words(conv, exactly=True)} (within DLG's line): the rest of the portfolio "
-                   "was not needed")
+        why = _enough(name, conv, closed, several, floor)
+        if why:
             break
     if best is None:
         assert error is not None  # every member raised or refused, the portfolio's last one with an error
