@@ -17,7 +17,7 @@ SPEC = {
 import math
 from typing import Any
 
-from ...attacks.verdict import converged_below, verdict
+from ...attacks.verdict import Convergence, converged_below, verdict
 from ...defenses.floor import noise_floor
 from ...engine import Engine, StateFileError
 from ...errors import GradleakError
@@ -43,6 +43,19 @@ def _score(rec: TextReconstruction) -> float:
     return float(rel) if isinstance(rel, (int, float)) and math.isfinite(rel) else math.inf
 
 
+def _tried_entry(name: str, rec: TextReconstruction, conv: Convergence) -> dict[str, Any]:
+    """What the record says of one member that ran: its convergence, distance, cost, and dager's
+    verified sentences or an optimiser's iterations."""
+    entry: dict[str, Any] = {"attack": name, "applies": True, "converged": conv.converged,
+                             "relative_gradient_distance": conv.relative_gradient_distance,
+                             "seconds": round(rec.wall_seconds, 3)}
+    if name == EXACT_FIRST:
+        entry["verified"] = rec.extra.get("verified")
+    else:
+        entry["iterations"] = rec.iterations
+    return entry
+
+
 def run(config: TextAutoConfig, update: SharedUpdate, model: TextModel, engine: Engine) -> TextReconstruction:
     k = int(update.meta.batch_size)
     tried: list[dict[str, Any]] = []
@@ -66,14 +79,7 @@ def run(config: TextAutoConfig, update: SharedUpdate, model: TextModel, engine: 
         spent += rec.wall_seconds
         floor = noise_floor(update, matched_tensors(model, update, rec))   # on the tensors it matched, as the verdict
         conv = verdict(FAMILY, rec.extra, floor)
-        entry: dict[str, Any] = {"attack": name, "applies": True, "converged": conv.converged,
-                                 "relative_gradient_distance": conv.relative_gradient_distance,
-                                 "seconds": round(rec.wall_seconds, 3)}
-        if name == EXACT_FIRST:
-            entry["verified"] = rec.extra.get("verified")
-        else:
-            entry["iterations"] = rec.iterations
-        tried.append(entry)
+        tried.append(_tried_entry(name, rec, conv))
         answers.append((name, rec))
         if name == EXACT_FIRST:
             if conv.converged:   # every sentence verified: exact
