@@ -193,3 +193,19 @@ def test_cli_error_line_is_bounded(capsys):
         cli.build_parser = real
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) <= cli.MAX_ERROR_LINE + 40
+
+
+@pytest.mark.parametrize("kind, literal, words", [
+    ("server", {"name": "x", "summary": "s", "parameters": ["a"], "integers": ["b"]}, "integers among its parameters"),
+    ("server", {"name": "x", "summary": "s", "parameters": "a"}, "lists of names"),
+    ("server", {"name": "x", "summary": "s", "rows": 3}, "unknown keys rows"),
+    ("text model", {"name": "x", "summary": "s"}, "lacks build"),
+])
+def test_bad_server_and_text_model_declarations_are_refused(kind, literal, words):
+    from gradleak.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        specs.make_declaration(kind, literal, "gradleak.models.x")
+    ok = {"server": {"name": "x", "summary": "s", "parameters": ["a", "b"], "integers": ["b"]},
+          "text model": {"name": "x", "summary": "s", "build": "_x"}}[kind]
+    assert specs.make_declaration(kind, ok, "gradleak.models.x").name == "x"
