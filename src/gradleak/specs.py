@@ -1,5 +1,6 @@
-"""Attack specs: each attack declares itself once, in its own module, and everything else is
-derived from those declarations."""
+"""Plug-in declarations: each attack, defense, image model, server, text model and experiment
+declares itself once, as a literal in its own module, read here without importing it; everything
+else is derived from those declarations."""
 
 from __future__ import annotations
 
