@@ -198,41 +198,39 @@ def test_no_import_loop_but_the_named_ones():
 # An attack's own constants (those its SPEC declares as [type, default, help]; the shared ones of
 # specs.py's COMMON_FLAGS are everyone's) are spelled as strings only by the attack's module and
 # the spec machinery (specs.py, attacks/configs.py: the chooser's typed config). Flat names stay for
-# argparse (cli/, audit/command.py) and for sweep specs (experiments/). The rest, each with why it
-# is left; this list only shrinks.
+# argparse (cli/, audit/command.py: argparse of gradleak audit) and for sweep specs (experiments/).
+# An attack's module is held to the flags of its own modality's attacks: a text attack's record key
+# ("distance" in LAMP's record) names none of an image attack's flags, which its config never
+# holds. Anything else that needs an attack's flag reads it through a hook its SPEC declares
+# (specs.py: cases, shards, one_start, member_flags, PRESET_FLAG). This list only shrinks.
 FLAG_SPELLERS = ("gradleak.specs", "gradleak.attacks.configs")
-FLAT_NAME_PACKAGES = ("gradleak.cli", "gradleak.experiments")
-FLAG_SPELLINGS = {
-    "gradleak.audit.auditor": {"fallback"},                       # the audit's default portfolio (the audit helper)
-    "gradleak.audit.command": {"preset", "restarts", "seeds"},    # argparse of gradleak audit
-    "gradleak.catalog": {"preset"},                               # the catalog's preset list
-    "gradleak.config": {"preset"},                                # PRESET_CASES: GradInversion's imagenet case
-    "gradleak.modalities": {"preset"},                            # the text modality refuses --preset
-    "gradleak.pipeline.distributed": {"seeds"},                   # torchrun shards GradInversion's seeds
-    "gradleak.pipeline.image": {"final"},
-    "gradleak.pipeline.run": {"fallback"},
-    "gradleak.pipeline.truth_start": {"restarts"},
-    "gradleak.text.attacks.lamp": {"distance"},                   # its own record key, not GradInversion's flag
-}
+FLAT_NAME_PACKAGES = ("gradleak.cli", "gradleak.experiments", "gradleak.audit.command")
+FLAG_SPELLINGS: dict[str, set[str]] = {}
 
 
 def attack_flag_spellings(mods: dict[str, Path]) -> dict[str, set[str]]:
     """module -> the attack-specific flag names it spells as string constants, outside the
-    attacks that declare them, the spec machinery and the flat-name packages."""
+    attacks that declare them, the spec machinery and the flat-name packages; an attack's module
+    only the flags of its own modality's attacks."""
     from gradleak.specs import COMMON_BY_MODALITY, attack_specs
 
     common = {f for flags in COMMON_BY_MODALITY.values() for f in flags}
     owners: dict[str, set[str]] = {}
+    modality_of: dict[str, str] = {}   # an attack's module -> its modality
+    flags_of: dict[str, set[str]] = {}  # modality -> its attacks' own flags
     for modality in COMMON_BY_MODALITY:
         for spec in attack_specs(modality).values():
+            modality_of[spec.module] = modality
             for flag in set(spec.flags) - common:
                 owners.setdefault(flag, set()).add(spec.module)
+                flags_of.setdefault(modality, set()).add(flag)
     found: dict[str, set[str]] = {}
     for module, path in mods.items():
         if module in FLAG_SPELLERS or module.startswith(FLAT_NAME_PACKAGES):
             continue
+        checked = flags_of.get(modality_of[module], set()) if module in modality_of else set(owners)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in owners
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in checked
                     and module not in owners[node.value]):
                 found.setdefault(module, set()).add(node.value)
     return found
@@ -253,6 +251,11 @@ def test_the_flag_check_finds_a_spelling(tmp_path):
     path.write_text('a = values["ica_iterations"]\nb = config.ica_iterations\nc = values["iterations"]\n')
     assert attack_flag_spellings({"gradleak.x": path}) == {"gradleak.x": {"ica_iterations"}}
     assert attack_flag_spellings({"gradleak.attacks.cpa": path}) == {}
+    # another image attack's module is held to it; a text attack's is not (no text attack has it)
+    assert attack_flag_spellings({"gradleak.attacks.ig": path}) == {"gradleak.attacks.ig": {"ica_iterations"}}
+    assert attack_flag_spellings({"gradleak.text.attacks.lamp": path}) == {}
+    path.write_text('d = {"beam_width": 2}\n')   # a text attack's (DAGER's) flag: LAMP's module is held to it
+    assert attack_flag_spellings({"gradleak.text.attacks.lamp": path}) == {"gradleak.text.attacks.lamp": {"beam_width"}}
 
 
 def test_no_two_test_files_share_a_basename():

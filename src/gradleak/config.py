@@ -22,15 +22,6 @@ MAX_SEED = 2**63 - 1
 PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
 
-# A GradInversion preset that also names its case: what it fills in where the user gives nothing
-# (GradInversion Sec. 4, the paper's setting, 8 ImageNet photos at 224 px on a pretrained BN network with the
-# client's BN statistics shared; the attack constants are the preset's own, attacks/gradinversion.py).
-PRESET_CASES: dict[str, dict[str, Any]] = {
-    "imagenet": {"attack": "gradinversion", "model": "efficientnet-lite0", "data": "imagenet-samples",
-                 "batch_size": 8, "share_bn_statistics": True},
-}
-
-
 def parse_betas(text: str) -> tuple[float, float]:
     """"b1,b2" -> (b1, b2), each in [0, 1) (torch.optim.Adam's betas); ValueError otherwise."""
     parts = text.split(",")
@@ -172,20 +163,22 @@ class _RunConfig(BaseModel):
             # The modality's own default attack ("auto" chooses among image attacks). Set without
             # validation so that it still counts as not given (pipeline.text.check_text_config).
             self.__dict__["attack"] = modality.default_attack
-        # a preset's case (PRESET_CASES), for the fields not given; set like the modality's default
-        # attack, so that they still count as not given
-        for name, value in preset_case(getattr(self, "preset", None), update=bool(self.update)).items():
+        # the case a flag's value names (specs.flag_cases: e.g. GradInversion's --preset imagenet),
+        # for the fields not given; set like the modality's default attack, so that they still count
+        # as not given
+        for name, value in flag_case(self).items():
             if name not in self.model_fields_set:
                 self.__dict__[name] = value
         return self
 
 
-def preset_case(preset: Any, *, update: bool) -> dict[str, Any]:
-    """What preset ``preset`` fills in where the user gives nothing (PRESET_CASES). On an update
-    file only its attack: the file decides the model, batch and BN statistics, and no data is
-    read without --truth, so a recorded ``data: imagenet-samples`` would be refused on rerun."""
-    case = PRESET_CASES.get(str(preset), {})
-    return {k: v for k, v in case.items() if k == "attack"} if update else dict(case)
+def flag_case(values: Any) -> dict[str, Any]:
+    """What the case flags of ``values`` (a config, or a record's dict) fill in where the user gives
+    nothing (specs.case_fields: on an update file only the attack)."""
+    from .specs import case_fields, flag_cases
+
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name, None)
+    return case_fields({f: get(f) for f in flag_cases()}, update=bool(get("update")))
 
 
 
@@ -257,10 +250,10 @@ def config_from_record(record: dict[str, Any]) -> AttackConfig:
     """A config rebuilt from a full record (a sweep or experiment cell): fields equal to their
     default count as not given, so that what a case decides when a flag is absent (an update
     file's values, a text batch of all --text sentences) is decided the same way as on the CLI.
-    Under a preset with a case (PRESET_CASES) the case's values are the defaults: a field the record
-    holds at the plain default was given (e.g. batch 1 under --preset imagenet) and stays."""
+    Under a flag that names a case (flag_case) the case's values are the defaults: a field the
+    record holds at the plain default was given (e.g. batch 1 under --preset imagenet) and stays."""
     defaults = {k: f.get_default(call_default_factory=True) for k, f in AttackConfig.model_fields.items()}
-    defaults.update(preset_case(record.get("preset"), update=bool(record.get("update"))))
+    defaults.update(flag_case(record))
     return make_config(**{k: v for k, v in record.items() if k not in defaults or v != defaults[k]})
 
 

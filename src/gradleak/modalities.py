@@ -81,6 +81,7 @@ class Modality:
             for name in other.own_fields if other is not self else ():
                 if getattr(cfg, name):
                     raise ValueError(f"--{name.replace('_', '-')} needs --modality {other.name}")
+        _check_case_flags(self.name, cfg)
         for name, why in self.refuses.items():
             if getattr(cfg, name) != type(cfg).model_fields[name].get_default(call_default_factory=True):
                 raise ValueError(why)
@@ -92,6 +93,19 @@ class Modality:
     def render_report(self, folder: Path) -> Path:
         """report.html of a run folder of this modality; returns its path (imports the renderer)."""
         return _load(self.report)(folder)
+
+
+def _check_case_flags(modality: str, cfg: Any) -> None:
+    """ValueError for a flag that fills in a run's case (specs.flag_cases: GradInversion's --preset
+    imagenet) of another modality's attacks, given to ``modality``: its case would not be this one's."""
+    from .specs import COMMON_BY_MODALITY, attack_specs, flag_cases
+
+    for other in (m for m in COMMON_BY_MODALITY if m != modality):
+        for flag in flag_cases(other):
+            if getattr(cfg, flag) != type(cfg).model_fields[flag].get_default(call_default_factory=True):
+                names = " and ".join(s.name for s in attack_specs(other).values() if flag in s.cases)
+                raise ValueError(f"--{flag.replace('_', '-')} applies to {names}, {'an' if other[0] in 'aeiou' else 'a'} "
+                                 f"{other} attack")
 
 
 def _load(ref: str) -> Callable[..., Any]:
@@ -123,7 +137,6 @@ TEXT = Modality(
     name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
     report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
     own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)",
-                                  "preset": "--preset applies to GradInversion, an image attack",
                                   **dict.fromkeys(("local_epochs", "local_optimizer", "local_momentum", "local_nesterov",
                                                    "local_weight_decay", "local_betas", "local_eps", "local_augment",
                                                    "local_crop_padding"),

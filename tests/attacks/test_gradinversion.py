@@ -321,7 +321,7 @@ def test_imagenet_preset_is_the_measured_224px_run_and_names_its_case():
     assert cfg.model_fields_set == {"preset"}   # filled in, not given
     mine = make_config(preset="imagenet", batch_size=4, model="resnet18")
     assert (mine.batch_size, mine.model, mine.data) == (4, "resnet18", "imagenet-samples")
-    with pytest.raises(ConfigError, match="--preset applies to GradInversion"):
+    with pytest.raises(ConfigError, match="--preset applies to gradinversion, an image attack"):
         make_config(modality="text", preset="imagenet")
     # a sweep or experiment cell (config_from_record) keeps what was given, the plain defaults included
     from gradleak.config import config_from_record

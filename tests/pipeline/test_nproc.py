@@ -165,7 +165,7 @@ def test_config_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="more processes than seeds"):  # the preset's G (cpu: 4)
         run(make_config(**BASE, nproc=5), write=False)
     for attack in ("dlg", "idlg", "ig"):
-        with pytest.raises(ConfigError, match="GradInversion"):
+        with pytest.raises(ConfigError, match="spreads gradinversion's --seeds"):
             run(make_config(**{**BASE, "attack": attack}, nproc=2), write=False)
     with pytest.raises(ConfigError, match="resume"):
         run(make_config(**BASE, seeds=2, nproc=2), resume=tmp_path)
@@ -173,7 +173,7 @@ def test_config_errors(tmp_path, monkeypatch, capsys):
         make_config(**BASE, nproc=0)
     # the CLI: one error line, exit status 2
     assert main(["attack", "--attack", "dlg", "--nproc", "2", "--iterations", "1", "--no-progress"]) == 2
-    assert "GradInversion" in capsys.readouterr().err
+    assert "gradinversion's --seeds" in capsys.readouterr().err
     # --resume with --nproc: refused once a saved state is found (a one-process idlg run, SIGTERM
     # after its 2nd step)
     import signal
@@ -200,7 +200,7 @@ def test_config_errors(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match="WORLD_SIZE"):
         run(make_config(**BASE, seeds=4, nproc=4), write=False)
-    with pytest.raises(ConfigError, match="GradInversion"):
+    with pytest.raises(ConfigError, match="spreads gradinversion's --seeds"):
         run(make_config(**{**BASE, "attack": "dlg"}), write=False)
     _assert_no_children()
 

@@ -56,13 +56,20 @@ SPEC = {
                   "distance": "l2"},
         # the paper's alphas on the 224 px schedule that scored highest per CPU hour on 2 cores
         # (seeds2-box-600: two seeds, the registered group, the pixel box, 600 iterations, 105 min);
-        # config.PRESET_CASES adds its case
+        # "cases" below adds its case
         "imagenet": {"iterations": 600, "lr": 0.1, "warmup": 50, "alpha_g": 1e-3, "alpha_tv": 1e-4,
                      "alpha_l2": 1e-6, "alpha_bn": 0.1, "alpha_group": 1e-2, "alpha_n": 0.2, "seeds": 2,
                      "group": "registered", "bn": "exact", "registration_start": 150, "registration_every": 3,
                      "registration_steps": 40, "labels": "gradinversion", "final": "consensus", "box": True,
                      "distance": "l2"},
     },
+    # What --preset imagenet fills in where the user gives nothing (config.py), whatever the attack:
+    # Sec. 4's setting, 8 ImageNet photos at 224 px on a pretrained BN network with the client's BN
+    # statistics shared.
+    "cases": {"preset": {"imagenet": {"attack": "gradinversion", "model": "efficientnet-lite0",
+                                      "data": "imagenet-samples", "batch_size": 8, "share_bn_statistics": True}}},
+    # the G seeds are independent until the group term: --nproc spreads them (pipeline/distributed.py)
+    "shards": "seeds",
     "default_note": {
         "warmup": "at most a tenth of --iterations",
         "registration_start": "scaled with --iterations",

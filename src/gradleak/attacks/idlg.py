@@ -15,6 +15,7 @@ SPEC = {
         "stall_restarts": 3, "stop": "settled",
     },
     "default_note": {"iterations": "dlg and idlg: per start"},
+    "one_start": {"stall_restarts": 0},   # a single start: no further starts from other inits
     "auto": {"order": 0, "one_image": True, "batch": False, "max_side": None},
     "changed_defaults": {"optimizer": "L-BFGS with a strong Wolfe line search (none before)"},
     # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended

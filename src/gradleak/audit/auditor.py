@@ -24,6 +24,7 @@ from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes
 from ..models import ModelSpec
 from ..paths import one_line
+from ..specs import member_flags
 
 TruthFn = Callable[[int, str], "Batch | None"]
 
@@ -40,7 +41,7 @@ RUNS = "runs"
 # metrics.json's "data" when the server does not know the client's data (no ground truth).
 UNKNOWN_DATA = "unknown (a client's update)"
 # Fields of the attack config the auditor takes (everything else describes a simulated client).
-ATTACK_FIELDS = ("attack", *FLAT_FIELDS, "fallback", "seed", "device", "log_every")
+ATTACK_FIELDS = ("attack", *FLAT_FIELDS, *member_flags(), "seed", "device", "log_every")
 
 
 @dataclass

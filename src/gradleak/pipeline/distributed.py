@@ -1,4 +1,5 @@
-"""GradInversion with its seeds spread over processes (``gradleak attack --nproc P``, or torchrun)."""
+"""An attack's independent runs (its SPEC's "shards" flag: GradInversion's seeds) spread over
+processes (``gradleak attack --nproc P``, or torchrun)."""
 
 from __future__ import annotations
 
@@ -46,26 +47,29 @@ def wanted(cfg: AttackConfig) -> bool:
 
 
 def resolved_seeds(cfg: AttackConfig) -> int:
-    if cfg.seeds is not None:
-        return cfg.seeds
+    """G: the value of the attack's "shards" flag in ``cfg`` (given, else its preset's or default)."""
     from ..specs import attack_specs
 
-    presets = attack_specs()["gradinversion"].presets
-    return int(presets.get(cfg.preset or "cpu", presets["cpu"])["seeds"])
+    spec = attack_specs(cfg.modality)[cfg.attack]
+    return int(spec.value_of(str(spec.shards), cfg.model_dump()))
 
 
 def check(cfg: AttackConfig, world: int) -> int:
     """ConfigError unless ``cfg`` can run over ``world`` processes; returns G."""
-    if cfg.modality != "image" or cfg.attack != "gradinversion":
-        raise ConfigError(f"--nproc > 1 spreads GradInversion's seeds over processes; attack {cfg.attack!r} "
+    from ..specs import attack_specs
+
+    spec = attack_specs(cfg.modality).get(cfg.attack)
+    if spec is None or spec.shards is None:
+        spread = " and ".join(f"{s.name}'s --{s.shards.replace('_', '-')}" for s in attack_specs().values() if s.shards)
+        raise ConfigError(f"--nproc > 1 spreads {spread} over processes; attack {cfg.attack!r} "
                           f"({cfg.modality}) runs in one process (use --nproc 1)")
     if cfg.checkpoint_every != AttackConfig.model_fields["checkpoint_every"].default:
         raise ConfigError("--checkpoint-every does not apply to a run over several processes (it saves no "
                           "resumable state)")
-    seeds = resolved_seeds(cfg)
+    seeds, flag = resolved_seeds(cfg), f"--{spec.shards.replace('_', '-')}"
     if world > seeds:
-        raise ConfigError(f"--nproc {world} is more processes than seeds ({seeds}); every process needs at least "
-                          f"one seed (use --nproc <= --seeds)")
+        raise ConfigError(f"--nproc {world} is more processes than {spec.shards} ({seeds}); every process needs "
+                          f"at least one (use --nproc <= {flag})")
     return seeds
 
 

@@ -483,7 +483,7 @@ class ImageCase(Case):
                              *([f"{s.psnr:.1f} dB" for s in ev.per_image] for _, ev in scored)])
         if recon.candidates is not None:
             rows = [c for c in recon.candidates] + [recon.images]
-            titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["final"]
+            titles = [f"seed {g}" for g in range(len(recon.candidates))] + ["answer"]
             save_image_grid(folder / "candidates.png", rows, titles)
 
     def file_bytes(self) -> tuple[bytes, bytes | None]:

@@ -32,6 +32,7 @@ from ..outcome import evidence_from_metrics, judge, needs_control
 from ..paths import StagedDir, check_apart, check_output_dir, name_max, one_line, run_inputs
 from ..runtime import resolve_device, threads_for_run, torch_threads
 from .case import Case, build_case
+from ..specs import attack_specs, member_flags
 from .record import RunResult, default_run_dir, write_run
 
 
@@ -168,8 +169,9 @@ def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> At
     dumped = attack.model_dump()
     portfolio = dumped.pop("portfolio", None)
     if isinstance(portfolio, list) and len(portfolio) == 1:  # auto with one member: its constants as flat flags
-        inner = portfolio[0]
-        dumped = {**{k: v for k, v in inner.items() if k != "attack"}, **dumped, "fallback": inner["attack"]}
+        inner = portfolio[0]   # and its name as the flag that names the member (specs.member_flags)
+        dumped = {**{k: v for k, v in inner.items() if k != "attack"}, **dumped,
+                  **dict.fromkeys(member_flags(), inner["attack"])}
     # (several members: each resolves its own defaults again from the flags given, which cfg holds)
     resolved = {k: v for k, v in dumped.items() if k in AttackConfig.model_fields}
     return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
@@ -296,8 +298,9 @@ def with_control(cfg: AttackConfig, case: Case, metrics: dict[str, Any], device:
     # the same attack as the one judged (auto: the member it used), not auto again, which could
     # leak through another attack and prove nothing about this one
     attack = str(metrics.get("attack") or cfg.attack)
-    ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False, "attack": attack,
-                                  "fallback": None if attack != "auto" else cfg.fallback})
+    reads = attack_specs().get(attack)   # a member named for a chooser (auto's) is no flag of that attack
+    cleared = dict.fromkeys(f for f in member_flags() if reads is None or f not in reads.flags)
+    ccfg = cfg.model_copy(update={"defense": [], "out": None, "progress": False, "attack": attack, **cleared})
     try:
         cres, _ = attack_case(ccfg, build_case(ccfg) if cfg.update is None else case.undefended(), device=device)
     except Exception as exc:   # noqa: BLE001 - no control (any error): the verdict stays inconclusive, the run ends

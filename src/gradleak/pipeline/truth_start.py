@@ -17,9 +17,6 @@ from ..models import ModelSpec
 #: The truth-start's budget: this share of the attack's own per-start iterations (the same budget:
 #: a start that needs more steps than the attack gets says nothing about the attack's answer).
 TRUTH_START_SHARE = 1.0
-#: One start only: every further start (DLG's stall restarts, IG's restarts) would begin from the
-#: same batch. GradInversion's G seeds stay: they are its group consensus, not restarts.
-ONE_START = {"stall_restarts": 0, "restarts": 1}
 #: Started from the truth as well, whatever attack ran: Inverting Gradients, a prior-regularised
 #: objective (cosine distance + TV, pixel box) unlike DLG/iDLG's plain L2 match. Measured: under
 #: Gaussian 0.1 iDLG from the true frog (cifar10-samples seed 0) walks away to 6 dB while IG from a
@@ -42,8 +39,10 @@ def truth_start_attacks(name: str, side: int) -> tuple[str, ...]:
 
 def truth_start_config(attack: Any, name: str) -> Any | None:
     """The typed config of attack ``name`` as it ran (``attack``: the run's resolved config; auto:
-    its member ``name``), with one start and TRUTH_START_SHARE of its iterations. None for a
-    closed form (it has no start) or a member auto did not hold."""
+    its member ``name``), with one start (its SPEC's "one_start": every further start, DLG's stall
+    restarts, IG's restarts, would begin from the same batch; GradInversion's G seeds stay, they
+    are its group consensus) and TRUTH_START_SHARE of its iterations. None for a closed form (it
+    has no start) or a member auto did not hold."""
     from ..specs import attack_specs
 
     spec = attack_specs().get(name)
@@ -55,7 +54,7 @@ def truth_start_config(attack: Any, name: str) -> Any | None:
     if attack is None or getattr(attack, "attack", name) != name:
         return None
     fields = type(attack).model_fields
-    change = {k: v for k, v in ONE_START.items() if k in fields}
+    change = {k: v for k, v in spec.one_start.items() if k in fields}
     if "iterations" in fields:
         change["iterations"] = max(1, round(TRUTH_START_SHARE * int(attack.iterations)))
     return attack.model_copy(update=change)
@@ -71,5 +70,5 @@ def run_truth_start(config: Any, update: SharedUpdate, model: ModelSpec, truth: 
     return engine.run(config, update, model)
 
 
-__all__ = ["ONE_START", "PRIOR_ATTACK", "TRUTH_START_SHARE", "run_truth_start", "truth_start_attacks",
+__all__ = ["PRIOR_ATTACK", "TRUTH_START_SHARE", "run_truth_start", "truth_start_attacks",
            "truth_start_config"]
