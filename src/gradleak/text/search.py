@@ -354,6 +354,27 @@ class TextDLG:
 RunFactory = Callable[[Relaxation, int, "torch.Tensor | None", "torch.Tensor | None", "TextObserver | None"], TextDLG]
 
 
+def _check_resolved(config: TextDLGConfig) -> None:
+    """ConfigError unless the run's resolution (text.run_text_attack, the pipeline) filled the budget."""
+    unresolved = [k for k in ("iterations", "lr", "optimizer", "dtype", "search_evaluations")
+                  if getattr(config, k) is None]
+    if unresolved:
+        raise ConfigError(f"text dlg: {', '.join(unresolved)} not resolved (run it through "
+                          "gradleak.text.run_text_attack or the pipeline)")
+
+
+def _discrete(run: Any, s: TextDLGConfig, engine: Engine, k: int, length: int,
+              num_classes: int) -> tuple[Any, Any, OrderSearch, Any, float]:
+    """The discrete sentences after the continuous phase: each position's most probable token
+    (DLG's rounding), then the order search from it; with the search's scale of the distance."""
+    candidates = run.relax.candidates()
+    first, dlg_tokens = run.rounded()
+    # One sentence: its length is the leaked L. K sentences: only the longest is known to be L.
+    search = OrderSearch(run.score, candidates, k, length - 2, num_classes, int(s.search_evaluations), lengths=k > 1)
+    final, scale = run.search(search, first, s, engine)
+    return first, dlg_tokens, search, final, scale
+
+
 def dlg_text(update: SharedUpdate, model: TextModel, config: TextDLGConfig, engine: Engine, *, restrict: bool,
              l1_weight: float = 0.0, make_run: RunFactory | None = None, name: str | None = None) -> TextReconstruction:
     """DLG for text (see the module's notes in docs/) with ``config`` its attack's resolved typed
@@ -367,11 +388,7 @@ def dlg_text(update: SharedUpdate, model: TextModel, config: TextDLGConfig, engi
 
     ``make_run``: a variant of the run (LAMP: its objective and discrete steps between the
     continuous ones, text/attacks/lamp.py); ``name`` the attack's name in progress and errors."""
-    unresolved = [k for k in ("iterations", "lr", "optimizer", "dtype", "search_evaluations")
-                  if getattr(config, k) is None]
-    if unresolved:
-        raise ConfigError(f"text dlg: {', '.join(unresolved)} not resolved (run it through "
-                          "gradleak.text.run_text_attack or the pipeline)")
+    _check_resolved(config)
     s, observer = config, engine.observer
     dtype = _text_dtype(s)
     device = resolve_device(str(engine.device))
@@ -399,14 +416,9 @@ def dlg_text(update: SharedUpdate, model: TextModel, config: TextDLGConfig, engi
                         progress=engine.progress, description=f"{name} (text)")
     res = run.optimise(engine, loop, gen, engine.log_every)
 
-    # ---- discrete sentences: each position's most probable token, then the order search
     start = time.perf_counter()
-    candidates = run.relax.candidates()
-    first, dlg_tokens = run.rounded()
-    # One sentence: its length is the leaked L. K sentences: only the longest is known to be L.
-    search = OrderSearch(run.score, candidates, k, length - 2, model.num_classes if fixed_labels is None else 0,
-                         int(s.search_evaluations), lengths=k > 1)
-    final, scale = run.search(search, first, s, engine)
+    first, dlg_tokens, search, final, scale = _discrete(run, s, engine, k, length,
+                                                        model.num_classes if fixed_labels is None else 0)
     search_seconds = time.perf_counter() - start
     return TextReconstruction(
         token_ids=run.to_tokens(final.ids, final.lengths), labels=final.labels.cpu().long(), bag=bag,
