@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "local_training.json"
@@ -45,6 +45,8 @@ CLIENTS = {
     "adam": ["--local-lr", "1e-3", "--local-optimizer", "adam"],
 }
 PLAIN_KEYS = ("name", "local_steps", "local_batch_size", "local_lr", "local_epochs")
+# The rows a seed's summary compares (client, attacker).
+SUMMARY_ROWS = (("plain", "modelled"), ("momentum", "modelled"), ("momentum", "as plain SGD"), ("adam", "modelled"))
 
 
 def _run(args: list[str]) -> None:
@@ -66,17 +68,22 @@ def _attack(update: Path, truth: Path, out: Path, attack: list[str]) -> dict[str
     t0 = time.perf_counter()
     _run(["attack", "--update", str(update), "--truth", str(truth), "--out", str(out), "--threads", "1",
           "--no-progress", *attack])
-    m = json.loads((out / "metrics.json").read_text())
+    return metrics_row(json.loads((out / "metrics.json").read_text()), round(time.perf_counter() - t0, 1))
+
+
+def metrics_row(m: dict[str, Any], seconds: float | None) -> dict[str, Any]:
+    """One attack's row from its metrics.json (also for a cut run's finished run folders)."""
     return {"psnr": m.get("psnr_mean"), "ssim": m.get("ssim_mean"), "label_accuracy": m.get("label_accuracy"),
             "verdict": m.get("verdict"), "verdict_reason": m.get("verdict_reason"), "next_step": m.get("next_step"),
             "client_model": m.get("client_model"), "attack_used": m.get("attack_used") or m.get("attack"),
             "relative_gradient_distance": m.get("relative_gradient_distance"),
             "truth_relative_distance": m.get("truth_relative_distance"), "threat": m.get("threat"),
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": seconds}
 
 
-def measure(data: str, seed: int, tmp: Path, attack: list[str], clients: list[str]) -> list[dict[str, Any]]:
-    rows = []
+def measure(data: str, seed: int, tmp: Path, attack: list[str], clients: list[str],
+            done: Callable[[dict[str, Any]], None]) -> None:
+    """Every client of one seed, each row handed to ``done`` as soon as its attack ends."""
     for client, flags in ((c, CLIENTS[c]) for c in clients):
         u, t = tmp / f"{client}-{seed}.safetensors", tmp / f"{client}-{seed}-truth.safetensors"
         _run(["share", *CLIENT, "--data", data, *flags, "--seed", str(seed), "--out", str(u), "--truth", str(t)])
@@ -89,8 +96,7 @@ def measure(data: str, seed: int, tmp: Path, attack: list[str], clients: list[st
                    **_attack(path, t, tmp / f"run-{client}-{attacker.replace(' ', '-')}-{seed}", attack)}
             print(json.dumps({k: row[k] for k in ("seed", "client", "attacker", "psnr", "verdict", "seconds")}),
                   flush=True)
-            rows.append(row)
-    return rows
+            done(row)
 
 
 def _code() -> str:
@@ -117,22 +123,30 @@ def main() -> None:
     attack = ["--attack", *args.attack.split()]
     clients = args.clients.split(",")
     rows: list[dict[str, Any]] = []
+
+    def done(row: dict[str, Any]) -> None:
+        rows.append(row)
+        write(Path(args.out), args.data, attack, rows, clients)
+
     with TemporaryDirectory() as d:
         for seed in (int(s) for s in args.seeds.split(",")):
-            rows += measure(args.data, seed, Path(d), attack, clients)
-            summary = _summary(rows, clients)   # written after every seed: a cut run keeps its seeds
-            Path(args.out).write_text(json.dumps({"date": _dt.date.today().isoformat(), "code": _code(),
-                                                  "data": args.data, "attack": attack, "client": CLIENT,
-                                                  "clients": CLIENTS, "summary": summary, "rows": rows},
-                                                 indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+            measure(args.data, seed, Path(d), attack, clients, done)
+    print(json.dumps(_summary(rows, clients), indent=1))
+
+
+def write(out: Path, data: str, attack: list[str], rows: list[dict[str, Any]], clients: list[str]) -> None:
+    """The JSON, written after every attack: a cut run keeps its finished rows (the summary: whole seeds)."""
+    out.write_text(json.dumps({"date": _dt.date.today().isoformat(), "code": _code(), "data": data, "attack": attack,
+                               "client": CLIENT, "clients": CLIENTS, "summary": _summary(rows, clients),
+                               "rows": rows}, indent=1) + "\n")
 
 
 def _summary(rows: list[dict[str, Any]], clients: list[str]) -> list[dict[str, Any]]:
     """Per seed: the plain, modelled-momentum, mis-modelled and Adam PSNRs and the Done-when checks."""
     by = {(r["seed"], r["client"], r["attacker"]): r for r in rows}
     summary = []
-    for seed in sorted({r["seed"] for r in rows}) if set(clients) == set(CLIENTS) else ():
+    whole = {s for s in {r["seed"] for r in rows} if all((s, c, a) in by for c, a in SUMMARY_ROWS)}
+    for seed in sorted(whole) if set(clients) == set(CLIENTS) else ():
         plain, mom = by[(seed, "plain", "modelled")]["psnr"], by[(seed, "momentum", "modelled")]["psnr"]
         mis, adam = by[(seed, "momentum", "as plain SGD")]["psnr"], by[(seed, "adam", "modelled")]
         summary.append({"seed": seed, "plain_sgd_db": plain, "momentum_modelled_db": mom,
