@@ -231,6 +231,30 @@ def server_app(s: FederationSettings, auditor: Any, result: dict[str, Any],  # n
     return app
 
 
+@contextlib.contextmanager
+def _quiet_logs(verbose: bool) -> Iterator[None]:
+    """Flower's and Ray's loggers at WARNING for the simulation (unless ``verbose``), restored after."""
+    levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}
+    if not verbose:
+        for name in levels:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _check_every_update_audited(s: FederationSettings, rows: list[dict[str, Any]]) -> None:
+    """GradleakError unless the audit holds a row for every round and client."""
+    expected = {(r, str(c)) for r in range(1, s.rounds + 1) for c in range(s.clients)}
+    seen = {(int(row["round"]), str(row["client"])) for row in rows}
+    if not expected <= seen:
+        missing = sorted(expected - seen)[:3]
+        raise GradleakError(f"the federation ended without every client's update being audited "
+                            f"(missing round/client {missing}); rerun with --verbose to see Flower's log")
+
+
 def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Path, *,
                    recorded_out: str | Path | None = None) -> dict[str, Any]:
     """Run the example federation with the audit on; write DIR/runs/ (a run folder per attacked
@@ -259,40 +283,27 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
                              local_lr=s.lr, max_batch_size=max(64, s.examples), defenses=tuple(s.defense))
     auditor = LeakageAuditor(model, settings, truth_fn=lambda rnd, client: client_batch(s, int(client), rnd))
     result: dict[str, Any] = {}
-    levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}
-    if not s.verbose:
-        for name in levels:
-            logging.getLogger(name).setLevel(logging.WARNING)
     cpus = s.ray_cpus or max(1, min(s.clients, _available_cpus()))
     stop = threading.Event()
     t0 = time.perf_counter()
-    try:
-        # Flower's simulation engine uses the Ray instance running in this process (and shuts it
-        # down at the end): gradleak's, on loopback only and probing nothing.
-        with local_ray(cpus, verbose=s.verbose, keep_signals=True), _flower_offline():
-            try:
-                run_simulation(server_app=server_app(s, auditor, result, stop=stop), client_app=client_app(s),
-                               num_supernodes=s.clients,
-                               backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0}},
-                               verbose_logging=s.verbose)
-            except BaseException:
-                _stop_server(stop, auditor, result.get("server_thread"))
-                raise
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+    # Flower's simulation engine uses the Ray instance running in this process (and shuts it
+    # down at the end): gradleak's, on loopback only and probing nothing.
+    with _quiet_logs(s.verbose), local_ray(cpus, verbose=s.verbose, keep_signals=True), _flower_offline():
+        try:
+            run_simulation(server_app=server_app(s, auditor, result, stop=stop), client_app=client_app(s),
+                           num_supernodes=s.clients,
+                           backend_config={"client_resources": {"num_cpus": s.client_cpus, "num_gpus": 0.0}},
+                           verbose_logging=s.verbose)
+        except BaseException:
+            _stop_server(stop, auditor, result.get("server_thread"))
+            raise
     result.pop("server_thread", None)
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     auditor.write_summary({"federation": asdict(s), "train_metrics": result.get("train_metrics", {})},
                           out=recorded_out if recorded_out is not None else out)
     if "error" in result:
         raise GradleakError(f"the federation stopped: {result['error']}")
-    expected = {(r, str(c)) for r in range(1, s.rounds + 1) for c in range(s.clients)}
-    seen = {(int(row["round"]), str(row["client"])) for row in auditor.rows}
-    if not expected <= seen:
-        missing = sorted(expected - seen)[:3]
-        raise GradleakError(f"the federation ended without every client's update being audited "
-                            f"(missing round/client {missing}); rerun with --verbose to see Flower's log")
+    _check_every_update_audited(s, auditor.rows)
     result["rows"] = auditor.rows
     return result
 
