@@ -8,9 +8,37 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .settings import FederationSettings
+
+
+def _add_local_training_flags(f: Any) -> None:
+    """The clients' local training (torch.optim's meanings, as `gradleak share`'s --local-* flags),
+    announced in the train config, which the audit reads back and models."""
+    f.add_argument("--local-epochs", dest="local_epochs", type=int, default=None,
+                   help="FedAvg local epochs over each client's --examples (default 2; or --local-steps)")
+    f.add_argument("--local-steps", dest="local_steps", type=int, default=None,
+                   help="FedAvg local steps, instead of --local-epochs")
+    f.add_argument("--batch-size", dest="batch_size", type=int, default=None,
+                   help="FedAvg local mini-batch size (default: all --examples)")
+    f.add_argument("--lr", type=float, default=0.01, help="FedAvg local learning rate")
+    f.add_argument("--local-optimizer", dest="local_optimizer", default="sgd",
+                   help="the clients' torch.optim optimizer: sgd | adam | adamw (default sgd)")
+    f.add_argument("--local-momentum", dest="local_momentum", type=float, default=None,
+                   help="SGD momentum (default 0.9 for sgd, 0 otherwise)")
+    f.add_argument("--local-nesterov", dest="local_nesterov", action="store_true", help="SGD Nesterov momentum")
+    f.add_argument("--local-weight-decay", dest="local_weight_decay", type=float, default=5e-4,
+                   help="weight decay (L2 for sgd and adam, decoupled for adamw) (default 5e-4)")
+    f.add_argument("--local-betas", dest="local_betas", default=None, help="adam/adamw betas b1,b2 (default 0.9,0.999)")
+    f.add_argument("--local-eps", dest="local_eps", type=float, default=1e-8, help="adam/adamw eps (default 1e-8)")
+    f.add_argument("--local-augment", dest="local_augment", default="none",
+                   help="the clients' private augmentation: none | flip | crop-flip (default none)")
+    f.add_argument("--local-crop-padding", dest="local_crop_padding", type=int, default=4,
+                   help="crop-flip's zero padding in pixels (default 4)")
 
 
 def add_audit_flower_parser(sub: Any) -> None:
@@ -43,28 +71,7 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--attack-seed", dest="attack_seed", type=int, default=0, help="the attack's random start")
     f.add_argument("--device", default="cpu", help="device of the attack (cpu | cuda | auto)")
     f.add_argument("--examples", type=int, default=1, help="images per client per round (default 1)")
-    # The clients' local training (torch.optim's meanings, as `gradleak share`'s --local-* flags),
-    # announced in the train config, which the audit reads back and models.
-    f.add_argument("--local-epochs", dest="local_epochs", type=int, default=None,
-                   help="FedAvg local epochs over each client's --examples (default 2; or --local-steps)")
-    f.add_argument("--local-steps", dest="local_steps", type=int, default=None,
-                   help="FedAvg local steps, instead of --local-epochs")
-    f.add_argument("--batch-size", dest="batch_size", type=int, default=None,
-                   help="FedAvg local mini-batch size (default: all --examples)")
-    f.add_argument("--lr", type=float, default=0.01, help="FedAvg local learning rate")
-    f.add_argument("--local-optimizer", dest="local_optimizer", default="sgd",
-                   help="the clients' torch.optim optimizer: sgd | adam | adamw (default sgd)")
-    f.add_argument("--local-momentum", dest="local_momentum", type=float, default=None,
-                   help="SGD momentum (default 0.9 for sgd, 0 otherwise)")
-    f.add_argument("--local-nesterov", dest="local_nesterov", action="store_true", help="SGD Nesterov momentum")
-    f.add_argument("--local-weight-decay", dest="local_weight_decay", type=float, default=5e-4,
-                   help="weight decay (L2 for sgd and adam, decoupled for adamw) (default 5e-4)")
-    f.add_argument("--local-betas", dest="local_betas", default=None, help="adam/adamw betas b1,b2 (default 0.9,0.999)")
-    f.add_argument("--local-eps", dest="local_eps", type=float, default=1e-8, help="adam/adamw eps (default 1e-8)")
-    f.add_argument("--local-augment", dest="local_augment", default="none",
-                   help="the clients' private augmentation: none | flip | crop-flip (default none)")
-    f.add_argument("--local-crop-padding", dest="local_crop_padding", type=int, default=4,
-                   help="crop-flip's zero padding in pixels (default 4)")
+    _add_local_training_flags(f)
     f.add_argument("--model", default="lenet-dlg", help="model (a gradleak model name)")
     f.add_argument("--width", type=int, default=None, help="model width (convnet, mlp; default: the model's)")
     f.add_argument("--image-size", dest="image_size", type=int, default=28, help="input size (default 28)")
@@ -104,31 +111,23 @@ def _attack_names() -> str:
     return " | ".join(IMAGE_ATTACKS)
 
 
-def cmd_audit_flower(args: argparse.Namespace) -> int:
-    from ..catalog import DEFENSES, check, unknown
-    from ..paths import StagedDir, check_output_dir
-    from ..errors import sigterm_as_interrupt
-    from .settings import FederationSettings, check_attack_server
-
-    # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
-    # hidden staging folder beside it (.<out>.partial-..., where audit.csv and runs/ grow as
-    # rounds finish) created just before the federation starts, renamed to --out once the audit is
-    # complete; a failed or interrupted audit leaves nothing (its rerun is the same command).
-    out = check_output_dir(args.out)
+def _attack_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The attack's settings for the audit: its name, seed and device, and the options given."""
     attack: dict[str, Any] = {"attack": args.attack, "seed": args.attack_seed, "device": args.device}
     for key, value in (("iterations", args.iterations), ("lr", args.attack_lr), ("optimizer", args.optimizer),
                        ("dtype", args.dtype), ("preset", args.preset), ("seeds", args.seeds),
                        ("restarts", args.restarts), ("labels", args.labels)):
         if value is not None:
             attack[key] = value
-    settings = FederationSettings(rounds=args.rounds, clients=args.clients, examples=args.examples,
-                                  batch_size=args.batch_size, lr=args.lr, **_local_training(args),
-                                  model=args.model, width=args.width, image_size=args.image_size,
-                                  data_root=args.data_root, seed=args.seed, defense=list(args.defense),
-                                  server=args.server, verbose=args.verbose)
-    # Validate everything (attack name and options included) before anything starts: each bad
-    # value is one line and exit status 2, with no Ray started and no output written. Names and
-    # numbers first, from torch-free tables (a mistake is answered in a fraction of a second).
+    return attack
+
+
+def _check_names_and_numbers(args: argparse.Namespace, settings: FederationSettings) -> None:
+    """audit-flower's names and numbers, from torch-free tables (a mistake is answered in a
+    fraction of a second): ConfigError on the first bad one."""
+    from ..catalog import DEFENSES, check, unknown
+    from .settings import FederationSettings, check_attack_server
+
     check("attack", args.attack)
     if ":" not in args.model:
         check("model", args.model, " or package.module:callable")
@@ -143,6 +142,27 @@ def cmd_audit_flower(args: argparse.Namespace) -> int:
                           f"(got {args.attack_seed})")
     if args.attack_lr is not None and not (math.isfinite(args.attack_lr) and args.attack_lr > 0):
         raise ConfigError(f"audit-flower: --attack-lr must be a positive finite number (got {args.attack_lr})")
+
+
+def cmd_audit_flower(args: argparse.Namespace) -> int:
+    from ..paths import StagedDir, check_output_dir
+    from ..errors import sigterm_as_interrupt
+    from .settings import FederationSettings
+
+    # Like `gradleak attack`, the audit is staged: --out is checked here, the audit writes into a
+    # hidden staging folder beside it (.<out>.partial-..., where audit.csv and runs/ grow as
+    # rounds finish) created just before the federation starts, renamed to --out once the audit is
+    # complete; a failed or interrupted audit leaves nothing (its rerun is the same command).
+    out = check_output_dir(args.out)
+    attack = _attack_options(args)
+    settings = FederationSettings(rounds=args.rounds, clients=args.clients, examples=args.examples,
+                                  batch_size=args.batch_size, lr=args.lr, **_local_training(args),
+                                  model=args.model, width=args.width, image_size=args.image_size,
+                                  data_root=args.data_root, seed=args.seed, defense=list(args.defense),
+                                  server=args.server, verbose=args.verbose)
+    # Validate everything (attack name and options included) before anything starts: each bad
+    # value is one line and exit status 2, with no Ray started and no output written.
+    _check_names_and_numbers(args, settings)
     from .auditor import AuditSettings
     from .example import run_federation
 
