@@ -280,7 +280,8 @@ def run_federation(s: FederationSettings, attack: dict[str, Any], out: str | Pat
     from ..localray import local_ray
 
     settings = AuditSettings(attack=dict(attack), out=out, local_steps=s.steps, local_batch_size=s.batch_size,
-                             local_lr=s.lr, max_batch_size=max(64, s.examples), defenses=tuple(s.defense))
+                             local_lr=s.lr, max_batch_size=max(64, s.examples), defenses=tuple(s.defense),
+                             data_root=s.data_root)
     auditor = LeakageAuditor(model, settings, truth_fn=lambda rnd, client: client_batch(s, int(client), rnd))
     result: dict[str, Any] = {}
     cpus = s.ray_cpus or max(1, min(s.clients, _available_cpus()))

@@ -194,6 +194,77 @@ SPEC = {
 }
 
 
+def _plan(ws: Workspace, opt: ExperimentOptions, grid: list[Client], attacks: list[str],
+          iterations: dict[str, int], design: str, samples: int) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The cells: each client, sample and attack, once per attacker (one cell where both model the
+    same client); the plain-SGD attacker reads the same update with its record stripped."""
+    model, data = opt.model or MODEL, opt.data or DATA
+    plan: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for c in grid:
+        for s in range(samples):
+            fields = client_fields(c, opt.seed + s, data, model)
+            # plain SGD without augmentation: the two attackers model the same client (one cell)
+            plain = None if c.optimizer == "sgd" and c.augment == "none" else plain_sgd_files(ws, c, fields)
+            for a in attacks_of(c, attacks, design):
+                run = dict(**ATTACKS[a], iterations=iterations[a], log_every=max(1, iterations[a] // 10))
+                plan[(*c, "modelled", a, s)] = {**fields, **run}
+                if plain is not None:
+                    plan[(*c, "plain-sgd", a, s)] = dict(update=str(plain[0]), truth=str(plain[1]),
+                                                         seed=fields["seed"], **run)
+    return plan
+
+
+def _rows(opt: ExperimentOptions, grid: list[Client], plan: dict[tuple[Any, ...], dict[str, Any]],
+          cells: dict[Any, CellResult], attacks: list[str], design: str, samples: int) -> list[dict[str, Any]]:
+    """results.csv's rows: every image of every attacked batch, per attacker and attack."""
+    rows: list[dict[str, Any]] = []
+    for c in grid:
+        for s in range(samples):
+            for attacker in ATTACKERS:
+                for a in attacks_of(c, attacks, design):
+                    key = (*c, attacker, a, s)
+                    same = key not in plan
+                    cell = cells[(*c, "modelled", a, s) if same else key]
+                    if cell.ok:
+                        rows += _rows_of(cell, {**c._asdict(), "local_steps": c.epochs * -(-c.local_data // min(
+                            c.local_batch_size, c.local_data)), "attacker": attacker, "attack": a, "sample": s,
+                            "seed": opt.seed + s, "same_as_modelled": same})
+    return rows
+
+
+def _setup(opt: ExperimentOptions, grid: list[Client], attacks: list[str], iterations: dict[str, int],
+           design: str, samples: int, data: str, model: str) -> dict[str, Any]:
+    """results.md's setup: what ran, the design, the attackers and the verdict rule."""
+    return {"data": f"{data} (train split; the project's attacks were tuned on CIFAR-10 and scikit-image photos, "
+                    "not on it); each client's K photos drawn by its seed, labels may repeat",
+            "model": f"{model}, random weights (model seed 0)",
+            "design": design if not opt.batch_sizes else f"{design}, local data {list(opt.batch_sizes)}",
+            "clients": [dict(c._asdict()) for c in grid],
+            "base client": dict(BASE._asdict()), "corners": [dict(c._asdict()) for c in CORNERS],
+            "order control": [dict(c._asdict()) for c in CONTROLS],
+            **({"not run": {" ".join(str(v) for v in c): why for c, why in LEFT_OUT.items()}}
+               if design == "one-factor" else {}),
+            "local training": f"--local-epochs E over the K samples in mini-batches of min(K, local_batch_size) "
+                              f"(local_batch_size {LOCAL_BATCH_SIZE} but in the order control, B = K), reshuffled "
+                              "privately each epoch; optimizers "
+                              + "; ".join(f"{k}: {v}" for k, v in OPTIMIZERS.items())
+                              + "; augmentation crop-flip = random crop (zero padding 4) then a horizontal flip, "
+                                "drawn privately",
+            "attackers": "modelled: the update file's record (optimizer and its constants, epochs, mini-batch, "
+                         "lr); plain-sgd: the same update, its record stripped to "
+                         f"{list(PLAIN_KEYS)} (gradleak's attacker before issue 59); neither knows the order, "
+                         "the augmentation draws or the labels",
+            "attacks": {a: {**ATTACKS[a], "iterations": iterations[a]} for a in attacks},
+            **({"ig": f"only on the clients of E x K <= {IG_MAX_WORK} (see the module: its cost)"}
+               if design == "one-factor" and "ig" in attacks else {}),
+            "worst case": f"rows with attack '{WORST}': per image the highest PSNR (each pairing) over the "
+                          "attacks, and the worst verdict (gradleak/outcome.py's worst)",
+            "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn, client's private "
+                                         "order and augmentation, attack start)",
+            "verdict": f"per image: leaked = PSNR >= {THRESHOLD_DB} dB or recognisable (outcome.py); "
+                       f"{VERDICT_RULE}", "smoke": opt.smoke}
+
+
 @experiment("local-training")
 def local_training(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     _check(opt)
@@ -207,32 +278,10 @@ def local_training(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     grid.sort(key=lambda c: c.epochs * c.local_data)  # the cheapest cells first: an interrupted run has them
     if opt.batch_sizes:
         grid = list(dict.fromkeys(c._replace(local_data=k) for c in grid for k in opt.batch_sizes))
-    plan: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for c in grid:
-        for s in range(samples):
-            fields = client_fields(c, opt.seed + s, data, model)
-            # plain SGD without augmentation: the two attackers model the same client (one cell)
-            plain = None if c.optimizer == "sgd" and c.augment == "none" else plain_sgd_files(ws, c, fields)
-            for a in attacks_of(c, attacks, design):
-                run = dict(**ATTACKS[a], iterations=iterations[a], log_every=max(1, iterations[a] // 10))
-                plan[(*c, "modelled", a, s)] = {**fields, **run}
-                if plain is not None:
-                    plan[(*c, "plain-sgd", a, s)] = dict(update=str(plain[0]), truth=str(plain[1]),
-                                                         seed=fields["seed"], **run)
+    plan = _plan(ws, opt, grid, attacks, iterations, design, samples)
     shown = [k for k in plan if k[5] == "modelled" and k[7] == 0 and k[1] <= 16]
     cells = ws.run(plan, run_folders=shown)
-    rows: list[dict[str, Any]] = []
-    for c in grid:
-        for s in range(samples):
-            for attacker in ATTACKERS:
-                for a in attacks_of(c, attacks, design):
-                    key = (*c, attacker, a, s)
-                    same = key not in plan
-                    cell = cells[(*c, "modelled", a, s) if same else key]
-                    if cell.ok:
-                        rows += _rows_of(cell, {**c._asdict(), "local_steps": c.epochs * -(-c.local_data // min(
-                            c.local_batch_size, c.local_data)), "attacker": attacker, "attack": a, "sample": s,
-                            "seed": opt.seed + s, "same_as_modelled": same})
+    rows = _rows(opt, grid, plan, cells, attacks, design, samples)
     rows += worst_rows(rows)
     by = [*KEY, "attacker", "attack"]
     values = ("psnr_by_label", "psnr", "ssim", "zero_psnr", "prior_psnr")
@@ -246,34 +295,7 @@ def local_training(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                  "label_accuracy", *IMAGE_VERDICT_COLUMNS, "leaked_by", "same_as_modelled", "client_model",
                  "iterations", "wall_seconds"],
         rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, values, images=True),
-        setup={"data": f"{data} (train split; the project's attacks were tuned on CIFAR-10 and scikit-image photos, "
-                       "not on it); each client's K photos drawn by its seed, labels may repeat",
-               "model": f"{model}, random weights (model seed 0)",
-               "design": design if not opt.batch_sizes else f"{design}, local data {list(opt.batch_sizes)}",
-               "clients": [dict(c._asdict()) for c in grid],
-               "base client": dict(BASE._asdict()), "corners": [dict(c._asdict()) for c in CORNERS],
-               "order control": [dict(c._asdict()) for c in CONTROLS],
-               **({"not run": {" ".join(str(v) for v in c): why for c, why in LEFT_OUT.items()}}
-                  if design == "one-factor" else {}),
-               "local training": f"--local-epochs E over the K samples in mini-batches of min(K, local_batch_size) "
-                                 f"(local_batch_size {LOCAL_BATCH_SIZE} but in the order control, B = K), reshuffled "
-                                 "privately each epoch; optimizers "
-                                 + "; ".join(f"{k}: {v}" for k, v in OPTIMIZERS.items())
-                                 + "; augmentation crop-flip = random crop (zero padding 4) then a horizontal flip, "
-                                   "drawn privately",
-               "attackers": "modelled: the update file's record (optimizer and its constants, epochs, mini-batch, "
-                            "lr); plain-sgd: the same update, its record stripped to "
-                            f"{list(PLAIN_KEYS)} (gradleak's attacker before issue 59); neither knows the order, "
-                            "the augmentation draws or the labels",
-               "attacks": {a: {**ATTACKS[a], "iterations": iterations[a]} for a in attacks},
-               **({"ig": f"only on the clients of E x K <= {IG_MAX_WORK} (see the module: its cost)"}
-                  if design == "one-factor" and "ig" in attacks else {}),
-               "worst case": f"rows with attack '{WORST}': per image the highest PSNR (each pairing) over the "
-                             "attacks, and the worst verdict (gradleak/outcome.py's worst)",
-               "samples": samples, "seeds": f"{opt.seed}..{opt.seed + samples - 1} (batch drawn, client's private "
-                                            "order and augmentation, attack start)",
-               "verdict": f"per image: leaked = PSNR >= {THRESHOLD_DB} dB or recognisable (outcome.py); "
-                          f"{VERDICT_RULE}", "smoke": opt.smoke},
+        setup=_setup(opt, grid, attacks, iterations, design, samples, data, model),
         notes=["Every image of every attacked batch is a row, once per attack and once for the worst case over the "
                "attacks; psnr is the oracle's pairing (psnr_oracle_pairing), psnr_by_label the paper's.",
                "Plain SGD without augmentation: both attackers model the same client, so the plain-sgd rows are "
