@@ -19,7 +19,7 @@ case, with its default restarts: a start that stalls is restarted up to 3 times,
 
     nice -n 10 .venv/bin/python benchmarks/local_training.py [--seeds 0,1] [--attack "dlg --stall-restarts 0"]
 
-Writes benchmarks/local_training.json (3-8 minutes a run on one loaded CPU thread).
+Writes benchmarks/local_training.json after every attack (3-28 minutes a run on one loaded CPU thread).
 """
 
 from __future__ import annotations
