@@ -336,27 +336,31 @@ def test_changed_defaults_enter_the_identity_of_cells_that_leave_them_unset():
 
     unset = {k: v for k, v in BASE.items() if k != "iterations"}
     ig = parse_spec({"base": {**unset, "attack": "ig", "model": "convnet"}, "grid": {"seed": [0]}}).cells[0].config
-    assert ig["iterations"] is None and set(changed_defaults(ig)) == {"ig.iterations", "ig.alpha_tv"}
+    assert ig["iterations"] is None and set(changed_defaults(ig)) == {"ig.iterations", "ig.alpha_tv", "ig.epoch_prior"}
     # The store of before hashed the config alone: a cell left at IG's default iterations is not
     # that cell any more (it ran 4800 iterations then, 1000 now); one that names them keeps its id.
     # (the fields it hashed: HASHED_FIELDS; those added since, a new attack's flags, at their default)
     legacy = hashlib.sha256(json.dumps({k: v for k, v in ig.items() if k in HASHED_FIELDS},
                                        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cell_identity(ig) != legacy
+    # IG's epoch prior (2026-12-02) is a change too: a store of before ran IG without it
     named = {**ig, "iterations": 4800, "alpha_tv": 0.1}
-    assert changed_defaults(named) == {}
-    assert cell_identity(named) == hashlib.sha256(json.dumps(
-        {k: v for k, v in named.items() if k in HASHED_FIELDS},
-        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert set(changed_defaults(named)) == {"ig.epoch_prior"}
+    named_all = {**named, "epoch_prior": 0.0}
+    assert changed_defaults(named_all) == {} and cell_identity(named_all) != cell_identity(named)
     # DLG's L-BFGS gained a line search: its cells that leave the optimizer to DLG get new ids
     # (BASE is a DLG cell); one that names the optimizer keeps its id
     dlg = parse_spec({"base": unset, "grid": {"seed": [0]}}).cells[0].config
     assert dlg["iterations"] is None and set(changed_defaults(dlg)) == {"dlg.optimizer"}
     assert changed_defaults({**dlg, "optimizer": "lbfgs"}) == {}
+    named_dlg = {**dlg, "optimizer": "lbfgs"}
+    assert cell_identity(named_dlg) == hashlib.sha256(json.dumps(
+        {k: v for k, v in named_dlg.items() if k in HASHED_FIELDS},
+        sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     # auto without a fallback may run DLG, GradInversion and IG, and its portfolio is itself a change
     auto = {**dlg, "attack": "auto"}
     assert set(changed_defaults(auto)) == {"gradinversion.alpha_g", "gradinversion.alpha_bn", "ig.iterations",
-                                           "ig.alpha_tv", "auto.fallback", "dlg.optimizer", "idlg.optimizer"}
+                                           "ig.alpha_tv", "ig.epoch_prior", "auto.fallback", "dlg.optimizer", "idlg.optimizer"}
     assert set(changed_defaults({**auto, "fallback": "idlg"})) == {"idlg.optimizer"}
 
 

@@ -27,7 +27,8 @@ SPEC = {
     # Data, not history: each tag is hashed into stored sweep cells' identities (sweep/spec.py), so
     # it stays word for word, its date included; a new tag says what changed, not when.
     "changed_defaults": {"iterations": "1000 since 2026-11-26 (4800 before)",
-                         "alpha_tv": "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)"},
+                         "alpha_tv": "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
+                         "epoch_prior": "1.0 since 2026-12-02 (Dimitrov et al.'s epoch dummies; none before)"},
     # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
     "hashed_flags": ["iterations", "lr", "optimizer", "init", "dtype", "restarts", "labels", "alpha_tv"],
 }

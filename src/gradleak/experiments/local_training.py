@@ -301,8 +301,9 @@ def local_training(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
                "Plain SGD without augmentation: both attackers model the same client, so the plain-sgd rows are "
                "the modelled cells' (same_as_modelled = True), not a second run.",
                "The modelled attacker knows the optimizer but not the client's private order across epochs nor its "
-               "augmentation draws (client_model says so: the answer is a lower bound); Dimitrov et al.'s "
-               "epoch-order-invariant prior is not among these attacks."]
+               "augmentation draws (client_model says so: the answer is a lower bound); on a client of "
+               "several epochs IG adds Dimitrov et al.'s per-epoch dummies and epoch prior (--epoch-prior), DLG "
+               "does not."]
         + convergence_notes(cells.values()))
 
 
