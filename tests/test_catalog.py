@@ -57,10 +57,12 @@ def test_catalog_equals_the_registries():
         for field, (kind, required, *_) in declared.get("parameters").items():
             assert (fields[field].default is dataclasses.MISSING) == required and fields[field].type == kind
     assert tuple(SERVERS) == catalog.SERVERS == ("honest", "imprint", "trap")
-    from gradleak.server_spec import INTEGER_PARAMETERS, PARAMETERS
+    from gradleak.server_spec import INTEGER_PARAMETERS, PARAMETERS, ServerSpec
     for name, declared in specs.declarations("server").items():  # each module's SERVER_SPEC, the parser's keys
         assert importlib.import_module(declared.module).SERVER_SPEC == declared.values
-        assert PARAMETERS.get(name, ()) == tuple(declared.get("parameters", ()))
+        assert PARAMETERS.get(name, ()) == tuple(declared.get("parameters", ()))   # derived from the declarations
+        # the parsed spec carries each declared parameter (server_spec.ServerSpec's fields)
+        assert set(declared.get("parameters", ())) <= {f.name for f in dataclasses.fields(ServerSpec)}
         assert set(declared.get("integers", ())) == INTEGER_PARAMETERS & set(PARAMETERS.get(name, ()))
         assert catalog.check("server", name) == name and gradleak_parse(declared.get("example")).name == name
     assert specs.declarations("server")["imprint"].module == "gradleak.models.imprint"

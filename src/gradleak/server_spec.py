@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from .catalog import SERVERS, unknown
 from .errors import ConfigError
 from .paths import one_line
+from .specs import declarations
 
 DEFAULT_BINS = 64
 
-# Each malicious server's parameters (the first one may be given without its key: imprint:64).
-PARAMETERS: dict[str, tuple[str, ...]] = {
-    "imprint": ("bins", "mean", "std", "gain"),
-    "trap": ("rows", "shrink", "rate", "seed", "gain"),
-}
-INTEGER_PARAMETERS = frozenset({"bins", "rows", "seed"})
+# Each malicious server's parameters, as its SERVER_SPEC declares them (the first one may be given
+# without its key: imprint:64), and those that are integers.
+PARAMETERS: dict[str, tuple[str, ...]] = {name: tuple(d.get("parameters")) for name, d in
+                                          sorted(declarations("server").items()) if d.get("parameters")}
+INTEGER_PARAMETERS = frozenset(p for d in declarations("server").values() for p in d.get("integers", ()))
 
 
 @dataclass(frozen=True)
