@@ -28,7 +28,7 @@ SPEC = {
     # it stays word for word, its date included; a new tag says what changed, not when.
     "changed_defaults": {"iterations": "1000 since 2026-11-26 (4800 before)",
                          "alpha_tv": "0.1 x 14 / parameter tensors since 2026-11-25 (0.1 before)",
-                         "epoch_prior": "1.0 since 2026-12-02 (Dimitrov et al.'s epoch dummies; none before)"},
+                         "epoch_prior": "1.0: Dimitrov et al.'s per-epoch dummies and epoch prior (none before)"},
     # the flags every sweep cell identity hashes even unset (gradleak/specs.py); frozen, never extended
     "hashed_flags": ["iterations", "lr", "optimizer", "init", "dtype", "restarts", "labels", "alpha_tv"],
 }
