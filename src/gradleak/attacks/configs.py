@@ -1,6 +1,7 @@
-"""Typed attack configs: one per attack, derived from the attack's own declaration (its module's
-``SPEC``, gradleak/specs.py), a discriminated union on ``attack``, every field resolved before the
-attack starts."""
+"""Typed attack configs, image and text: one per attack, derived from the attack's own declaration
+(its module's ``SPEC``, gradleak/specs.py), a discriminated union on ``attack``, every field
+resolved before the attack starts, by one path for both modalities (resolve_config; what differs
+between them is data: ModalityConfigs)."""
 
 from __future__ import annotations
 
@@ -77,39 +78,106 @@ FLAT_FIELDS = tuple(name for name in flat_flags() if name != "fallback")
 
 @dataclass(frozen=True)
 class Resolution:
-    """What an attack's ``resolve`` may read of the case: whether the update carries the client's
-    BN batch statistics, and the attacked model's (parameter tensors, BN layers), None: the
-    attack's reference model."""
+    """What an image attack's ``resolve`` may read of the case: whether the update carries the
+    client's BN batch statistics, and the attacked model's (parameter tensors, BN layers), None:
+    the attack's reference model. (A text attack's reads text.leak.TextResolution.)"""
 
     bn_statistics_shared: bool
     layers: tuple[int, int] | None
 
 
-def applicable(attack: str) -> tuple[str, ...]:
-    """The flat config fields the image attack ``attack`` reads."""
-    return tuple(f for f in FLAT_FIELDS if f in CONFIGS[attack].spec.flags)
+# The text attacks' typed configs (their SPECs under text/attacks/, read without importing them)
+# and the flat names of their constants, in their declared order.
+TEXT_ATTACK_CONFIGS: dict[str, type[AttackConfigBase]] = {name: make_config_class(spec)
+                                                          for name, spec in attack_specs("text").items()}
+TEXT_FLAT_FIELDS = tuple(dict.fromkeys(f for spec in attack_specs("text").values() for f in spec.flags))
 
 
-def given_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
-    """The attack constants given (not None); a constant with a flat default (``init``) or a
-    switch (``box``) counts as given when it is not that default."""
-    return tuple(name for name in FLAT_FIELDS if values.get(name) is not None
+@dataclass(frozen=True)
+class ModalityConfigs:
+    """What tells one modality's config resolution from another's, as data: the catalog kind
+    its attacks are named by in errors ("text attack": "unknown text attack", "does not apply to
+    text attack 'dlg'"), the prefix of a refused value ("text dlg: lr: ..."), its typed configs
+    by name, and the flat constants a given one is checked against the attack (an image attack
+    refuses a text attack's constant too; a text attack reads only text ones)."""
+
+    kind: str
+    prefix: str
+    configs: Mapping[str, type[AttackConfigBase]]
+    fields: tuple[str, ...]
+
+
+MODALITY_CONFIGS: dict[str, ModalityConfigs] = {
+    "image": ModalityConfigs("attack", "", CONFIGS, FLAT_FIELDS),
+    "text": ModalityConfigs("text attack", "text ", TEXT_ATTACK_CONFIGS, TEXT_FLAT_FIELDS),
+}
+
+
+def config_class(attack: str, modality: str = "image") -> type[AttackConfigBase]:
+    """The typed config class of ``modality``'s attack ``attack`` (UnknownNameError, naming the
+    modality's catalog kind, when there is none)."""
+    found = MODALITY_CONFIGS[modality]
+    if attack not in found.configs:
+        raise unknown(found.kind, attack, found.configs)
+    return found.configs[attack]
+
+
+def applicable(attack: str, modality: str = "image") -> tuple[str, ...]:
+    """The flat config fields ``modality``'s attack ``attack`` reads."""
+    found = MODALITY_CONFIGS[modality]
+    return tuple(f for f in found.fields if f in found.configs[attack].spec.flags)
+
+
+def given_flags(values: Mapping[str, Any], fields: tuple[str, ...] = FLAT_FIELDS) -> tuple[str, ...]:
+    """The attack constants of ``fields`` given (not None); a constant with a flat default
+    (``init``) or a switch (``box``) counts as given when it is not that default."""
+    return tuple(name for name in fields if values.get(name) is not None
                  and values[name] != FLAT_DEFAULTS.get(name, False if isinstance(values[name], bool) else None))
 
 
-def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...]) -> None:
-    """ConfigError for the first attack constant given that ``attack`` does not read."""
-    for name in given_flags(values):
+def check_flags(attack: str, values: Mapping[str, Any], known: tuple[str, ...], modality: str = "image") -> None:
+    """ConfigError for the first attack constant given that ``modality``'s attack ``attack`` does
+    not read."""
+    found = MODALITY_CONFIGS[modality]
+    for name in given_flags(values, found.fields):
         if name not in known:
-            raise ConfigError(f"option --{name.replace('_', '-')} does not apply to attack {attack!r}")
+            raise ConfigError(f"option --{name.replace('_', '-')} does not apply to {found.kind} {attack!r}")
+
+
+def resolve_config(modality: str, values: Mapping[str, Any], resolution: Any, *, model: str | None = None) -> Any:
+    """The typed, resolved config of ``modality``'s attack ``values["attack"]`` from the flat
+    config values (None: not given), the one path of both modalities: a constant the attack does
+    not read is refused; each constant is the one given, else the attacked ``model``'s default
+    (its SPEC's model_defaults: the text attacks'; None: the first model's), else the flag's own
+    default; then the attack's ``resolve(values, resolution)`` fills what depends on the case
+    (``resolution``: the modality's Resolution or TextResolution). A value out of range is a
+    ConfigError naming the attack and the field."""
+    found = MODALITY_CONFIGS[modality]
+    attack = str(values.get("attack"))
+    cls = config_class(attack, modality)
+    known = applicable(attack, modality)
+    check_flags(attack, values, known, modality)
+    spec = cls.spec
+    given = {**spec.defaults_for(model or ""), **{k: values[k] for k in given_flags(values, found.fields) if k in known},
+             "seed": int(values.get("seed", 0))}
+    try:
+        if spec.resolve:  # the attack fills the defaults that depend on the case
+            # spec.module names a file of gradleak's own attack packages (specs.attack_specs), never a
+            # name read from a run's input: ``attack`` was checked against the modality's configs above
+            given = importlib.import_module(spec.module).resolve(given, resolution)
+        return cls(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"{found.prefix}{attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
 def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
                    portfolio: tuple[str, ...] | None = None,
                    layers: tuple[int, int] | None = None) -> Any:
     """The typed, fully resolved config of the image attack ``values["attack"]`` from the flat
-    config values (None: the attack's default). ``bn_statistics_shared``: whether the update
-    carries the client's BN batch statistics (GradInversion's default BN prior follows it).
+    config values (None: the attack's default), by resolve_config. ``bn_statistics_shared``:
+    whether the update carries the client's BN batch statistics (GradInversion's default BN prior
+    follows it).
     ``portfolio``: for attack "auto", the optimisation attacks it runs when no closed form explains
     the update (the case chooses them: attacks.auto.auto_portfolio; ``values["fallback"]``, when
     given, narrows it to that one attack); each member reads the flags given that apply to it, and
@@ -118,27 +186,12 @@ def resolve_attack(values: Mapping[str, Any], *, bn_statistics_shared: bool,
     may scale its defaults to (GradInversion's preset alphas, IG's alpha_TV); None: the reference
     model."""
     attack = str(values.get("attack"))
-    if attack not in CONFIGS:
-        raise unknown("attack", attack, CONFIGS)
+    config_class(attack)  # an unknown name before anything else
     if values.get("fallback") is not None and attack != "auto":
         raise ConfigError(f"option --fallback applies to attack 'auto', not to {attack!r}")
     if attack == "auto":
         return _resolve_auto(values, bn_statistics_shared, portfolio, layers)
-    known = applicable(attack)
-    check_flags(attack, values, known)
-    given = {k: values[k] for k in given_flags(values) if k in known}
-    given["seed"] = int(values.get("seed", 0))
-    spec = CONFIGS[attack].spec
-    try:
-        if spec.resolve:  # the attack fills the defaults that depend on the case
-            # spec.module names a file of gradleak's own attack package (specs.attack_specs), never a
-            # name read from a run's input: ``attack`` was checked against CONFIGS above
-            module = importlib.import_module(spec.module)
-            given = module.resolve(given, Resolution(bn_statistics_shared, layers))
-        return CONFIGS[attack](**given)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"{attack}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+    return resolve_config("image", values, Resolution(bn_statistics_shared, layers))
 
 
 def _resolve_auto(values: Mapping[str, Any], bn_statistics_shared: bool, portfolio: tuple[str, ...] | None,
@@ -159,13 +212,7 @@ def _resolve_auto(values: Mapping[str, Any], bn_statistics_shared: bool, portfol
     return AutoConfig(seed=int(values.get("seed", 0)), portfolio=tuple(members))  # type: ignore[arg-type]
 
 
-def config_class(attack: str) -> type[AttackConfigBase]:
-    """The typed config class of image attack ``attack`` (UnknownNameError when there is none)."""
-    if attack not in CONFIGS:
-        raise unknown("attack", attack, CONFIGS)
-    return CONFIGS[attack]
-
-
 __all__ = ["AttackConfigBase", "AutoConfig", "CLOSED_FORM", "CONFIGS", "FLAT_FIELDS", "IMAGE_ATTACK_CONFIGS",
-           "ImageAttackConfig", "OPTIMISATION", "OptimisationConfig", "Resolution", "applicable", "check_flags",
-           "config_class", "given_flags", "make_config_class", "resolve_attack"]
+           "ImageAttackConfig", "MODALITY_CONFIGS", "ModalityConfigs", "OPTIMISATION", "OptimisationConfig", "Resolution",
+           "TEXT_ATTACK_CONFIGS", "TEXT_FLAT_FIELDS", "applicable", "check_flags", "config_class", "given_flags",
+           "make_config_class", "resolve_attack", "resolve_config"]
