@@ -249,7 +249,7 @@ def test_attack_records_the_threads_it_chose_for_a_busy_machine(tmp_path, monkey
         assert main(["attack", "--iterations", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
         out = capsys.readouterr()
         assert "note: 2.0 of 2 cores busy" in out.out.splitlines()[-1] and "note" not in out.err  # after the results
-        assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1
+        assert json.loads((tmp_path / "r" / "config.json").read_text())["run"]["threads"] == 1
         # given --threads: never measured, never changed
         monkeypatch.setattr(runtime, "threads_on_busy_machine", lambda: pytest.fail("measured although given"))
         assert main(["attack", "--iterations", "2", "--no-progress", "--threads", "1",

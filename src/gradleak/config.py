@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from .catalog import IMAGE_ATTACKS, TEXT_ATTACKS
 from .errors import ConfigError, GradleakError, InputFileError
 from .paths import MAX_JSON_DEPTH, check_tree, name_max, one_line, read_text_file
+from .server_spec import server_usage
 
 # The largest seed: torch's generators take seeds below 2**64, and the attacks and clients add
 # offsets to the seed they are given (restarts, trials, noise streams, clients), so one bit is
@@ -81,9 +82,8 @@ class _RunConfig(BaseModel):
     clients: int = Field(1, ge=1, le=1024, description="aggregate: clients averaged (each --batch-size)")
     inner: Literal["fedsgd", "fedavg"] = Field("fedsgd", description="aggregate: what each client runs")
     checkpoint: str | None = Field(None, description="attack a model checkpoint (safetensors, from gradleak train)")
-    server: str = Field("honest", description="what the server sends the client: honest | imprint[:bins=N,mean=M,"
-                        "std=S,gain=G] (a malicious server's imprint block, Fowl et al. 2022) | trap[:rows=N,"
-                        "shrink=A|rate=R,seed=S,gain=G] (trap weights, Boenisch et al. 2023)")
+    server: str = Field("honest", description=f"what the server sends the client: {server_usage()} (N an integer, X a "
+                        "number; `gradleak list` says what each server does)")
     defense: list[str] = Field(default_factory=list, description="defense spec, repeatable (e.g. gaussian:1e-3)")
     text: list[str] = Field(default_factory=list, description="text: one sentence of the client's data, repeatable")
     # the attack: its constants are flags too, derived from the attacks' declarations (specs.py,
@@ -277,6 +277,64 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- config.json: the run and its attack
+# A run folder's config.json holds two parts: "run", the run's own fields (what was attacked, how it
+# ran), and "attack", the typed attack config that ran (attacks/configs.py, every constant resolved;
+# auto's holds its portfolio). The flat attack fields exist only for argparse and sweep specs:
+# flat_config turns the record back into them for --config and the dashboard.
+RECORD_PARTS = ("run", "attack")
+
+
+def attack_side_fields() -> frozenset[str]:
+    """The flat fields the attack config carries: its name and every attack constant (specs.flat_flags)."""
+    from .specs import flat_flags
+
+    return frozenset({"attack", *flat_flags()})
+
+
+def record_json(cfg: BaseModel, attack: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a run: ``cfg``'s run fields and ``attack``, the typed config that ran (a JSON dump)."""
+    side = attack_side_fields()
+    return {"run": {k: v for k, v in cfg.model_dump(mode="json").items() if k not in side}, "attack": attack}
+
+
+def flat_config(raw: dict[str, Any], shown: str = "config") -> dict[str, Any]:
+    """The flat fields of a config.json (``record_json``'s two parts; a flat record, as older runs
+    wrote, is returned as it is). The attack's constants become flags again; of auto's portfolio,
+    a member's name is the flag naming it (one member) and a constant every member that reads it
+    holds at one value is that flag (several): re-resolving them gives the same members."""
+    if set(raw) != set(RECORD_PARTS):
+        return raw
+    run, attack = raw["run"], raw["attack"]
+    if not isinstance(run, dict) or not isinstance(attack, dict):
+        raise ConfigError(f"{shown}: \"run\" and \"attack\" must hold JSON objects")
+    clash = sorted(attack_side_fields() & set(run))
+    if clash:
+        raise ConfigError(f"{shown}: {one_line(repr(clash[0]), 80)} belongs under \"attack\", not \"run\"")
+    return {**run, **_flat_attack(attack, shown)}
+
+
+def _flat_attack(attack: dict[str, Any], shown: str) -> dict[str, Any]:
+    from .specs import member_flags
+
+    constants = {k: v for k, v in attack.items() if k not in ("seed", "portfolio")}
+    members = attack.get("portfolio")
+    if members is None:
+        return constants
+    if not isinstance(members, list) or not members or not all(isinstance(m, dict) for m in members):
+        raise ConfigError(f"{shown}: the attack's \"portfolio\" must be a list of attack configs")
+    if len(members) == 1:
+        one = {k: v for k, v in members[0].items() if k not in ("attack", "seed")}
+        return {**one, **constants, **dict.fromkeys(member_flags(), members[0].get("attack"))}
+    values: dict[str, list[Any]] = {}
+    for member in members:
+        for k, v in member.items():
+            if k not in ("attack", "seed"):
+                values.setdefault(k, []).append(v)
+    shared = {k: vs[0] for k, vs in values.items() if all(v == vs[0] for v in vs)}
+    return {**shared, **constants}
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a config.json (as saved in a run folder) as a dict of fields; validated later."""
     p = Path(path)
@@ -299,4 +357,4 @@ def load_config(path: str | Path) -> dict[str, Any]:
     # A run folder's config.json stores the resolved config under "config" next to provenance.
     if "config" in raw and isinstance(raw["config"], dict):
         raw = raw["config"]
-    return raw
+    return flat_config(raw, f"config file {shown}")

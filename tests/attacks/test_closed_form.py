@@ -156,7 +156,7 @@ def test_auto_uses_the_closed_form_attack_that_applies(model, used, tmp_path, ca
     assert tried["imprint"]["applies"] is False and "imprint block" in tried["imprint"]["why"]
     assert f"auto: used {used}" in capsys.readouterr().out
     assert f"<b>auto</b> used {used}" in (out / "report.html").read_text()
-    assert json.loads((out / "config.json").read_text())["attack"] == "auto"
+    assert json.loads((out / "config.json").read_text())["attack"]["attack"] == "auto"
 
 
 def test_auto_falls_back_to_optimisation_and_says_why(tmp_path):
@@ -188,7 +188,7 @@ def test_the_default_job_is_auto_and_ends_below_the_dlg_papers_mse(tmp_path, cap
     out = tmp_path / "default"
     assert main(["attack", *FAST, "--out", str(out)]) == 0
     m = _metrics(out)
-    assert json.loads((out / "config.json").read_text())["attack"] == "auto"
+    assert json.loads((out / "config.json").read_text())["attack"]["attack"] == "auto"
     assert m["attack"] == "rgap" and m["auto"]["used"] == "rgap" and m["converged"] is True
     assert m["mse_mean"] <= 3.3e-6 and m["label_accuracy"] == 1.0, m["mse_mean"]
     assert "auto: used rgap" in capsys.readouterr().out
@@ -206,7 +206,7 @@ def test_imprint_server_through_an_update_file(tmp_path, capsys):
     m = _metrics(out)
     assert m["attack"] == "imprint" and m["separated"] >= 2
     assert sum(p["psnr"] >= 40 for p in m["per_image"]) >= 2
-    cfg = json.loads((out / "config.json").read_text())
+    cfg = json.loads((out / "config.json").read_text())["run"]
     assert cfg["server"].startswith("imprint:bins=32,")           # the file decided it, resolved
     capsys.readouterr()
     # a flag that contradicts the file is refused; one that agrees is accepted
@@ -240,7 +240,7 @@ def test_auto_keeps_the_imprint_answer_when_a_collision_keeps_it_from_being_exac
     assert m["attack"] == "imprint" and m["converged"] is False
     assert sum(p["psnr"] >= 60 for p in m["per_image"]) >= 2
     assert "shared a bin" in m["convergence"]["reason"]
-    assert json.loads((out / "config.json").read_text())["server"].startswith("imprint:bins=8,mean=")
+    assert json.loads((out / "config.json").read_text())["run"]["server"].startswith("imprint:bins=8,mean=")
 
 
 def test_server_parsing_and_text_refusal():

@@ -155,7 +155,7 @@ def test_cpa_through_the_cli(tmp_path):
                  "--allow-repeats", *FAST, "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["attack"] == "cpa" and m["components"] == 32 and m["iterations"] == 0
-    assert json.loads((out / "config.json").read_text())["attack"] == "cpa"
+    assert json.loads((out / "config.json").read_text())["attack"]["attack"] == "cpa"
 
 
 def test_auto_ends_with_cpa_where_analytic_cannot_separate_the_batch(tmp_path):

@@ -500,7 +500,7 @@ def test_box_is_a_gradinversion_flag_only(tmp_path, capsys):
     assert not (tmp_path / "ig").exists()
     assert main([*base, "--attack", "gradinversion", "--seeds", "1", "--box", "--out", str(tmp_path / "gi")]) == 0
     import json
-    assert json.loads((tmp_path / "gi" / "config.json").read_text())["box"] is True
+    assert json.loads((tmp_path / "gi" / "config.json").read_text())["attack"]["box"] is True
 
 
 def test_box_leaves_the_identity_of_earlier_cells_alone():

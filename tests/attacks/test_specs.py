@@ -167,7 +167,7 @@ def test_dropping_a_module_into_attacks_adds_an_attack(tmp_path):
     assert ran.returncode in (0, 1), ran.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["attack"] == "grey" and metrics["verdict"] == "inconclusive"   # 1.0 is above its 0.5 line
-    assert json.loads((out / "config.json").read_text())["level"] == 0.3   # recorded with the run
+    assert json.loads((out / "config.json").read_text())["attack"]["level"] == 0.3   # recorded with the run
 
 
 ECHO = '''"""A text attack added by dropping this file into text/attacks/ (tests/attacks/test_specs.py)."""
@@ -223,7 +223,7 @@ def test_dropping_a_module_into_text_attacks_adds_a_text_attack(tmp_path):
     assert ran.returncode in (0, 1), ran.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["attack"] == "echo" and len(metrics["recovered_sentences"][0].split()) == 3
-    assert json.loads((out / "config.json").read_text())["copies"] == 3   # recorded with the run
+    assert json.loads((out / "config.json").read_text())["attack"]["copies"] == 3   # recorded with the run
 
 
 SCALE = '''

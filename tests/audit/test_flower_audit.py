@@ -16,6 +16,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 # Ray's settings (loopback only, no probes) are gradleak.localray's, set by the code under test.
 
+from gradleak.config import flat_config
 from gradleak.audit import AuditSettings, FedAvgKeys, LeakageAuditor  # noqa: E402
 from gradleak.audit.example import (FederationSettings, build_example_model, client_batch,  # noqa: E402
                                     local_training)
@@ -140,7 +141,7 @@ def test_auditor_scores_after_the_attack_and_logs_rows(tmp_path, monkeypatch):
     assert m["label_accuracy"] == 1.0 and m["psnr_mean"] == row["psnr_mean"] and m["data"] == batch.source
     assert m["audit"] == {"round": 1, "client": "0", "node_id": "", "update_norm": m["audit"]["update_norm"],
                           "attack_seconds": m["audit"]["attack_seconds"]} and m["audit"]["update_norm"] > 0
-    config = json.loads((run / "config.json").read_text())
+    config = flat_config(json.loads((run / "config.json").read_text()))
     assert (config["attack"], config["threat"], config["batch_size"], config["local_lr"]) == ("idlg", "fedavg", 1, 0.05)
     assert config["out"] == row["run"]
     skipped = auditor.audit(1, "1", g, c, num_examples=1000, threat=threat)      # too many examples to attack

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gradleak.config import flat_config
 from gradleak.cli import main
 
 FAST = ["--attack", "idlg", "--iterations", "12", "--no-progress", "--threads", "1"]
@@ -71,7 +72,7 @@ def test_run_folder_contents_and_rerun_from_config(shared, tmp_path, capsys):
         assert m["lpips_notice"] and "LPIPS not computed" in stdout
     rows = (out / "history.csv").read_text().splitlines()
     assert rows[0] == "iteration,loss,psnr" and len(rows) == 13
-    cfg = json.loads((out / "config.json").read_text())
+    cfg = json.loads((out / "config.json").read_text())["attack"]
     assert cfg["iterations"] == 12 and cfg["optimizer"] == "lbfgs"  # resolved, not None
     code, _, err = run_cli(["attack", "--config", out / "config.json", "--out", tmp_path / "again"], capsys)
     assert code == 0, err
@@ -210,7 +211,7 @@ def test_run_records_what_ran(attack, tmp_path, capsys):
     metrics.json's settings every constant (alphas included); --config reruns it identically."""
     args = ["attack", "--attack", *attack, "--iterations", "4", "--no-progress", "--threads", "1"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
-    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    cfg = flat_config(json.loads((tmp_path / "a" / "config.json").read_text()))
     settings = json.loads((tmp_path / "a" / "metrics.json").read_text())["settings"]
     assert all(cfg[k] is not None for k in ("lr", "optimizer", "dtype", "labels", "iterations"))
     if attack[0] == "gradinversion":

@@ -177,7 +177,7 @@ def _finished_equal(a: Path, b: Path) -> None:
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     ca, cb = (json.loads((p / "config.json").read_text()) for p in (a, b))
     for c in (ca, cb):
-        c.pop("out"), c.pop("checkpoint_every")
+        c["run"].pop("out"), c["run"].pop("checkpoint_every")
     assert ca == cb
 
 

@@ -109,7 +109,7 @@ def test_distance_is_a_gradinversion_flag_only(tmp_path, capsys):
     assert "option --distance does not apply to attack 'ig'" in capsys.readouterr().err
     assert main([*base, "--attack", "gradinversion", "--seeds", "1", "--distance", "cosine",
                  "--out", str(tmp_path / "gi")]) == 0
-    assert json.loads((tmp_path / "gi" / "config.json").read_text())["distance"] == "cosine"
+    assert json.loads((tmp_path / "gi" / "config.json").read_text())["attack"]["distance"] == "cosine"
 
 
 def test_distance_leaves_the_identity_of_earlier_cells_alone():
@@ -149,7 +149,7 @@ def test_gradient_loss_smoke(tmp_path):
     # the l2 cells leave the flag unset (the other experiments' cells); the cosine cells set it
     cells = list(csv.DictReader((folder / "cells" / "results.csv").open()))
     assert sorted(c["distance"] or "unset" for c in cells) == ["cosine", "cosine", "unset", "unset"]
-    recorded = [json.loads(p.read_text()) for p in (folder / "cells" / "runs").glob("*/config.json")]
+    recorded = [json.loads(p.read_text())["attack"] for p in (folder / "cells" / "runs").glob("*/config.json")]
     assert sorted(c["distance"] for c in recorded) == ["cosine", "cosine", "l2", "l2"]   # resolved
     md = (folder / "results.md").read_text()
     assert "paper (ResNet-50, ImageNet)" in md and "5.965" in md and "3.835" in md

@@ -143,7 +143,7 @@ def test_two_processes_match_one(group, seeds, tmp_path):
     assert torch.equal(saved["candidates"], b.candidates) and torch.equal(saved["images"], b.images)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2 and metrics["best_seed"] == best
-    assert json.loads((out / "config.json").read_text())["nproc"] == 2
+    assert json.loads((out / "config.json").read_text())["run"]["nproc"] == 2
 
 
 def test_seed_shard_splits():

@@ -64,7 +64,7 @@ def test_text_sigterm_then_resume_gives_the_uninterrupted_run(tmp_path, capsys, 
 
 def test_text_config_records_the_resolved_attack_and_reruns(tmp_path, capsys):
     assert main([*TEXT, "--out", str(tmp_path / "a")]) == 0
-    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())["attack"]   # the typed config that ran
     settings = json.loads((tmp_path / "a" / "metrics.json").read_text())["settings"]
     # every field the text attack read is resolved and recorded (the model's defaults filled in)
     assert (cfg["iterations"], cfg["lr"], cfg["optimizer"], cfg["dtype"], cfg["labels"]) == (30, 0.1, "adam",

@@ -443,7 +443,7 @@ def test_update_run_records_what_the_file_stands_for(tmp_path, capsys):
                  "--batch-size", "2", "--out", str(u), "--truth", str(tmp_path / "t.safetensors")]) == 0
     assert main(["attack", *FAST, "--update", str(u), "--truth", str(tmp_path / "t.safetensors"),
                  "--model", "convnet", "--out", str(tmp_path / "a")]) == 0
-    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())["run"]
     assert (cfg["model"], cfg["width"], cfg["batch_size"], cfg["threat"], cfg["local_steps"]) == \
         ("convnet", 8, 2, "fedavg", 2)
     assert main(["attack", "--config", str(tmp_path / "a" / "config.json"), "--out", str(tmp_path / "b")]) == 0

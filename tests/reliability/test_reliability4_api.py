@@ -70,7 +70,7 @@ def test_run_applies_the_cli_thread_policy(busy_machine, threads_seen, tmp_path)
     cfg = make_config(attack="idlg", iterations=1, progress=False, paper_metrics=False, out=str(out))
     run(cfg)
     assert threads_seen == [1]
-    assert json.loads((out / "config.json").read_text())["threads"] == 1
+    assert json.loads((out / "config.json").read_text())["run"]["threads"] == 1
     assert torch.get_num_threads() == 2
     assert cfg.threads is None  # the caller's config is not changed
 
@@ -80,7 +80,7 @@ def test_cli_and_api_decide_alike(busy_machine, tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["attack", *FAST, "--out", str(out)]) == 0
     assert "1 torch thread instead of 2" in capsys.readouterr().out
-    assert json.loads((out / "config.json").read_text())["threads"] == 1
+    assert json.loads((out / "config.json").read_text())["run"]["threads"] == 1
 
 
 class Stopped(Exception):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import refused
+from gradleak.config import flat_config
 from gradleak.cli import main
 
 FAST = ["--no-progress", "--threads", "1", "--no-paper-metrics"]
@@ -139,12 +140,12 @@ def text_update(tmp_path_factory) -> Path:
 def _text_truth(path: Path, tokens: int) -> Path:
     import torch
 
-    from gradleak.text.client import save_text_truth
+    from gradleak.fl import save_truth
     from gradleak.text.data import TextBatch
 
     ids = torch.full((1, tokens), 1000, dtype=torch.long)
     ids[0, 0], ids[0, -1] = 101, 102
-    save_text_truth(TextBatch(sentences=("x",), input_ids=ids, attention_mask=torch.ones_like(ids),
+    save_truth(TextBatch(sentences=("x",), input_ids=ids, attention_mask=torch.ones_like(ids),
                               labels=torch.zeros(1, dtype=torch.long)), path)
     return path
 
@@ -178,11 +179,11 @@ def test_a_preset_run_on_an_update_file_reruns_from_its_config(tmp_path, capsys)
     first, second = tmp_path / "a", tmp_path / "b"
     assert main(["attack", "--update", str(update), "--preset", "imagenet", "--iterations", "2", *FAST,
                  "--out", str(first)]) == 0
-    recorded = json.loads((first / "config.json").read_text())
+    recorded = flat_config(json.loads((first / "config.json").read_text()))
     assert recorded["preset"] == "imagenet" and recorded["attack"] == "gradinversion"
     assert recorded["data"] != "imagenet-samples" and recorded["model"] == "lenet-dlg"   # the file's, not the preset's
     assert main(["attack", "--config", str(first / "config.json"), "--out", str(second)]) == 0
-    again = json.loads((second / "config.json").read_text())
+    again = flat_config(json.loads((second / "config.json").read_text()))
     assert {k: v for k, v in again.items() if k != "out"} == {k: v for k, v in recorded.items() if k != "out"}
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (first, second))
     assert a["relative_gradient_distance"] == b["relative_gradient_distance"]

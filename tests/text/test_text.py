@@ -263,7 +263,7 @@ def test_cli_run_folder(tmp_path, capsys):
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; co" in html and "<b>bold" not in html
     assert "Content-Security-Policy" in html and "<script" not in html and "http" not in html.lower().replace(
         "http-equiv", "")
-    cfg = json.loads((out / "config.json").read_text())
+    cfg = json.loads((out / "config.json").read_text())["run"]
     assert cfg["modality"] == "text" and cfg["model"] == "tiny-transformer" and cfg["text"] == ["<b>bold</b> & co"]
     # the saved config reruns to the same numbers
     code, _, err = run_cli(["attack", "--config", out / "config.json", "--out", tmp_path / "again"], capsys)

@@ -297,7 +297,8 @@ class LeakageAuditor:
         config = recorded_config(self.cfg, case, attack, Path(rel)).model_copy(
             update={**update_file_values(self.cfg, case.update.meta), "data": case.data})
         try:
-            write_run(self.out / RUNS / name, config, case, result.reconstruction, metrics, result.history)
+            write_run(self.out / RUNS / name, config, case, result.reconstruction, metrics, result.history,
+                      attack=attack)
         except BaseException:
             with self._lock:
                 self._claimed.discard(name)

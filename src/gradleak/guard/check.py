@@ -268,7 +268,8 @@ class _Guard:
         metrics["guard"] = {"name": self.name, "stage": stage, "policy": self.policy.to_dict()}
         config = recorded_config(self.cfg, case, attack, folder).model_copy(
             update={**update_file_values(self.cfg, case.update.meta), "data": case.data})
-        write_run(folder, config, case, result.reconstruction, metrics, result.history)
+        write_run(folder, config, case, result.reconstruction, metrics, result.history,
+                  attack=attack)
         return folder.name
 
     # -- decisions

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import __version__
+from ..config import record_json
 from ..engine.checkpoints import state_dir_for
 from ..paths import StagedDir
 from ..runtime import allocator, cpu_model
@@ -81,12 +82,15 @@ def history_csv(history: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
 
 def write_run(out: Path, cfg: "AttackConfig", case: "Case", recon: Any, metrics: dict[str, Any],
-              history: list[dict[str, Any]], *, stage: StagedDir | None = None) -> Path:
-    """Write the run folder ``out`` (staged, then renamed into place) and return it."""
+              history: list[dict[str, Any]], *, attack: Any, stage: StagedDir | None = None) -> Path:
+    """Write the run folder ``out`` (staged, then renamed into place) and return it. Its
+    config.json holds ``cfg``'s run fields and ``attack``, the typed attack config that ran
+    (config.record_json)."""
     stage = stage if stage is not None else StagedDir(out)
     tmp = stage.path
     try:
-        (tmp / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+        record = record_json(cfg, attack.model_dump(mode="json"))
+        (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         (tmp / "history.csv").write_text(history_csv(history, case.history_columns))
         case.write_files(tmp, recon)
         (tmp / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=2, ensure_ascii=False) + "\n")

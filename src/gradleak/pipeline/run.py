@@ -118,7 +118,7 @@ def _run(cfg: AttackConfig, *, write: bool, resume: Path | str | None, shard: Se
             result.metrics = with_control(cfg, case, result.metrics, device)
         if write:
             result.run_dir = write_run(out, recorded_config(cfg, case, attack, out), case, result.reconstruction,
-                                       result.metrics, result.history, stage=stage)
+                                       result.metrics, result.history, attack=attack, stage=stage)
             shutil.rmtree(state_dir, ignore_errors=True)  # finished: the run folder has everything
         return result
     except BaseException:
@@ -164,17 +164,10 @@ def attack_case(cfg: AttackConfig, case: Case, *, session: Session | None = None
 
 
 def recorded_config(cfg: AttackConfig, case: Case, attack: Any, out: Path) -> AttackConfig:
-    """config.json: the flat config with what the case stands for (an update file's values, the
-    model a default resolved to) and every resolved constant of the attack that ran."""
-    dumped = attack.model_dump()
-    portfolio = dumped.pop("portfolio", None)
-    if isinstance(portfolio, list) and len(portfolio) == 1:  # auto with one member: its constants as flat flags
-        inner = portfolio[0]   # and its name as the flag that names the member (specs.member_flags)
-        dumped = {**{k: v for k, v in inner.items() if k != "attack"}, **dumped,
-                  **dict.fromkeys(member_flags(), inner["attack"])}
-    # (several members: each resolves its own defaults again from the flags given, which cfg holds)
-    resolved = {k: v for k, v in dumped.items() if k in AttackConfig.model_fields}
-    return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg), **resolved})
+    """config.json's run part: the flat config with what the case stands for (an update file's
+    values, the model a default resolved to). Its attack part is ``attack``, the typed config
+    that ran, every constant resolved (record.write_run, config.record_json)."""
+    return cfg.model_copy(update={"out": str(out), **case.recorded_config(cfg)})
 
 
 def run_metrics(cfg: AttackConfig, case: Case, attack: Any, recon: Any, session: Session,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gradleak.errors import DataError
+from gradleak.config import flat_config
+from gradleak.errors import ConfigError, DataError
 from gradleak.paths import one_line
 from gradleak.report.dashboard.data import (AUDIT_NUMERIC, AUDIT_REQUIRED, AUDIT_RUN, EXPERIMENT_CELLS, MAX_AUDIT_BYTES,
                                             RUN_IMAGE, Cell, Item, RunCell, Source, StoreAccess, attacked_fields,
@@ -326,6 +327,11 @@ def load_runs(folder: Path, scan: RunScan) -> Source:
         config = files.read(run / "config.json", required=False)
         if isinstance(config, dict) and isinstance(config.get("config"), dict):
             config = config["config"]
+        if isinstance(config, dict):   # its run and attack parts, as flat fields
+            try:
+                config = flat_config(config, one_line(str(run / "config.json")))
+            except ConfigError as exc:
+                raise DataError(str(exc)) from None
         if not isinstance(metrics, dict):
             raise DataError(f"{run / 'metrics.json'} does not hold a JSON object")
         config = config if isinstance(config, dict) else {k: metrics.get(k) for k in ("attack", "model", "data")}
