@@ -229,7 +229,7 @@ def test_one_truth_header_check_for_images_and_text(tmp_path):
     save_truth(Batch(images=torch.rand(1, 3, 8, 8), labels=torch.tensor([1])), tmp_path / "t.safetensors")
     assert load_truth(tmp_path / "t.safetensors").labels.tolist() == [1]
     pytest.importorskip("tokenizers")
-    from gradleak.text.client import load_text_truth
+    import gradleak.text.client  # noqa: F401  registers the text modality's files
 
     with pytest.raises(UpdateFileError, match="is not a gradleak text truth file"):
-        load_text_truth(tmp_path / "t.safetensors")
+        load_truth(tmp_path / "t.safetensors", modality="text")

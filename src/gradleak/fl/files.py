@@ -1,13 +1,14 @@
-"""Reading and writing shared updates and truth files (safetensors + JSON metadata), without
-executing code, every declared shape checked against the model before a tensor is loaded."""
+"""Reading and writing shared updates and truth files (safetensors + JSON metadata) of every
+modality through one API, without executing code, every declared shape checked against the
+model before a tensor is loaded. A modality's own parts are its :class:`UpdateFiles` hooks."""
 
 from __future__ import annotations
 
 import json
 import struct
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import torch
 from pydantic import TypeAdapter, ValidationError
@@ -15,7 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from ..data.batch import Batch
-from ..errors import ConfigError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError, UpdateFileError
+from ..errors import (ConfigError, GradleakError, InputFileError, ModelMismatchError, NonFiniteError, UnknownNameError,
+                      UpdateFileError)
 from ..models import ModelSpec, build_model, model_shapes
 from ..paths import atomic_write_files, check_input_file, loads_json, one_line
 from .threats import ThreatModel
@@ -26,9 +28,80 @@ _MAX_HEADER = 64 * 1024 * 1024
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
+# ---------------------------------------------------------------- the modalities' hooks
+@dataclass(frozen=True, eq=False)
+class UpdateFiles:
+    """One modality's update and truth files: what the shared reading and writing code cannot
+    know. The image modality's is :data:`IMAGE_FILES`; another modality's module registers its
+    own (:func:`register_update_files`) when it is imported.
+
+    update_format, truth_format: the metadata ``format`` of its update and truth files.
+    update_name, version_name:   how errors name its update ("not a gradleak {update_name}",
+                                 "unsupported {version_name} format version").
+    check_meta:     (meta, path): UpdateFileError for metadata it cannot hold (after validation).
+    build_model:    (handle, path, meta, user_model) -> (what load_update returns as the model,
+                    its nn.Module), built from the metadata alone (no tensor read yet).
+    bn_statistics:  its updates may hold ``bn/<layer>/mean|var`` tensors.
+    batch_type, truth_record: its truth batch class; batch -> (tensors, metadata but ``format``).
+    truth_kind, truth_keys, truth_holds: "not a gradleak {truth_kind} file", the exact tensors of
+                    a truth file, and how the error says so.
+    read_truth:     (path, handle, metadata, meta or None, model or None) -> batch, the header
+                    format and tensor names already checked.
+    """
+
+    modality: str
+    update_format: str
+    truth_format: str
+    update_name: str
+    version_name: str
+    check_meta: Callable[[UpdateMeta, Path], None]
+    build_model: Callable[[Any, Path, UpdateMeta, str | None], tuple[Any, torch.nn.Module]]
+    batch_type: type
+    truth_record: Callable[[Any], tuple[dict[str, torch.Tensor], dict[str, str]]]
+    truth_kind: str
+    truth_keys: tuple[str, ...]
+    truth_holds: str
+    read_truth: Callable[..., Any]
+    bn_statistics: bool = False
+    format_version: str = str(FORMAT_VERSION)
+
+
+_FILES: dict[str, UpdateFiles] = {}
+
+
+def register_update_files(files: UpdateFiles) -> UpdateFiles:
+    """Declare a modality's update files (the first registered, image, is the default)."""
+    _FILES[files.modality] = files
+    return files
+
+
+def update_files(modality: str) -> UpdateFiles:
+    """The registered update files of ``modality`` (UnknownNameError naming the known ones)."""
+    try:
+        return _FILES[modality]
+    except (KeyError, TypeError):
+        raise UnknownNameError(f"no update file format for modality {modality!r}; known: {', '.join(_FILES)}") from None
+
+
+def _default() -> UpdateFiles:
+    return next(iter(_FILES.values()))
+
+
+def meta_modality(meta: UpdateMeta) -> str:
+    """The modality an update's metadata names (``model_kwargs.modality``; none: the default)."""
+    name = meta.model_kwargs.get("modality")
+    return name if isinstance(name, str) and name in _FILES else _default().modality
+
+
+def _of_format(fmt: object, key: str) -> UpdateFiles | None:
+    return next((files for files in _FILES.values() if getattr(files, key) == fmt), None)
+
+
 # ---------------------------------------------------------------- writing
-def update_bytes(update: SharedUpdate) -> bytes:
-    """The safetensors bytes of ``update``: tensors under grad/, weights/, bn/; metadata JSON."""
+def update_bytes(update: SharedUpdate, *, modality: str | None = None) -> bytes:
+    """The safetensors bytes of ``update`` of any modality (``modality``, default the one its
+    metadata names): tensors under grad/, weights/, bn/; metadata JSON; the modality's format."""
+    files = update_files(modality if modality is not None else meta_modality(update.meta))
     tensors: dict[str, torch.Tensor] = {}
     for k, v in update.gradients.items():
         tensors[f"grad/{k}"] = v.detach().cpu().contiguous()
@@ -37,28 +110,29 @@ def update_bytes(update: SharedUpdate) -> bytes:
     for k, (mean, var) in update.bn_statistics.items():
         tensors[f"bn/{k}/mean"] = mean.detach().cpu().contiguous()
         tensors[f"bn/{k}/var"] = var.detach().cpu().contiguous()
-    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
+    meta = {"format": files.update_format, "format_version": files.format_version,
             "meta": json.dumps(update.meta.to_dict(), allow_nan=False)}
     return save(tensors, metadata=meta)
 
 
-def truth_bytes(batch: Batch) -> bytes:
-    """The safetensors bytes of the client's true batch (for later evaluation only)."""
-    tensors = {"images": batch.images.detach().cpu().float().contiguous(),
-               "labels": batch.labels.detach().cpu().long().contiguous()}
-    meta = {"format": TRUTH_FORMAT, "names": json.dumps(list(batch.names)), "source": batch.source,
-            "class_names": json.dumps(list(batch.class_names))}
-    return save(tensors, metadata=meta)
+def truth_bytes(batch: Any) -> bytes:
+    """The safetensors bytes of the client's true batch of any modality (for later evaluation
+    only): the tensors and metadata its modality's ``truth_record`` gives, under its format."""
+    files = next((f for f in reversed(_FILES.values()) if isinstance(batch, f.batch_type)), None)
+    if files is None:
+        raise UnknownNameError(f"no truth file format for a {type(batch).__name__}")
+    tensors, md = files.truth_record(batch)
+    return save(tensors, metadata={"format": files.truth_format, **md})
 
 
-def save_update(update: SharedUpdate, path: str | Path) -> None:
-    """Write ``update`` to ``path`` atomically (replacing a file there). To write an update and
-    its truth file together, all or none, see :func:`save_shared`."""
-    atomic_write_bytes(path, update_bytes(update))
+def save_update(update: SharedUpdate, path: str | Path, *, modality: str | None = None) -> None:
+    """Write ``update`` (any modality, as :func:`update_bytes`) to ``path`` atomically (replacing
+    a file there). To write an update and its truth file together, all or none, see :func:`save_shared`."""
+    atomic_write_bytes(path, update_bytes(update, modality=modality))
 
 
-def save_truth(batch: Batch, path: str | Path) -> None:
-    """Write the client's true batch (for later evaluation only), atomically."""
+def save_truth(batch: Any, path: str | Path) -> None:
+    """Write the client's true batch of any modality (for later evaluation only), atomically."""
     atomic_write_bytes(path, truth_bytes(batch))
 
 
@@ -115,18 +189,36 @@ def read_tensor(handle: Any, key: str, path: Path) -> torch.Tensor:
         raise UpdateFileError(f"{path}: cannot read tensor {key!r}: {exc}") from None
 
 
-def read_update_meta(path: str | Path) -> UpdateMeta:
-    """Only the public metadata of an update file (validated)."""
+def read_update_meta(path: str | Path, *, modality: str | None = None) -> UpdateMeta:
+    """Only the public metadata of an update file (validated); ``modality`` as :func:`load_update`."""
     with open_safetensors(path, "update") as f:
-        return _meta(f, Path(path))
+        return _meta(f, Path(path), modality)[1]
 
 
-def _meta(f: Any, path: Path) -> UpdateMeta:
+def _files_of_update(md: dict[str, str], path: Path, modality: str | None) -> UpdateFiles:
+    """The modality whose update ``md`` is: the one asked for, else the one its ``format`` names
+    (an unknown format is the default modality's error)."""
+    fmt = md.get("format")
+    found = _of_format(fmt, "update_format")
+    if modality is None:
+        return found if found is not None else _default()
+    files = update_files(modality)
+    if found is not None and found is not files and found is _default():
+        raise UpdateFileError(f"{path} is {'an' if found.modality[0] in 'aeiou' else 'a'} {found.modality} update; "
+                              f"attack it without --modality {files.modality}")
+    return files
+
+
+def _meta(f: Any, path: Path, modality: str | None = None) -> tuple[UpdateFiles, UpdateMeta]:
+    """The file's modality and its validated metadata, checked by that modality's ``check_meta``."""
     md = f.metadata() or {}
-    if md.get("format") != FORMAT:
-        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak shared update (format={one_line(repr(md.get('format')), 60)})")
-    if md.get("format_version") != str(FORMAT_VERSION):
-        raise UpdateFileError(f"{path}: unsupported update format version {one_line(repr(md.get('format_version')), 60)}")
+    files = _files_of_update(md, path, modality)
+    if md.get("format") != files.update_format:
+        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak {files.update_name} "
+                              f"(format={one_line(repr(md.get('format')), 60)})")
+    if md.get("format_version") != files.format_version:
+        raise UpdateFileError(f"{path}: unsupported {files.version_name} format version "
+                              f"{one_line(repr(md.get('format_version')), 60)}")
     # every JSON failure (syntax, deep nesting, an integer of too many digits) is one line
     raw = loads_json(md.get("meta", ""), f"{path}: metadata", error=UpdateFileError)
     try:
@@ -135,6 +227,12 @@ def _meta(f: Any, path: Path) -> UpdateMeta:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "meta"
         raise UpdateFileError(f"{path}: metadata field {field!r}: {err['msg']}") from None
+    files.check_meta(meta, path)
+    return files, meta
+
+
+def _check_image_meta(meta: UpdateMeta, path: Path) -> None:
+    """An image update's metadata: a (C, H, W) input in bounds, its normalisation, no BN buffers."""
     if len(meta.input_shape) != 3 or min(meta.input_shape) < 1:
         raise UpdateFileError(f"{path}: metadata input_shape {meta.input_shape} is not (C, H, W)")
     check_meta_bounds(meta, path)
@@ -142,7 +240,6 @@ def _meta(f: Any, path: Path) -> UpdateMeta:
         raise UpdateFileError(f"{path}: metadata says BN buffers are shared, but an update file holds no buffers")
     if len(meta.mean) != meta.input_shape[0] or len(meta.std) != meta.input_shape[0] or min(meta.std) <= 0:
         raise UpdateFileError(f"{path}: metadata normalisation does not fit {meta.input_shape[0]} channels")
-    return meta
 
 
 # The bounds of `gradleak attack`'s own flags: a file may not ask for more than a user could.
@@ -254,14 +351,31 @@ def _read_bn_statistics(f: Any, p: Path, model: str, module: torch.nn.Module, ke
     return bn_stats
 
 
-def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[SharedUpdate, ModelSpec]:
-    """Load and validate a shared update; rebuild its model with the global weights loaded.
+def _image_model(f: Any, p: Path, meta: UpdateMeta, user_model: str | None) -> tuple[ModelSpec, torch.nn.Module]:
+    """The image update's model: first on torch's meta device (no memory), the file's tensor
+    shapes checked against it, then built for real (the global weights are loaded by the caller)."""
+    c, h = _check_model_names(meta, p, user_model)
+    kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"),
+              server=meta.model_kwargs.get("server"))
+    shapes_state, shapes_params = model_shapes(meta.model, **kw)
+    check_update_header(f, p, meta.model, shapes_state, shapes_params,
+                        ignore={k for k in f.keys() if k.startswith("bn/")})
+    spec = build_model(meta.model, **kw)
+    return spec, spec.module
 
-    A file never makes gradleak import or call code: an update naming a ``module:callable``
-    model is refused unless the caller itself chose that model (``user_model``, e.g. the
-    command line's ``--model``), and the names must then be equal. The architecture is first
-    built on torch's meta device (no memory) and the file's tensor shapes checked against it,
-    so absurd metadata cannot make gradleak allocate a huge model.
+
+def load_update(path: str | Path, *, modality: str | None = None,
+                user_model: str | None = None) -> tuple[SharedUpdate, Any]:
+    """Load and validate a shared update of any modality; rebuild its model with the global
+    weights loaded. Returns (update, model): an image update's ModelSpec, a text update's
+    TextModel (whatever the modality's ``build_model`` hook builds).
+
+    ``modality``: the modality the caller expects (a file of another one is refused, naming what
+    it is); None: the one the file's ``format`` names. A file never makes gradleak import or call
+    code: an image update naming a ``module:callable`` model is refused unless the caller itself
+    chose that model (``user_model``, e.g. the command line's ``--model``), and the names must then
+    be equal. The file's tensor names, shapes and dtypes are checked against the model before a
+    tensor is read.
 
     Raises UpdateFileError (not safetensors, truncated, wrong metadata, code named by the file),
     ModelMismatchError (tensors that do not fit the model), NonFiniteError (NaN/Inf),
@@ -269,20 +383,14 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
     """
     p = Path(path)
     with open_safetensors(p, "update") as f:
-        meta = _meta(f, p)
-        c, h = _check_model_names(meta, p, user_model)
-        kw = dict(num_classes=meta.num_classes, channels=c, image_size=h, width=meta.model_kwargs.get("width"),
-                  server=meta.model_kwargs.get("server"))
-        shapes_state, shapes_params = model_shapes(meta.model, **kw)
-        check_update_header(f, p, meta.model, shapes_state, shapes_params,
-                            ignore={k for k in f.keys() if k.startswith("bn/")})
-        spec = build_model(meta.model, **kw)
+        files, meta = _meta(f, p, modality)
+        model, module = files.build_model(f, p, meta, user_model)
         keys = set(f.keys())
-        state = spec.module.state_dict()
-        params = {n: q for n, q in spec.module.named_parameters() if q.requires_grad}
-        bn_keys = {k for k in keys if k.startswith("bn/")}
+        state = module.state_dict()
+        params = {n: q for n, q in module.named_parameters() if q.requires_grad}
+        bn_keys = {k for k in keys if k.startswith("bn/")} if files.bn_statistics else set()
         check_update_header(f, p, meta.model, state, params, ignore=bn_keys)  # the real model too
-        bn_stats = _read_bn_statistics(f, p, meta.model, spec.module, keys, bn_keys)
+        bn_stats = _read_bn_statistics(f, p, meta.model, module, keys, bn_keys) if bn_keys else {}
         weights = {k: read_tensor(f, f"weights/{k}", p) for k in state}
         grads = {k: read_tensor(f, f"grad/{k}", p) for k in params}
     for what, tensors in (("weights", weights), ("gradient", grads),
@@ -293,46 +401,62 @@ def load_update(path: str | Path, *, user_model: str | None = None) -> tuple[Sha
     if bn_stats and not meta.bn_statistics_shared:
         meta.bn_statistics_shared = True
     try:
-        spec.module.load_state_dict({k: v.to(state[k].dtype) for k, v in weights.items()})
+        module.load_state_dict({k: v.to(state[k].dtype) for k, v in weights.items()})
     except RuntimeError as exc:
         raise ModelMismatchError(f"{p}: weights do not fit model {meta.model}: {exc}") from None
     grads = {k: v.to(params[k].dtype) for k, v in grads.items()}
-    return SharedUpdate(gradients=grads, global_weights=weights, meta=meta, bn_statistics=bn_stats), spec
+    return SharedUpdate(gradients=grads, global_weights=weights, meta=meta, bn_statistics=bn_stats), model
 
 
-@contextmanager
-def open_truth(path: str | Path, fmt: str, keys: set[str], *, kind: str,
-               holds: str) -> Iterator[tuple[Path, Any, dict[str, str]]]:
-    """Open a truth file (image or text) and check its header before any tensor is read: its
-    metadata ``format`` is ``fmt`` and it holds exactly the tensors ``keys``. Yields (path,
-    safetensors handle, metadata); raises UpdateFileError naming the ``kind`` of file ("truth",
-    "text truth") and what it ``holds``."""
+def _files_of_truth(fmt: object, meta: UpdateMeta | None, modality: str | None) -> UpdateFiles:
+    """The modality of a truth file: the one asked for, else its update's, else its ``format``'s."""
+    if modality is not None:
+        return update_files(modality)
+    if meta is not None:
+        return update_files(meta_modality(meta))
+    found = _of_format(fmt, "truth_format")
+    return found if found is not None else _default()
+
+
+def load_truth(path: str | Path, meta: UpdateMeta | None = None, *, model: Any = None,
+               modality: str | None = None) -> Any:
+    """Load a truth file of any modality (``modality``, else ``meta``'s, else the file's
+    ``format``'s); if ``meta`` is given, check that it fits that update, and with ``model`` (what
+    :func:`load_update` returned) what the modality checks against it (text: the token ids
+    against its vocabulary). Its header (format, tensor names) is checked before a tensor is read."""
     p = Path(path)
     with open_safetensors(p, "truth") as f:
         md = f.metadata() or {}
-        if md.get("format") != fmt:
-            raise UpdateFileError(f"{p} is not a gradleak {kind} file (format={one_line(repr(md.get('format')), 60)})")
-        if set(f.keys()) != keys:
-            raise UpdateFileError(f"{p}: a {kind} file holds exactly {holds}")
-        yield p, f, md
+        files = _files_of_truth(md.get("format"), meta, modality)
+        if md.get("format") != files.truth_format:
+            raise UpdateFileError(f"{p} is not a gradleak {files.truth_kind} file (format={one_line(repr(md.get('format')), 60)})")
+        if set(f.keys()) != set(files.truth_keys):
+            raise UpdateFileError(f"{p}: a {files.truth_kind} file holds exactly {files.truth_holds}")
+        return files.read_truth(p, f, md, meta, model)
 
 
-def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
-    """Load a truth file; if ``meta`` is given, check that it fits that update."""
-    with open_truth(path, TRUTH_FORMAT, {"images", "labels"}, kind="truth", holds="'images' and 'labels'") as (p, f, md):
-        ishape, idt = tensor_shape_dtype(f, "images")
-        lshape, ldt = tensor_shape_dtype(f, "labels")
-        if len(ishape) != 4 or lshape != (ishape[0],) or idt not in FLOAT_DTYPES or ldt not in {"I64", "I32"}:
-            raise UpdateFileError(f"{p}: images must be [K,C,H,W] float and labels [K] integer")
-        if meta is not None and (ishape[0] != meta.batch_size or tuple(ishape[1:]) != tuple(meta.input_shape)):
-            raise ModelMismatchError(f"{p}: truth holds {list(ishape)} but the update is a batch of "
-                                     f"{meta.batch_size} x {list(meta.input_shape)}")
-        images = read_tensor(f, "images", p).float()
-        labels = read_tensor(f, "labels", p).long()
-        lists = [loads_json(md.get(k, "[]"), f"{p}: metadata {k}", error=UpdateFileError) for k in ("names", "class_names")]
-        if not all(isinstance(v, list) for v in lists):
-            raise UpdateFileError(f"{p}: metadata names are not a JSON list")
-        names, class_names = (tuple(str(x) for x in v) for v in lists)
+def _image_truth_record(batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    tensors = {"images": batch.images.detach().cpu().float().contiguous(),
+               "labels": batch.labels.detach().cpu().long().contiguous()}
+    return tensors, {"names": json.dumps(list(batch.names)), "source": batch.source,
+                     "class_names": json.dumps(list(batch.class_names))}
+
+
+def _read_image_truth(p: Path, f: Any, md: dict[str, str], meta: UpdateMeta | None, model: Any) -> Batch:
+    """An image truth: images [K, C, H, W] in [0, 1] and labels [K], fitting ``meta``'s batch."""
+    ishape, idt = tensor_shape_dtype(f, "images")
+    lshape, ldt = tensor_shape_dtype(f, "labels")
+    if len(ishape) != 4 or lshape != (ishape[0],) or idt not in FLOAT_DTYPES or ldt not in {"I64", "I32"}:
+        raise UpdateFileError(f"{p}: images must be [K,C,H,W] float and labels [K] integer")
+    if meta is not None and (ishape[0] != meta.batch_size or tuple(ishape[1:]) != tuple(meta.input_shape)):
+        raise ModelMismatchError(f"{p}: truth holds {list(ishape)} but the update is a batch of "
+                                 f"{meta.batch_size} x {list(meta.input_shape)}")
+    images = read_tensor(f, "images", p).float()
+    labels = read_tensor(f, "labels", p).long()
+    lists = [loads_json(md.get(k, "[]"), f"{p}: metadata {k}", error=UpdateFileError) for k in ("names", "class_names")]
+    if not all(isinstance(v, list) for v in lists):
+        raise UpdateFileError(f"{p}: metadata names are not a JSON list")
+    names, class_names = (tuple(str(x) for x in v) for v in lists)
     if not bool(torch.isfinite(images).all()):
         raise NonFiniteError(f"{p}: truth images hold NaN or Inf")
     if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
@@ -341,4 +465,14 @@ def load_truth(path: str | Path, meta: UpdateMeta | None = None) -> Batch:
                  class_names=class_names)
 
 
-__all__ = ["save_update", "save_truth", "save_shared", "update_bytes", "truth_bytes", "load_update", "load_truth", "read_update_meta", "GradleakError"]
+#: The image modality's update and truth files (the default: an update whose metadata names no modality).
+IMAGE_FILES = register_update_files(UpdateFiles(
+    modality="image", update_format=FORMAT, truth_format=TRUTH_FORMAT, update_name="shared update",
+    version_name="update", check_meta=_check_image_meta, build_model=_image_model, bn_statistics=True,
+    batch_type=Batch, truth_record=_image_truth_record, truth_kind="truth", truth_keys=("images", "labels"),
+    truth_holds="'images' and 'labels'", read_truth=_read_image_truth))
+
+
+__all__ = ["IMAGE_FILES", "UpdateFiles", "load_truth", "load_update", "meta_modality", "read_update_meta",
+           "register_update_files", "save_shared", "save_truth", "save_update", "truth_bytes", "update_bytes",
+           "update_files", "GradleakError"]

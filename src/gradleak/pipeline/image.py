@@ -119,7 +119,7 @@ def load_case(cfg: AttackConfig) -> "ImageCase":
     """An update file (and optional truth file) as the attacker receives it."""
     assert cfg.update is not None
     # A module:callable model only when the user chose it (--model), never because a file names it.
-    update, model = load_update(cfg.update, user_model=cfg.model if ":" in cfg.model else None)
+    update, model = load_update(cfg.update, modality="image", user_model=cfg.model if ":" in cfg.model else None)
     update_file_values(cfg, update.meta)
     truth = load_truth(cfg.truth, update.meta) if cfg.truth else None
     return ImageCase(update=defended_file_update(cfg, update), model=model, truth=truth,

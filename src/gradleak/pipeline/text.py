@@ -14,7 +14,8 @@ import torch
 from ..config import AttackConfig
 from ..errors import ConfigError
 from ..modalities import TEXT
-from ..text.client import load_text_truth, load_text_update, text_share, text_truth_bytes, text_update_bytes
+from ..fl.files import load_truth, load_update, truth_bytes, update_bytes
+from ..text.client import text_share
 from ..text.configs import TEXT_FLAT_FIELDS, resolve_text_attack
 from ..text.data import TextBatch, read_sentences, text_batch
 from ..text.simulate import matched_tensors, truth_relative_distance
@@ -90,9 +91,9 @@ def text_file_values(cfg: AttackConfig, meta: Any) -> dict[str, Any]:
 
 def load_text_case(cfg: AttackConfig) -> "TextCase":
     assert cfg.update is not None
-    update, model = load_text_update(cfg.update)
+    update, model = load_update(cfg.update, modality="text")
     text_file_values(cfg, update.meta)
-    truth = load_text_truth(cfg.truth, update.meta, vocab_size=model.tokenizer.vocab_size) if cfg.truth else None
+    truth = load_truth(cfg.truth, update.meta, model=model) if cfg.truth else None
     return TextCase(update=defended_file_update(cfg, update), model=model, truth=truth,
                     data=truth.source if truth is not None else "")
 
@@ -194,7 +195,7 @@ class TextCase(Case):
             "bag_of_words": recon.bag.token_ids}), indent=2, ensure_ascii=False) + "\n")
 
     def file_bytes(self) -> tuple[bytes, bytes | None]:
-        return text_update_bytes(self.update), text_truth_bytes(self.truth) if self.truth is not None else None
+        return update_bytes(self.update, modality="text"), truth_bytes(self.truth) if self.truth is not None else None
 
 
 def share_text_client(cfg: AttackConfig) -> "TextCase":

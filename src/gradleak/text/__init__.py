@@ -3,7 +3,7 @@
 from ..catalog import TEXT_ATTACKS
 from .configs import TEXT_ATTACK_CONFIGS, run_text_attack, text_attack_names, text_config_class
 from .leak import BagOfWords, TextReconstruction, bag_of_words
-from .client import load_text_truth, load_text_update, save_text_truth, save_text_update, text_share
+from .client import text_share
 from .data import TextBatch, read_sentences, text_batch
 from .metrics import evaluate_text
 from .models import (TEXT_MODELS, TextModel, build_text_model, describe_text_models, register_text_model,
@@ -11,5 +11,4 @@ from .models import (TEXT_MODELS, TextModel, build_text_model, describe_text_mod
 
 __all__ = ["BagOfWords", "TEXT_ATTACKS", "TEXT_ATTACK_CONFIGS", "TEXT_MODELS", "TextBatch", "TextModel",
            "TextReconstruction", "bag_of_words", "build_text_model", "describe_text_models", "evaluate_text",
-           "load_text_truth", "load_text_update", "read_sentences", "register_text_model", "run_text_attack", "save_text_truth",
-           "save_text_update", "text_attack_names", "text_batch", "text_config_class", "text_model_names", "text_share"]
+           "read_sentences", "register_text_model", "run_text_attack", "text_attack_names", "text_batch", "text_config_class", "text_model_names", "text_share"]

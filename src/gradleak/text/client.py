@@ -1,4 +1,5 @@
-"""Text clients: what leaves the device for a private batch of sentences, and its file format."""
+"""Text clients: what leaves the device for a private batch of sentences, and the text hooks of
+the update-file API (gradleak.fl.files reads and writes the files of every modality)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import TypeAdapter, ValidationError
-from safetensors.torch import save
 
 from ..config import MAX_SEED
-from ..errors import ConfigError, ModelMismatchError, NonFiniteError, UpdateFileError
-from ..fl.files import (FLOAT_DTYPES, check_meta_bounds, check_update_header, open_safetensors, open_truth,
-                        read_tensor, tensor_shape_dtype)
+from ..errors import ConfigError, ModelMismatchError, UpdateFileError
+from ..fl.files import (FLOAT_DTYPES, UpdateFiles, check_meta_bounds, read_tensor, register_update_files,
+                        tensor_shape_dtype)
 from ..fl.threats import ThreatModel, aggregate
 from ..fl.unroll import local_sgd
-from ..fl.update import SharedUpdate, UpdateMeta, atomic_write_bytes, is_finite_dict
+from ..fl.update import SharedUpdate, UpdateMeta
 from ..paths import loads_json, one_line
 from .data import TextBatch
 from .models import TextModel, build_text_model
@@ -159,112 +158,70 @@ def text_share(model: TextModel, batch: TextBatch, threat: ThreatModel, *, defen
 
 
 # --------------------------------------------------------------------------- files
-def text_update_bytes(update: SharedUpdate) -> bytes:
-    """The safetensors bytes of a text update (tensors under grad/ and weights/; metadata JSON)."""
-    tensors = {f"grad/{k}": v.detach().cpu().contiguous() for k, v in update.gradients.items()}
-    tensors.update({f"weights/{k}": v.detach().cpu().contiguous() for k, v in update.global_weights.items()})
-    md = {"format": TEXT_FORMAT, "format_version": FORMAT_VERSION,
-          "meta": json.dumps(update.meta.to_dict(), allow_nan=False)}
-    return save(tensors, metadata=md)
+# A text update or truth file is read and written by gradleak.fl.files (save_update, load_update,
+# save_truth, load_truth), the same calls as an image one's; these are the text modality's hooks.
+def _check_text_meta(meta: UpdateMeta, path: Path) -> None:
+    check_meta_bounds(meta, path, image=False)
 
 
-def text_truth_bytes(batch: TextBatch) -> bytes:
-    """The safetensors bytes of the client's true sentences (for later evaluation only)."""
+def _text_model(f, p: Path, meta: UpdateMeta, user_model: str | None) -> tuple[TextModel, torch.nn.Module]:  # noqa: ANN001
+    """The text update's model, from its name, classes and ``model_kwargs.seed``; its positions
+    must be the metadata's ``input_shape`` (what a truth file's length is checked against)."""
+    seed = meta.model_kwargs.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        shown = f"an integer of {seed.bit_length()} bits" if isinstance(seed, int) and abs(seed) > 10**30 \
+            else one_line(repr(seed), 40)
+        raise UpdateFileError(f"{p}: metadata model_kwargs.seed {shown} is not an integer in 0..{MAX_SEED}")
+    model = build_text_model(meta.model, num_classes=meta.num_classes, seed=seed)
+    if tuple(meta.input_shape) != (model.max_length, 1, 1):
+        raise ModelMismatchError(f"{p}: metadata input_shape {list(meta.input_shape)} does not fit model "
+                                 f"{model.name} (sentences of at most {model.max_length} tokens: "
+                                 f"[{model.max_length}, 1, 1])")
+    return model, model.module
+
+
+def _text_truth_record(batch: TextBatch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = {"input_ids": batch.input_ids.contiguous(), "attention_mask": batch.attention_mask.contiguous(),
                "labels": batch.labels.contiguous()}
-    md = {"format": TEXT_TRUTH_FORMAT, "sentences": json.dumps(list(batch.sentences)), "source": batch.source}
-    return save(tensors, metadata=md)
+    return tensors, {"sentences": json.dumps(list(batch.sentences)), "source": batch.source}
 
 
-def save_text_update(update: SharedUpdate, path: str | Path) -> None:
-    """Write a text update atomically (tensors under grad/ and weights/; metadata JSON)."""
-    atomic_write_bytes(path, text_update_bytes(update))
-
-
-def save_text_truth(batch: TextBatch, path: str | Path) -> None:
-    """Write the client's true sentences (for later evaluation only), atomically."""
-    atomic_write_bytes(path, text_truth_bytes(batch))
-
-
-def _text_meta(f, path: Path) -> UpdateMeta:  # noqa: ANN001
-    md = f.metadata() or {}
-    fmt = md.get("format")
-    if fmt == "gradleak.shared-update":
-        raise UpdateFileError(f"{path} is an image update; attack it without --modality text")
-    if fmt != TEXT_FORMAT:
-        raise UpdateFileError(f"{path} is a safetensors file but not a gradleak text update (format={one_line(repr(fmt), 60)})")
-    if md.get("format_version") != FORMAT_VERSION:
-        raise UpdateFileError(f"{path}: unsupported text update format version {one_line(repr(md.get('format_version')), 60)}")
-    # every JSON failure (syntax, deep nesting, an integer of too many digits) is one line
-    raw = loads_json(md.get("meta", ""), f"{path}: metadata", error=UpdateFileError)
-    try:
-        meta = TypeAdapter(UpdateMeta).validate_python(raw, strict=False)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UpdateFileError(f"{path}: metadata field {'.'.join(str(x) for x in err['loc'])!r}: {err['msg']}") from None
-    check_meta_bounds(meta, path, image=False)
-    return meta
-
-
-def load_text_update(path: str | Path) -> tuple[SharedUpdate, TextModel]:
-    """Load and validate a text update; rebuild its model with the global weights loaded."""
-    p = Path(path)
-    with open_safetensors(p, "update") as f:
-        meta = _text_meta(f, p)
-        kwargs = meta.model_kwargs
-        seed = kwargs.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            shown = f"an integer of {seed.bit_length()} bits" if isinstance(seed, int) and abs(seed) > 10**30 \
-                else one_line(repr(seed), 40)
-            raise UpdateFileError(f"{p}: metadata model_kwargs.seed {shown} is not an integer in 0..{MAX_SEED}")
-        model = build_text_model(meta.model, num_classes=meta.num_classes, seed=seed)
-        if tuple(meta.input_shape) != (model.max_length, 1, 1):  # what a truth file's length is checked against
-            raise ModelMismatchError(f"{p}: metadata input_shape {list(meta.input_shape)} does not fit model "
-                                     f"{model.name} (sentences of at most {model.max_length} tokens: "
-                                     f"[{model.max_length}, 1, 1])")
-        state = model.module.state_dict()
-        params = trainable(model)
-        check_update_header(f, p, meta.model, state, params)
-        weights = {k: read_tensor(f, f"weights/{k}", p) for k in state}
-        grads = {k: read_tensor(f, f"grad/{k}", p) for k in params}
-    for what, tensors in (("weights", weights), ("gradient", grads)):
-        bad = is_finite_dict(tensors)
-        if bad is not None:
-            raise NonFiniteError(f"{p}: {what} tensor {bad!r} holds NaN or Inf")
-    model.module.load_state_dict({k: v.to(state[k].dtype) for k, v in weights.items()})
-    grads = {k: v.to(params[k].dtype) for k, v in grads.items()}
-    return SharedUpdate(gradients=grads, global_weights=weights, meta=meta), model
-
-
-def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_size: int | None = None) -> TextBatch:
-    """Load a text truth file; if ``meta`` is given, check that it fits that update (its batch,
-    its classes, and sentences no longer than its model's ``input_shape[0]`` tokens, as --text
-    sentences are: checked on the header, before any tensor is read); with ``vocab_size`` (the
-    update's model's tokenizer), every token id must be one of its ids."""
-    with open_truth(path, TEXT_TRUTH_FORMAT, {"input_ids", "attention_mask", "labels"}, kind="text truth",
-                    holds="input_ids, attention_mask and labels") as (p, f, md):
-        ishape, idt = tensor_shape_dtype(f, "input_ids")
-        mshape, mdt = tensor_shape_dtype(f, "attention_mask")
-        lshape, ldt = tensor_shape_dtype(f, "labels")
-        if (len(ishape) != 2 or mshape != ishape or lshape != (ishape[0],)
-                or any(dt in FLOAT_DTYPES or dt == "BOOL" for dt in (idt, mdt, ldt))):
-            raise UpdateFileError(f"{p}: input_ids and attention_mask must be [K, L] integers and labels [K]")
-        if ishape[0] < 1 or ishape[1] < 1:
-            raise UpdateFileError(f"{p}: a text truth file holds at least one sentence of one token")
-        if meta is not None and ishape[0] != meta.batch_size:
-            raise ModelMismatchError(f"{p}: truth holds {ishape[0]} sentences but the update a batch of {meta.batch_size}")
-        if meta is not None and ishape[1] > meta.input_shape[0]:
-            raise ModelMismatchError(f"{p}: truth sentences of {ishape[1]} tokens; model {meta.model} takes at most "
-                                     f"{meta.input_shape[0]} ([CLS] and [SEP] included)")
-        ids, mask, labels = (read_tensor(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
-        sentences = loads_json(md.get("sentences", "[]"), f"{p}: metadata sentences", error=UpdateFileError)
-        if not isinstance(sentences, list):
-            raise UpdateFileError(f"{p}: metadata sentences are not a JSON list")
-        sentences = tuple(str(s) for s in sentences)
+def _read_text_truth(p: Path, f, md: dict[str, str], meta: UpdateMeta | None,  # noqa: ANN001
+                     model: TextModel | None) -> TextBatch:
+    """A text truth; with ``meta``, fitting that update (its batch, its classes, and sentences no
+    longer than its model's ``input_shape[0]`` tokens, as --text sentences are: checked on the
+    header, before any tensor is read); with ``model`` (the update's), every token id one of its
+    tokenizer's."""
+    ishape, idt = tensor_shape_dtype(f, "input_ids")
+    mshape, mdt = tensor_shape_dtype(f, "attention_mask")
+    lshape, ldt = tensor_shape_dtype(f, "labels")
+    if (len(ishape) != 2 or mshape != ishape or lshape != (ishape[0],)
+            or any(dt in FLOAT_DTYPES or dt == "BOOL" for dt in (idt, mdt, ldt))):
+        raise UpdateFileError(f"{p}: input_ids and attention_mask must be [K, L] integers and labels [K]")
+    if ishape[0] < 1 or ishape[1] < 1:
+        raise UpdateFileError(f"{p}: a text truth file holds at least one sentence of one token")
+    if meta is not None and ishape[0] != meta.batch_size:
+        raise ModelMismatchError(f"{p}: truth holds {ishape[0]} sentences but the update a batch of {meta.batch_size}")
+    if meta is not None and ishape[1] > meta.input_shape[0]:
+        raise ModelMismatchError(f"{p}: truth sentences of {ishape[1]} tokens; model {meta.model} takes at most "
+                                 f"{meta.input_shape[0]} ([CLS] and [SEP] included)")
+    ids, mask, labels = (read_tensor(f, k, p).long() for k in ("input_ids", "attention_mask", "labels"))
+    sentences = loads_json(md.get("sentences", "[]"), f"{p}: metadata sentences", error=UpdateFileError)
+    if not isinstance(sentences, list):
+        raise UpdateFileError(f"{p}: metadata sentences are not a JSON list")
+    sentences = tuple(str(s) for s in sentences)
     if len(sentences) != ishape[0]:
         raise UpdateFileError(f"{p}: {len(sentences)} sentences for {ishape[0]} token rows")
-    # The ids are decoded by the tokenizer and compared with the attack's: each must be one of
-    # the vocabulary's (a negative id overflows the tokenizer), the mask 1s then 0s per sentence.
+    _check_token_rows(p, ids, mask, model.tokenizer.vocab_size if model is not None else None)
+    if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
+        raise UpdateFileError(f"{p}: truth labels outside 0..{meta.num_classes - 1}")
+    return TextBatch(sentences=sentences, input_ids=ids, attention_mask=mask, labels=labels,
+                     source=md.get("source", ""))
+
+
+def _check_token_rows(p: Path, ids: torch.Tensor, mask: torch.Tensor, vocab_size: int | None) -> None:
+    """The ids are decoded by the tokenizer and compared with the attack's: each must be one of
+    the vocabulary's (a negative id overflows the tokenizer), the mask 1s then 0s per sentence."""
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or (vocab_size is not None and high >= vocab_size):
         bad = low if low < 0 else high
@@ -273,13 +230,16 @@ def load_text_truth(path: str | Path, meta: UpdateMeta | None = None, *, vocab_s
     if (not bool(((mask == 0) | (mask == 1)).all()) or not bool((mask[:, 1:] <= mask[:, :-1]).all())
             or not bool((mask[:, 0] == 1).all())):
         raise UpdateFileError(f"{p}: truth attention_mask must be 1 for each token ([CLS] first) then 0 for padding")
-    if meta is not None and (labels.min() < 0 or labels.max() >= meta.num_classes):
-        raise UpdateFileError(f"{p}: truth labels outside 0..{meta.num_classes - 1}")
-    return TextBatch(sentences=sentences, input_ids=ids, attention_mask=mask, labels=labels,
-                     source=md.get("source", ""))
 
 
-__all__ = ["TEXT_FORMAT", "TEXT_TRUTH_FORMAT", "batch_loss", "load_text_truth", "load_text_update",
-           "per_sentence_gradients", "save_text_truth", "save_text_update", "text_dpsgd", "text_fedavg",
-           "text_truth_bytes", "text_update_bytes",
-           "text_fedsgd", "text_share"]
+#: The text modality's update and truth files (registered with gradleak.fl.files on import).
+TEXT_FILES = register_update_files(UpdateFiles(
+    modality="text", update_format=TEXT_FORMAT, truth_format=TEXT_TRUTH_FORMAT, update_name="text update",
+    version_name="text update", check_meta=_check_text_meta, build_model=_text_model, format_version=FORMAT_VERSION,
+    batch_type=TextBatch, truth_record=_text_truth_record, truth_kind="text truth",
+    truth_keys=("input_ids", "attention_mask", "labels"), truth_holds="input_ids, attention_mask and labels",
+    read_truth=_read_text_truth))
+
+
+__all__ = ["TEXT_FILES", "TEXT_FORMAT", "TEXT_TRUTH_FORMAT", "batch_loss", "per_sentence_gradients", "text_dpsgd",
+           "text_fedavg", "text_fedsgd", "text_share"]
