@@ -99,6 +99,7 @@ def spec_markdown(modality: str, name: str) -> str:
         out.append(f"| in `auto` | {_cell(', '.join(f'{k}: {v}' for k, v in spec.auto.items()))} |")
     if spec.presets:
         out.append(f"| presets | {_cell(', '.join(spec.presets))} (the first is the default) |")
+    out += _hook_rows(spec)
     out += ["", "| flag | type | default | what |", "| --- | --- | --- | --- |"]
     for flag in spec.flags.values():
         kind = "|".join(flag.type) if isinstance(flag.type, tuple) else flag.type
@@ -107,6 +108,28 @@ def spec_markdown(modality: str, name: str) -> str:
             default = "; ".join(f"{m}: {d.get(flag.name)}" for m, d in spec.model_defaults.items())
         out.append(f"| `--{flag.name.replace('_', '-')}` | {_cell(kind)} | {_cell(default)} | {_cell(flag.help)} |")
     return "\n".join(out) + "\n"
+
+
+def _hook_rows(spec: specs.AttackSpec) -> list[str]:
+    """The SPEC's hooks, each a row when declared: what else reads the declaration (the config's
+    cases, --nproc's shards, the truth-start test's single start, the verdict's line, sweep identities)."""
+    rows = []
+    if spec.resolve:
+        rows.append("| resolve | its module's `resolve()` fills the defaults that depend on the case |")
+    if spec.verdict_line:
+        rows.append("| verdict line | its module's `verdict_line(settings)` names the convergence line a run is held to |")
+    for flag, cases in spec.cases.items():
+        named = "; ".join(f"{value}: {', '.join(f'{k}={v}' for k, v in case.items())}" for value, case in cases.items())
+        rows.append(f"| cases of `--{flag.replace('_', '-')}` | {_cell(named)} |")
+    if spec.shards:
+        rows.append(f"| shards | `--{spec.shards.replace('_', '-')}` (its independent runs; `--nproc` spreads them) |")
+    if spec.one_start:
+        rows.append(f"| one start | {_cell(', '.join(f'{k}={v}' for k, v in spec.one_start.items()))} (the truth-start test) |")
+    if spec.hashed_flags:
+        rows.append(f"| hashed when unset | {_cell(', '.join(spec.hashed_flags))} (sweep and experiment cell identities) |")
+    for flag, why in spec.changed_defaults.items():
+        rows.append(f"| changed default of `--{flag.replace('_', '-')}` | {_cell(why)} |")
+    return rows
 
 
 def main(argv: list[str]) -> int:
