@@ -1,4 +1,5 @@
-"""What each modality (``--modality NAME``) declares, importable without torch."""
+"""The modalities (``--modality NAME``): each declares itself with a ``MODALITY_SPEC`` literal in
+its own module (pipeline/<name>.py), read here without importing it (no torch)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UnknownNameError
+from .errors import ConfigError, UnknownNameError
 
 
 def _no_lines(metrics: Mapping[str, Any]) -> list[str]:
@@ -19,9 +20,10 @@ def _no_lines(metrics: Mapping[str, Any]) -> list[str]:
 class Modality:
     """One modality's declaration (see the module's notes in docs/).
 
-    plugin:         the module whose import registers its case builder (``pipeline.case.modality``).
+    summary:        what it attacks, in a line.
+    plugin:         its declaring module, whose import registers its case builder (``pipeline.case.modality``).
     share, report:  ``module:function`` of ``gradleak share``'s client (config -> Case) and of the
-                    renderer of a run folder's report.html (folder -> path).
+                    renderer of a run folder's report.html (folder -> path), functions of ``plugin``.
     attack_kind, model_kind: the catalog kinds (catalog.KINDS) its --attack and --model names are.
     model_extra:    what --model may be besides a name (said in the unknown-name error).
     data_sources:   --data may name a data source (catalog.SOURCES); else --data is its own file.
@@ -33,7 +35,7 @@ class Modality:
     summary_keys:   metrics.json keys of the console summary, in order.
     no_value:       how the summary shows a key without a value.
     data_label:     the summary title's data (None: metrics.json's ``data``).
-    summary_lines:  its own lines under the summary (metrics -> lines).
+    summary_lines:  its own lines under the summary (metrics -> lines; imports ``plugin`` when called).
     verdict_family: the convergence line (attacks/verdict.py) all its attacks are held to (None:
                     each attack's own).
     measures:       what its answers are scored in against the truth: "images" (PSNR, SSIM, images
@@ -43,6 +45,7 @@ class Modality:
     """
 
     name: str
+    summary: str
     plugin: str
     share: str
     report: str
@@ -113,46 +116,43 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)
 
 
-def _sentence_lines(metrics: Mapping[str, Any]) -> list[str]:
-    """A text run's sentences under its summary: each original beside what came back."""
-    sentences = metrics.get("per_sentence") or []
-    lines = []
-    for r in sentences:
-        lines += [f"  original : {r['original']}", f"  recovered: {r['recovered']}"]
-    if not sentences:
-        lines += [f"  recovered: {sentence}" for sentence in metrics.get("recovered_sentences", [])]
-    return lines
+def from_declaration(declared: Any) -> Modality:
+    """The Modality a ``MODALITY_SPEC`` declares (a specs.Declaration): its callables are functions
+    of its module (the plug-in that registers its case builder), imported only when called."""
+    values, module = dict(declared.values), declared.module
+    lines = values.pop("summary_lines", None)
+    refuses = {f: why for fields, why in values.pop("refuses", []) for f in fields}
+    values.pop("default", None)
+    tuples = {k: tuple(values[k]) for k in ("summary_keys", "own_fields", "portfolio_keys") if k in values}
+    refs = {k: f"{module}:{values[k]}" for k in ("share", "report")}
+    return Modality(**{**values, **tuples, **refs}, plugin=module, refuses=refuses,
+                    summary_lines=_no_lines if lines is None else _lazy(f"{module}:{lines}"))
 
 
-IMAGE = Modality(
-    name="image", plugin="gradleak.pipeline.image", share="gradleak.pipeline.image:simulate_client",
-    report="gradleak.report:render_report", attack_kind="attack", model_kind="model",
-    model_extra=" or package.module:callable", data_sources=True, files="reconstruction.png",
-    summary_keys=("psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "mse_mean", "label_accuracy",
-                  "fft2d_mean", "rpsnr_mean", "lpips_mean",
-                  "iip", "gradient_distance", "iterations", "wall_seconds"),
-    no_value="n/a (no ground truth)", measures="images", nothing="rebuilt nothing recognisable")
+def _lazy(ref: str) -> Callable[..., Any]:
+    """``module:function``, imported when first called."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _load(ref)(*args, **kwargs)
+    return call
 
-TEXT = Modality(
-    name="text", plugin="gradleak.pipeline.text", share="gradleak.pipeline.text:share_text_client",
-    report="gradleak.text.report:render_text_report", attack_kind="text attack", model_kind="text model",
-    own_fields=("text",), refuses={"server": "--server applies to image models (the imprint block reads images)",
-                                  **dict.fromkeys(("local_epochs", "local_optimizer", "local_momentum", "local_nesterov",
-                                                   "local_weight_decay", "local_betas", "local_eps", "local_augment",
-                                                   "local_crop_padding"),
-                                                  "--local-epochs, --local-optimizer and their constants, and "
-                                                  "--local-augment apply to the image modality (the text client "
-                                                  "trains with plain SGD over --local-steps)")},
-    # a text run's default attack is DLG (text/attacks/dlg.py); "auto" is text's own chooser (text/attacks/auto.py)
-    default_attack="dlg", run_prefix="text-", files="reconstruction.json",
-    summary_keys=("token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
-                  "label_accuracy", "gradient_distance", "iterations", "wall_seconds"),
-    data_label="text", summary_lines=_sentence_lines, verdict_family="text", measures="tokens",
-    nothing="recovered no text", portfolio_keys=("rouge1", "rougeL", "token_accuracy", "exact_sentences"))
+
+def _declared() -> dict[str, Modality]:
+    """The modalities their modules declare (specs.declarations, read without importing them),
+    the one a record naming none is first."""
+    from .specs import declarations
+
+    found = declarations("modality")
+    first = [d for d in found.values() if d.get("default")]
+    if len(first) != 1:
+        raise ConfigError(f"one modality must be the default, not {len(first)}: "
+                          f"{', '.join(d.name for d in first) or 'none'}")
+    return {d.name: from_declaration(d) for d in (*first, *(d for d in found.values() if d not in first))}
+
 
 #: The declared modalities by name; the first is what a record that names none is (image runs'
 #: metrics.json has no "modality").
-MODALITIES: dict[str, Modality] = {m.name: m for m in (IMAGE, TEXT)}
+MODALITIES: dict[str, Modality] = _declared()
+IMAGE, TEXT = MODALITIES["image"], MODALITIES["text"]  # the two gradleak ships, named for their cases
 
 
 def register_modality(modality: Modality) -> Modality:

@@ -10,7 +10,7 @@ import re
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from .errors import ConfigError
 
@@ -354,8 +354,19 @@ PLUGIN_KINDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, 
     # a malicious (or the honest) server's modification of the global model (--server NAME[:...]);
     # SERVER_SPEC, since its modules sit beside the models' in models/. parameters: its keys, the
     # first one the value a bare number fills (server_spec.py parses them); integers: those taking
-    # an integer; example: a valid --server text
-    "server": (("gradleak.models",), "SERVER_SPEC", ("name", "summary"), ("parameters", "integers", "example")),
+    # an integer; exclusive: [key, key, why] pairs not to give together; example: a valid --server
+    # text; build: the name of its builder in the module, build(spec, **given parameters) ->
+    # ModelSpec (none: the global model as it is)
+    "server": (("gradleak.models",), "SERVER_SPEC", ("name", "summary"),
+               ("parameters", "integers", "exclusive", "example", "build")),
+    # a modality (--modality NAME), MODALITY_SPEC in the module that registers its case builder
+    # (pipeline/<name>.py); the keys are modalities.Modality's, its callables (share, report,
+    # summary_lines) named as functions of that module; default: a record naming no modality is its
+    "modality": (("gradleak.pipeline",), "MODALITY_SPEC",
+                 ("name", "summary", "share", "report", "attack_kind", "model_kind", "files", "summary_keys",
+                  "measures", "nothing"),
+                 ("model_extra", "data_sources", "own_fields", "refuses", "default_attack", "run_prefix", "no_value",
+                  "data_label", "summary_lines", "verdict_family", "portfolio_keys", "default")),
     # build: the name of its builder in the module, build(num_classes, seed) -> TextModel
     "text model": (("gradleak.text",), "SPEC", ("name", "summary", "build"), ()),
 }
@@ -421,10 +432,40 @@ def _check_values(kind: str, literal: dict[str, Any], where: str) -> None:
                                 and all(v > 0 for v in literal["std"])):
         raise ConfigError(f"{where}: model {literal['name']!r} needs an image_size in 4..1024 and mean and std lists of "
                           "numbers (std > 0)")
-    if kind == "server" and not (names("parameters") and names("integers")
-                                 and set(literal.get("integers", [])) <= set(literal.get("parameters", []))):
+    if kind == "server":
+        _check_server(literal, where, names)
+    if kind == "modality":
+        _check_modality(literal, where, names)
+
+
+def _check_server(literal: dict[str, Any], where: str, names: Callable[[str], bool]) -> None:
+    """A server declaration's parameter names, integers and exclusive pairs (among its parameters)."""
+    params = set(literal.get("parameters", []))
+    if not (names("parameters") and names("integers") and set(literal.get("integers", [])) <= params):
         raise ConfigError(f"{where}: server {literal['name']!r} parameters and integers must be lists of names "
                           "(integers among its parameters)")
+    pairs = literal.get("exclusive", [])
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 3 and all(isinstance(v, str) for v in p)
+                                            and {p[0], p[1]} <= params for p in pairs)
+            and isinstance(literal.get("build", ""), str)):
+        raise ConfigError(f"{where}: server {literal['name']!r} exclusive must list [parameter, parameter, why] and "
+                          "build name its builder")
+
+
+def _check_modality(literal: dict[str, Any], where: str, names: Callable[[str], bool]) -> None:
+    """A modality declaration: its callables named (functions of its module), its lists of names,
+    its refusals as [[field, ...], why] and what it measures."""
+    refuses = literal.get("refuses", [])
+    if not (all(isinstance(literal.get(k, "f"), str) and literal.get(k, "f").isidentifier()
+                for k in ("share", "report", "summary_lines"))
+            and all(names(k) for k in ("summary_keys", "own_fields", "portfolio_keys"))
+            and isinstance(refuses, list) and all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], list)
+                                                  and all(isinstance(f, str) for f in r[0]) and isinstance(r[1], str)
+                                                  for r in refuses)
+            and literal["measures"] in ("images", "tokens")):
+        raise ConfigError(f"{where}: modality {literal['name']!r} needs share, report and summary_lines naming "
+                          "functions of its module, lists of names, refuses as [[field, ...], why] and measures "
+                          "'images' or 'tokens'")
 
 
 def _check_parameters(literal: dict[str, Any], where: str) -> None:

@@ -333,3 +333,119 @@ def test_dropping_a_defense_a_model_and_an_experiment_adds_them(tmp_path):
     rows = json.loads((tmp_path / "exp" / "experiment.json").read_text())["rows"]
     assert [r["factor"] for r in rows] == [1.0, 0.25]
     assert all(r["psnr_oracle_pairing"] >= 60 and r["verdict"] == "leaked" for r in rows), rows
+
+
+def test_modalities_and_servers_declare_themselves_in_their_own_modules():
+    """Issue 58: each modality's MODALITY_SPEC (pipeline/<name>.py) and each server's SERVER_SPEC
+    (models/) is read without importing its module, is the literal the module holds, and the
+    callables it names (share, report, summary_lines; a server's build) are that module's."""
+    from gradleak.modalities import MODALITIES, modality_named
+
+    declared = specs.declarations("modality")
+    assert list(declared) == list(MODALITIES) == ["image", "text"]
+    assert declared["image"].module == "gradleak.pipeline.image" and declared["text"].module == "gradleak.pipeline.text"
+    for name, decl in declared.items():
+        module = importlib.import_module(decl.module)
+        assert module.MODALITY_SPEC == decl.values and modality_named(name).plugin == decl.module
+        for key in ("share", "report", "summary_lines"):
+            assert decl.get(key) is None or callable(getattr(module, decl.get(key))), (name, key)
+    assert modality_named("text").summary_lines({"recovered_sentences": ["a b"]}) == ["  recovered: a b"]
+    for name, decl in specs.declarations("server").items():
+        assert decl.get("build") is None or callable(getattr(importlib.import_module(decl.module), decl.get("build")))
+    assert specs.declarations("server")["honest"].get("build") is None
+    base = {"name": "x", "summary": "s", "share": "share", "report": "report", "attack_kind": "attack",
+            "model_kind": "model", "files": "f.png", "summary_keys": [], "measures": "images", "nothing": "n"}
+    specs.make_declaration("modality", base, "m")
+    for bad in ({**base, "measures": "sounds"}, {**base, "share": "pkg.mod:share"}, {**base, "refuses": {"a": "b"}}):
+        with pytest.raises(ConfigError, match="modality 'x' needs share"):
+            specs.make_declaration("modality", bad, "m")
+    with pytest.raises(ConfigError, match="exclusive must list"):
+        specs.make_declaration("server", {"name": "x", "summary": "s", "parameters": ["a"],
+                                          "exclusive": [["a", "b", "why"]]}, "m")
+
+
+DAMPED = '''
+"""A malicious server added by dropping this file into models/ (tests/attacks/test_specs.py)."""
+
+SERVER_SPEC = {"name": "damped", "summary": "every weight of the global model times a factor", "parameters": ["factor"],
+               "example": "damped:factor=0.5", "build": "damped_server"}
+
+
+def damped_server(spec, *, factor=None):
+    import copy
+    from dataclasses import replace
+
+    import torch
+
+    f = 0.5 if factor is None else factor
+    module = copy.deepcopy(spec.module)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.mul_(f)
+    return replace(spec, module=module, kwargs={**spec.kwargs, "server": f"damped:factor={f!r}"})
+'''
+
+AUDIO = '''
+"""A modality declared by dropping this file into pipeline/ (tests/attacks/test_specs.py)."""
+
+MODALITY_SPEC = {"name": "audio", "summary": "sounds", "share": "share_audio", "report": "audio_report",
+                 "attack_kind": "attack", "model_kind": "model", "files": "reconstruction.wav",
+                 "summary_keys": ["snr"], "measures": "images", "nothing": "rebuilt no sound"}
+'''
+
+SERVER_CHECK = '''
+import json, sys
+import torch
+from gradleak import specs
+from gradleak.fl import read_update_meta
+from gradleak.modalities import modality_named, recorded_modality
+from gradleak.models import build_model
+from gradleak.server_spec import parse_server
+
+clean = build_model("lenet-dlg", num_classes=10, seed=0)
+damped = build_model("lenet-dlg", num_classes=10, seed=0, server="damped:0.25")
+same = all(bool((b == a * 0.25).all()) for a, b in zip(clean.module.parameters(), damped.module.parameters()))
+audio = modality_named("audio")
+print(json.dumps({"parsed": parse_server("damped:0.25").factor, "scaled": same, "server": damped.kwargs["server"],
+                  "file": read_update_meta(sys.argv[1]).model_kwargs.get("server"),
+                  "audio": [audio.plugin, audio.share, specs.declarations("modality")["audio"].module],
+                  "default": recorded_modality(None).name}))
+'''
+
+
+@pytest.mark.slow
+def test_dropping_a_server_and_a_modality_declaration_adds_them(tmp_path):
+    """On a copy of the package with models/damped.py (a malicious server: its SERVER_SPEC and
+    builder, nothing else) and pipeline/audio.py (a modality's declaration) and no other edit:
+    `gradleak list` names the server, a misspelt one gets its "did you mean", its parameter is
+    parsed from its declaration, `share --server damped:0.25` builds the damped model and records
+    it in the update file, and the modality is found from its own module (image stays the default)."""
+    src = tmp_path / "src"
+    shutil.copytree(Path(gradleak.__file__).parent, src / "gradleak", ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "gradleak" / "models" / "damped.py").write_text(DAMPED)
+    (src / "gradleak" / "pipeline" / "audio.py").write_text(AUDIO)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "gradleak.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    listed = cli("list").stdout
+    assert "damped " in listed.split("servers")[1].split("text models")[0], listed
+    assert "damped[:factor=X]" in " ".join(cli("attack", "--help").stdout.split())
+    for argv, hint in ((["--server", "dampd"], "did you mean 'damped'"),
+                       (["--server", "damped:factor=x"], "server damped: factor must be a number, got 'x'"),
+                       (["--server", "damped:gain=1"], "unknown or repeated parameter 'gain' (factor)")):
+        refused = cli("attack", *argv, "--no-progress")
+        assert refused.returncode == 2 and hint in refused.stderr, (argv, refused.stderr)
+    update = tmp_path / "damped.safetensors"
+    shared = cli("share", "--model", "lenet-dlg", "--data", "cifar10-samples", "--batch-size", "1", "--server",
+                 "damped:0.25", "--out", str(update))
+    assert shared.returncode == 0, shared.stderr
+    done = subprocess.run([sys.executable, "-c", SERVER_CHECK, str(update)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"parsed": 0.25, "scaled": True, "server": "damped:factor=0.25",
+                                       "file": "damped:factor=0.25", "default": "image",
+                                       "audio": ["gradleak.pipeline.audio", "gradleak.pipeline.audio:share_audio",
+                                                 "gradleak.pipeline.audio"]}

@@ -49,10 +49,11 @@ def add_audit_flower_parser(sub: Any) -> None:
     f.add_argument("--attack", default="dlg", help="gradleak attack run on each update: " + _attack_names()
                    + " (auto: closed form first; the default of gradleak attack, not of the audit; imprint and trap "
                    "read the block of --server imprint or trap) (default: dlg)")
+    from ..server_spec import server_usage  # torch-free: the declared servers and their parameters
+
     f.add_argument("--server", default="honest",
-                   help="what the server sends the clients: honest | imprint[:bins=N,mean=M,std=S,gain=G] | "
-                        "trap[:rows=N,shrink=A|rate=R,seed=S,gain=G] (a malicious server's block in front of "
-                        "--model; the clients train the model it sends) (default: honest)")
+                   help=f"what the server sends the clients: {server_usage()} (N an integer, X a number; a malicious "
+                        "server's block in front of --model; the clients train the model it sends) (default: honest)")
     f.add_argument("--out", required=True, help="output folder: audit.csv (the index), audit.json, runs/ (a run "
                                                 "folder per attacked update: round-RRR-client-C/)")
     f.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the attack's)")

@@ -15,10 +15,14 @@ from ..errors import ConfigError
 from .spec import ModelSpec
 
 # Declared for the catalog (specs.declarations reads this without torch; server_spec.py parses
-# --server imprint[:...] with its parameters, the first of them a bare value's).
+# --server imprint[:...] with its parameters, the first of them a bare value's; models/server.py
+# builds it with imprint_server).
 SERVER_SPEC = {"name": "imprint", "summary": "imprint block before the model: each bin's rows rebuild one image "
                "(Fowl et al., ICLR 2022)", "parameters": ["bins", "mean", "std", "gain"], "integers": ["bins"],
-               "example": "imprint:bins=64"}
+               "example": "imprint:bins=64", "build": "imprint_server"}
+
+# The bins the server sends when --server imprint gives none.
+DEFAULT_BINS = 64
 
 # How loud and how visible the block is. linear2's weights all hold ``gain``; linear0's rows are
 # the measurement scaled by s = IMPRINT_SHIFT / gain (row s/d, bias -s c_i). The victim sees its
@@ -190,5 +194,14 @@ def imprint_model(spec: ModelSpec, *, bins: int, mean: float, std: float, gain: 
     return replace(spec, module=ImprintedNet(block, victim), kwargs=kwargs)
 
 
-__all__ = ["IMPRINT_GAIN", "ImprintBlock", "ImprintedNet", "MAX_BINS", "PUBLIC_BRIGHTNESS_MEAN",
-           "PUBLIC_BRIGHTNESS_STD", "default_brightness_prior", "imprint_model", "imprint_thresholds"]
+def imprint_server(spec: ModelSpec, *, bins: int | None = None, mean: float | None = None, std: float | None = None,
+                   gain: float | None = None) -> ModelSpec:
+    """``--server imprint[:...]``'s model: imprint_model with each parameter not given at its
+    default (DEFAULT_BINS, the public brightness prior, IMPRINT_GAIN)."""
+    prior_mean, prior_std = default_brightness_prior(spec)
+    return imprint_model(spec, bins=DEFAULT_BINS if bins is None else bins, mean=prior_mean if mean is None else mean,
+                         std=prior_std if std is None else std, gain=IMPRINT_GAIN if gain is None else gain)
+
+
+__all__ = ["DEFAULT_BINS", "IMPRINT_GAIN", "ImprintBlock", "ImprintedNet", "MAX_BINS", "PUBLIC_BRIGHTNESS_MEAN",
+           "PUBLIC_BRIGHTNESS_STD", "default_brightness_prior", "imprint_model", "imprint_server", "imprint_thresholds"]

@@ -17,11 +17,13 @@ from ..errors import ConfigError
 from .spec import ModelSpec
 
 # Declared for the catalog (specs.declarations reads this without torch; server_spec.py parses
-# --server trap[:...] with its parameters, the first of them a bare value's).
+# --server trap[:...] with its parameters, the first of them a bare value's, refusing shrink and
+# rate together; models/server.py builds it with trap_server).
 SERVER_SPEC = {"name": "trap", "summary": "trap weights in a fully connected first layer: rows firing for one "
                "image rebuild it (Boenisch et al., EuroS&P 2023)", "parameters": ["rows", "shrink", "rate", "seed",
                                                                                   "gain"],
-               "integers": ["rows", "seed"], "example": "trap:rows=1000"}
+               "integers": ["rows", "seed"], "exclusive": [["shrink", "rate", "the shrink is calibrated for the rate"]],
+               "example": "trap:rows=1000", "build": "trap_server"}
 
 # Rows the server sends by default (at most MAX_TRAP_ENTRIES // d: 891 at 224 px RGB). Measured on
 # 5 batches of 8 from each of cifar10-samples and cifar100-samples at the default rate, 32 px: with
@@ -239,5 +241,15 @@ def trap_model(spec: ModelSpec, *, rows: int = DEFAULT_ROWS, shrink: float, seed
     return replace(spec, module=TrappedNet(block, victim), kwargs=kwargs)
 
 
+def trap_server(spec: ModelSpec, *, rows: int | None = None, shrink: float | None = None, rate: float | None = None,
+                seed: int | None = None, gain: float | None = None) -> ModelSpec:
+    """``--server trap[:...]``'s model: trap_model with each parameter not given at its default
+    (default_rows, the shrink calibrated for ``rate`` or DEFAULT_RATE, DEFAULT_SEED, TRAP_GAIN)."""
+    if shrink is None:
+        shrink = calibrate_shrink(spec.input_shape, DEFAULT_RATE if rate is None else rate)
+    return trap_model(spec, rows=default_rows(spec.input_shape) if rows is None else rows, shrink=shrink,
+                      seed=DEFAULT_SEED if seed is None else seed, gain=TRAP_GAIN if gain is None else gain)
+
+
 __all__ = ["DEFAULT_RATE", "DEFAULT_ROWS", "TRAP_GAIN", "TrapBlock", "TrappedNet", "calibrate_shrink",
-           "default_rows", "firing_rate", "public_crops", "shapes_only", "trap_model", "trap_rows"]
+           "default_rows", "firing_rate", "public_crops", "shapes_only", "trap_model", "trap_rows", "trap_server"]

@@ -29,6 +29,25 @@ from ..models.server import server_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
 from .record import versions
 
+# The image modality's declaration (modalities.py reads it without importing this module; see
+# modalities.Modality for the keys): share, report name functions of this module.
+MODALITY_SPEC = {
+    "name": "image", "summary": "images: PSNR, SSIM and the images identified against the truth", "default": True,
+    "share": "simulate_client", "report": "render_image_report", "attack_kind": "attack", "model_kind": "model",
+    "model_extra": " or package.module:callable", "data_sources": True, "files": "reconstruction.png",
+    "summary_keys": ["psnr_mean", "zero_psnr_mean", "above_zero_image", "ssim_mean", "mse_mean", "label_accuracy",
+                     "fft2d_mean", "rpsnr_mean", "lpips_mean", "iip", "gradient_distance", "iterations",
+                     "wall_seconds"],
+    "no_value": "n/a (no ground truth)", "measures": "images", "nothing": "rebuilt nothing recognisable",
+}
+
+
+def render_image_report(folder: Path) -> Path:
+    """report.html of an image run folder (the renderer imported only when a report is written)."""
+    from ..report import render_report
+
+    return render_report(folder)
+
 
 def client_batch(cfg: AttackConfig) -> tuple[Batch, str, int]:
     """The client's private batch (all N clients' samples under ``aggregate``, client by client,

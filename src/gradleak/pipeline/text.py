@@ -24,6 +24,43 @@ from ..text.models import DEFAULT_TEXT_MODEL, build_text_model
 from .case import Case, Observer, defended_file_update, file_values, modality, threat_model
 from .record import jsonable, versions
 
+# The text modality's declaration (modalities.py reads it without importing this module; see
+# modalities.Modality for the keys): share, report and summary_lines name functions of this module.
+# Its default attack is DLG (text/attacks/dlg.py); "auto" is text's own chooser (text/attacks/auto.py).
+MODALITY_SPEC = {
+    "name": "text", "summary": "sentences: token accuracy, BLEU and ROUGE against the truth",
+    "share": "share_text_client", "report": "render_text_report", "attack_kind": "text attack",
+    "model_kind": "text model", "own_fields": ["text"],
+    "refuses": [[["server"], "--server applies to image models (the imprint block reads images)"],
+                [["local_epochs", "local_optimizer", "local_momentum", "local_nesterov", "local_weight_decay",
+                  "local_betas", "local_eps", "local_augment", "local_crop_padding"],
+                 "--local-epochs, --local-optimizer and their constants, and --local-augment apply to the image "
+                 "modality (the text client trains with plain SGD over --local-steps)"]],
+    "default_attack": "dlg", "run_prefix": "text-", "files": "reconstruction.json",
+    "summary_keys": ["token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
+                     "label_accuracy", "gradient_distance", "iterations", "wall_seconds"],
+    "data_label": "text", "summary_lines": "sentence_lines", "verdict_family": "text", "measures": "tokens",
+    "nothing": "recovered no text", "portfolio_keys": ["rouge1", "rougeL", "token_accuracy", "exact_sentences"],
+}
+
+
+def render_text_report(folder: Path) -> Path:
+    """report.html of a text run folder (the renderer imported only when a report is written)."""
+    from ..text.report import render_text_report as render
+
+    return render(folder)
+
+
+def sentence_lines(metrics: dict[str, Any]) -> list[str]:
+    """A text run's sentences under its summary: each original beside what came back."""
+    sentences = metrics.get("per_sentence") or []
+    lines = []
+    for r in sentences:
+        lines += [f"  original : {r['original']}", f"  recovered: {r['recovered']}"]
+    if not sentences:
+        lines += [f"  recovered: {sentence}" for sentence in metrics.get("recovered_sentences", [])]
+    return lines
+
 # AttackConfig fields a text run reads; any other field set to a non-default value is an error.
 # The attack's own constants (TEXT_FLAT_FIELDS) are checked against the chosen attack when it is
 # resolved (text/configs.py).
