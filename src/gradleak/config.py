@@ -14,11 +14,14 @@ from .catalog import IMAGE_ATTACKS, TEXT_ATTACKS
 from .errors import ConfigError, GradleakError, InputFileError
 from .paths import MAX_JSON_DEPTH, check_tree, name_max, one_line, read_text_file
 from .server_spec import server_usage
+from .specs import declarations
 
 # The largest seed: torch's generators take seeds below 2**64, and the attacks and clients add
 # offsets to the seed they are given (restarts, trials, noise streams, clients), so one bit is
 # left for them. Every seed a config, an experiment or a file gives is bounded by it.
 MAX_SEED = 2**63 - 1
+# The declared modalities (each module's MODALITY_SPEC, read without importing it): --modality's choices.
+MODALITY_NAMES = tuple(declarations("modality"))
 # Config fields that name files or folders: a NUL byte makes every file system call fail.
 PATH_FIELDS = ("data", "data_root", "checkpoint", "update", "truth", "out")
 
@@ -41,7 +44,8 @@ class _RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what is attacked
-    modality: Literal["image", "text"] = Field("image", description="what the client trains on: image | text")
+    modality: Literal[MODALITY_NAMES] = Field("image", description="what the client trains on: "  # type: ignore[valid-type]
+                                             f"{' | '.join(MODALITY_NAMES)}")
     # The default is the worst case an auditor asks for first (closed form first):
     # auto runs the closed-form attacks that apply and falls back to optimisation (attacks/auto.py).
     attack: str = Field("auto", description=f"attack: {' | '.join(IMAGE_ATTACKS)} (text: {' | '.join(TEXT_ATTACKS)})")
