@@ -26,18 +26,16 @@ SPEC = {
 }
 
 import importlib
-import math
 from typing import Any
 
 from ..defenses.floor import NoiseFloor, noise_floor
-from ..errors import GradleakError
+from ..engine import Engine
 from ..fl.threats import ThreatModel
 from ..fl.update import SharedUpdate
 from ..models import ModelSpec
-from ..paths import one_line
 from ..specs import attack_specs
 from .configs import CLOSED_FORM, CONFIGS, AutoConfig
-from ..engine import Engine, StateFileError
+from .portfolio import Answer, Portfolio, run_portfolio, score
 from .reconstruction import Reconstruction
 from .verdict import Convergence, converged_below, verdict
 
@@ -73,116 +71,100 @@ def _closed_form(name: str) -> Any:
     return importlib.import_module(CONFIGS[name].spec.module)
 
 
-def _score(rec: Reconstruction) -> float:
-    rel = rec.extra.get("relative_gradient_distance")
-    return float(rel) if isinstance(rel, (int, float)) and math.isfinite(rel) else math.inf
+class ImagePortfolio(Portfolio):
+    """The image chooser's hooks for the portfolio driver (attacks/portfolio.py): the closed forms,
+    each checked first, then the optimisation portfolio ``cfg.portfolio``; one noise floor for all;
+    each answer judged on its own attack's line; the history the kept answer's own observations."""
 
+    def __init__(self, cfg: AutoConfig, update: SharedUpdate, model: ModelSpec) -> None:
+        super().__init__(update, model)
+        self.cfg, self.the_floor = cfg, noise_floor(update)
+        self.portfolio = {m.attack: m for m in cfg.portfolio}
+        self.several = len(cfg.portfolio) > 1
+        self.observed: dict[str, dict[int, float]] = {}
 
-def _better(name: str, rec: Reconstruction, converged: bool, best: tuple[str, Reconstruction, bool] | None) -> bool:
-    """Whether (name, rec) explains the update better than the best so far, attacker side only: an
-    imprint answer before any that did not converge (the inputs it separated are read off the
-    update), else the smaller relative gradient distance. Each attack's own convergence line does
-    not rank them: the priors' line (0.4) is far looser than DLG's (1e-5), and a DLG answer at 0.03
-    explains the update better than a prior-regularised one "converged" at 0.1."""
-    if best is None:
-        return True
-    if (name == "imprint") != (best[0] == "imprint"):
-        other_converged = best[2] if name == "imprint" else converged
-        if not other_converged:
-            return name == "imprint"
-    return _score(rec) < _score(best[1])
+    def members(self) -> tuple[str, ...]:
+        return (*CLOSED_FORM, *self.portfolio)
 
+    def resolve(self, name: str) -> Any:
+        return CONFIGS[name](seed=self.cfg.seed) if name in CLOSED_FORM else self.portfolio[name]  # type: ignore[call-arg]
 
-def _tried_entry(name: str, rec: Reconstruction, conv: Convergence, closed: bool) -> dict[str, Any]:
-    """What the record says of one member that ran: its convergence, distance and cost."""
-    entry = {"attack": name, "applies": True, "converged": conv.converged,
-             "relative_gradient_distance": conv.relative_gradient_distance, "seconds": round(rec.wall_seconds, 3)}
-    if not closed:
-        entry["iterations"] = rec.iterations
-    if floor_only(conv):   # converged only onto the noise floor: no sign of a rebuilt input
-        entry["floor_only"] = True
-    return entry
+    def check(self, name: str) -> None:
+        if name in CLOSED_FORM:  # the typed refusals, a cost over its bound (rgap) included
+            _closed_form(name).check(self.update, self.model)
 
+    def scope(self, name: str) -> str:
+        # each member of a portfolio checkpoints under its own name (state.Session.scope)
+        return f"{name}/" if self.several and name not in CLOSED_FORM else ""
 
-def _enough(name: str, conv: Convergence, closed: bool, several: bool, floor: NoiseFloor) -> str:
-    """Why the chooser stops at this member ("" to go on): a closed form that converged, or a
-    portfolio member whose answer is within DLG's line."""
-    if closed and conv.converged:
-        return f"{name} applies and its answer {fit_words(conv)}"
-    if not closed and several and conv.relative_gradient_distance is not None \
-            and conv.relative_gradient_distance <= converged_below("dlg", floor):
-        return (f"{name}'s answer {fit_words(conv, exactly=True)} (within DLG's line): the rest of the portfolio "
-                "was not needed")
-    return ""
+    def floor(self, rec: Reconstruction) -> NoiseFloor:
+        return self.the_floor
+
+    def judge(self, name: str, rec: Reconstruction, floor: NoiseFloor) -> Convergence:
+        return verdict(name, rec.extra, floor)
+
+    def entry(self, answer: Answer) -> dict[str, Any]:
+        entry: dict[str, Any] = {} if answer.name in CLOSED_FORM else {"iterations": answer.rec.iterations}
+        if floor_only(answer.conv):   # converged only onto the noise floor: no sign of a rebuilt input
+            entry["floor_only"] = True
+        return entry
+
+    def better(self, answer: Answer, best: Answer | None) -> bool:
+        """An imprint answer before any that did not converge (the inputs it separated are read off
+        the update), else the smaller relative gradient distance. Each attack's own convergence line
+        does not rank them: the priors' line (0.4) is far looser than DLG's (1e-5), and a DLG answer
+        at 0.03 explains the update better than a prior-regularised one "converged" at 0.1."""
+        if best is None:
+            return True
+        if (answer.name == "imprint") != (best.name == "imprint"):
+            other_converged = best.conv.converged if answer.name == "imprint" else answer.conv.converged
+            if not other_converged:
+                return answer.name == "imprint"
+        return score(answer.rec) < score(best.rec)
+
+    def enough(self, answer: Answer) -> str:
+        """A closed form that converged, or a portfolio member whose answer is within DLG's line."""
+        name, conv = answer.name, answer.conv
+        if name in CLOSED_FORM and conv.converged:
+            return f"{name} applies and its answer {fit_words(conv)}"
+        if name not in CLOSED_FORM and self.several and conv.relative_gradient_distance is not None \
+                and conv.relative_gradient_distance <= converged_below("dlg", answer.floor):
+            return (f"{name}'s answer {fit_words(conv, exactly=True)} (within DLG's line): the rest of the "
+                    "portfolio was not needed")
+        return ""
+
+    def why_kept(self, best: Answer, tried: list[dict[str, Any]], answers: list[Answer]) -> str:
+        """Worded by the kept answer's own evidence."""
+        name, conv = best.name, best.conv
+        if name in CLOSED_FORM:
+            return f"no attack converged; {name} is kept (" + (
+                "it reads the separated inputs off the update" if name == "imprint" else "it explains the update best") + ")"
+        ran = any(t["applies"] for t in tried if t["attack"] in CLOSED_FORM)
+        head = (("no closed-form attack explained the update" if ran else "no closed-form attack applies")
+                + f"; fell back to optimisation ({', '.join(self.cfg.members)}): ")
+        if floor_only(conv):
+            return head + f"{name}'s answer is kept: it {fit_words(conv)}"
+        return (head + f"{name}'s answer explains the update " + ("best " if len(answers) > 1 else "")
+                + f"(relative distance {score(best.rec):.2e}"
+                + (", within its line)" if conv.converged else ", not within its line)"))
+
+    def recorded(self) -> dict[str, Any]:
+        budget = {m.attack: int(getattr(m, "iterations", 0) or 0) for m in self.cfg.portfolio}
+        return {"portfolio": list(self.cfg.members), "budget_iterations": budget}
+
+    def started(self, name: str, engine: Engine) -> None:
+        _observed(engine, {})
+
+    def finished(self, name: str, engine: Engine) -> None:
+        self.observed[name] = _observed(engine)
+
+    def kept(self, name: str, engine: Engine) -> None:
+        _observed(engine, self.observed.get(name, {}))  # the history shows the kept answer's own observations
 
 
 def run(cfg: AutoConfig, update: SharedUpdate, model: ModelSpec, engine: Engine) -> Reconstruction:
     """The chooser (module doc): closed forms first, then the portfolio ``cfg.portfolio``."""
-    floor = noise_floor(update)
-    tried: list[dict[str, Any]] = []
-    answers: list[tuple[str, Reconstruction]] = []
-    observed: dict[str, dict[int, float]] = {}
-    spent = 0.0
-    best: tuple[str, Reconstruction, bool] | None = None
-    error: GradleakError | None = None
-    members: list[tuple[str, Any]] = [(name, CONFIGS[name](seed=cfg.seed)) for name in CLOSED_FORM]  # type: ignore[call-arg]
-    members += [(m.attack, m) for m in cfg.portfolio]
-    several = len(cfg.portfolio) > 1
-    why = ""
-    for name, member in members:
-        closed = name in CLOSED_FORM
-        if closed:
-            try:
-                _closed_form(name).check(update, model)  # the typed refusals, a cost over its bound (rgap) included
-            except GradleakError as exc:
-                tried.append({"attack": name, "applies": False, "why": one_line(str(exc))})
-                continue
-        _observed(engine, {})
-        # each member of a portfolio checkpoints under its own name (state.Session.scope)
-        engine.session.scope = f"{name}/" if several and not closed else ""
-        try:
-            rec = engine.run(member, update, model)
-        except StateFileError:
-            raise
-        except GradleakError as exc:  # the member refused this update at run time: the next one
-            tried.append({"attack": name, "applies": False, "why": one_line(str(exc)), "error": type(exc).__name__})
-            error = exc
-            continue
-        finally:
-            engine.session.scope = ""
-        observed[name] = _observed(engine)
-        spent += rec.wall_seconds
-        conv = verdict(name, rec.extra, floor)
-        tried.append(_tried_entry(name, rec, conv, closed))
-        answers.append((name, rec))
-        if _better(name, rec, conv.converged, best):
-            best = (name, rec, conv.converged)
-        why = _enough(name, conv, closed, several, floor)
-        if why:
-            break
-    if best is None:
-        assert error is not None  # every member raised or refused, the portfolio's last one with an error
-        raise error
-    name, rec, _ = best
-    _observed(engine, observed.get(name, {}))  # the history shows the kept answer's own observations
-    if not why:
-        why = _why_kept(name, rec, verdict(name, rec.extra, floor), tried, len(answers), cfg)
-    return _chosen(name, rec, tried, why, spent, cfg, [a for a in answers if a[1] is not rec])
-
-
-def _why_kept(name: str, rec: Reconstruction, conv: Convergence, tried: list[dict[str, Any]], answered: int,
-              cfg: AutoConfig) -> str:
-    """Why auto kept this answer when none stopped it early, worded by the answer's own evidence."""
-    if name in CLOSED_FORM:
-        return f"no attack converged; {name} is kept (" + (
-            "it reads the separated inputs off the update" if name == "imprint" else "it explains the update best") + ")"
-    ran = any(t["applies"] for t in tried if t["attack"] in CLOSED_FORM)
-    head = (("no closed-form attack explained the update" if ran else "no closed-form attack applies")
-            + f"; fell back to optimisation ({', '.join(cfg.members)}): ")
-    if floor_only(conv):
-        return head + f"{name}'s answer is kept: it {fit_words(conv)}"
-    return (head + f"{name}'s answer explains the update " + ("best " if answered > 1 else "")
-            + f"(relative distance {_score(rec):.2e}" + (", within its line)" if conv.converged else ", not within its line)"))
+    return run_portfolio(ImagePortfolio(cfg, update, model), engine)
 
 
 def floor_only(conv: Convergence) -> bool:
@@ -212,17 +194,6 @@ def _observed(engine: Engine, replace: dict[int, float] | None = None) -> dict[i
         engine.observer.points = dict(replace)  # type: ignore[union-attr]
     points = getattr(engine.observer, "points", None)
     return dict(points) if isinstance(points, dict) else {}
-
-
-def _chosen(name: str, rec: Reconstruction, tried: list[dict[str, Any]], why: str, spent: float, cfg: AutoConfig,
-            alternatives: list[tuple[str, Reconstruction]]) -> Reconstruction:
-    rec.wall_seconds = spent  # the chooser's whole cost: every attack it ran
-    rec.extra["attack_used"] = name
-    budget = {m.attack: int(getattr(m, "iterations", 0) or 0) for m in cfg.portfolio}
-    rec.extra["auto"] = {"used": name, "why": why, "tried": tried, "portfolio": list(cfg.members),
-                         "budget_iterations": budget}
-    rec.alternatives = alternatives
-    return rec
 
 
 __all__ = ["SPEC", "auto_portfolio", "run"]
