@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from .checks import check_names, say, threads_for_busy_cpu
+from ..specs import read_literal
 from .flags import fmt_default
 
 
-# `gradleak train`'s defaults (training.TrainConfig, which imports torch; checked by the tests).
-TRAIN_DEFAULTS = {"model": "lenet-dlg", "data": "fashion-mnist", "epochs": 1.0, "batch_size": 64, "lr": 0.05,
-                  "momentum": 0.9, "checkpoints": (0.0, 0.3, 0.7, 1.0), "test_subset": 2000, "seed": 0,
-                  "model_seed": 0}
+# `gradleak train`'s defaults, as training/config.py declares them for TrainConfig (read without
+# importing it: it imports torch).
+TRAIN_DEFAULTS = read_literal(Path(__file__).resolve().parents[1] / "training" / "config.py", "TRAIN_DEFAULTS")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

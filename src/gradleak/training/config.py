@@ -32,6 +32,11 @@ def _finite(name: str, value: Any) -> float:
 
 
 MAX_EPOCHS = 1000.0  # a bound on absurd requests (1e12 epochs would never end)
+# `gradleak train`'s defaults, declared once: TrainConfig's fields take them, and the CLI's --help
+# reads this literal without importing the module (specs.read_literal: no torch).
+TRAIN_DEFAULTS = {"model": "lenet-dlg", "data": "fashion-mnist", "epochs": 1.0, "batch_size": 64, "lr": 0.05,
+                  "momentum": 0.9, "checkpoints": (0.0, 0.3, 0.7, 1.0), "test_subset": 2000, "seed": 0,
+                  "model_seed": 0}
 
 
 @dataclass(frozen=True)
@@ -53,21 +58,21 @@ class TrainConfig:
     seed:           data subset, shuffling, defense noise, global RNG; model_seed: initial weights.
     """
 
-    model: str = "lenet-dlg"
+    model: str = TRAIN_DEFAULTS["model"]
     width: int | None = None
-    data: str = "fashion-mnist"
+    data: str = TRAIN_DEFAULTS["data"]
     data_root: str | None = None
     image_size: int | None = None
-    epochs: float = 1.0
-    batch_size: int = 64
-    lr: float = 0.05
-    momentum: float = 0.9
+    epochs: float = TRAIN_DEFAULTS["epochs"]
+    batch_size: int = TRAIN_DEFAULTS["batch_size"]
+    lr: float = TRAIN_DEFAULTS["lr"]
+    momentum: float = TRAIN_DEFAULTS["momentum"]
     defense: tuple[str, ...] = ()
-    checkpoints: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
+    checkpoints: tuple[float, ...] = TRAIN_DEFAULTS["checkpoints"]
     train_subset: int | None = None
-    test_subset: int | None = 2000
-    seed: int = 0
-    model_seed: int = 0
+    test_subset: int | None = TRAIN_DEFAULTS["test_subset"]
+    seed: int = TRAIN_DEFAULTS["seed"]
+    model_seed: int = TRAIN_DEFAULTS["model_seed"]
 
     def __post_init__(self) -> None:
         self._check_model_and_data()
