@@ -153,8 +153,9 @@ def test_dashboard_over_runs_labels_what_was_attacked(tmp_path, capsys):
 
 
 def test_the_text_report_uses_the_same_boxes():
-    """text/report.py and report.html share page.verdict_notice: a leaked text run shows no "not
-    safe" box, an inconclusive one says it once (the text page had kept the old, doubling notice)."""
+    """The text and the image report share page.verdict_notice (run_page, their one skeleton): a
+    leaked text run shows no "not safe" box, an inconclusive one says it once (the text page had
+    kept the old, doubling notice)."""
     from gradleak.report.page import verdict_notice
 
     reason = "the relative distance 0.5 is above its line 0.1; low scores here are not evidence that the client is safe"
@@ -163,6 +164,6 @@ def test_the_text_report_uses_the_same_boxes():
     assert SAFE not in verdict_notice(leaked) and "did not converge" not in verdict_notice(leaked)
     inconclusive = {**leaked, "verdict": "inconclusive", "verdict_reason": "no text recovered"}
     assert verdict_notice(inconclusive).lower().count(SAFE.lower()) == 1
-    import gradleak.text.report as text_report
+    from gradleak.report import run_page
 
-    assert text_report.verdict_notice is verdict_notice
+    assert run_page.verdict_notice is verdict_notice   # the one run report skeleton, both modalities

@@ -1,33 +1,28 @@
-"""A self-contained HTML report for one run folder."""
+"""The image run report: the sections of an image run folder's report.html (summary, pictures,
+per-image scores, the defense's evidence, the loss), framed by the run report skeleton
+(:mod:`gradleak.report.run_page`)."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from gradleak.errors import DataError
-from gradleak.paths import check_input_file, check_output_file, loads_json, one_line, read_text_file
+from gradleak.paths import check_input_file
 from gradleak.report.figures import loss_plot_png
-from gradleak.report.page import (figure, format_value, html_page, inputs_exact, kv_table, page_css, value_cell, verdict_notice,
-                                  write_page)
+from gradleak.report.page import figure, format_value, inputs_exact, kv_table, page_css, value_cell
+from gradleak.report.run_page import RunFolder, RunPage, check_not_link, folded_json, render_run_report
+# The run folder's readers live in run_page, the skeleton both modalities' reports share; the
+# dashboards and the CLI import these from here.
+from gradleak.report.run_page import (MAX_JSON_BYTES as MAX_JSON_BYTES, check_folder as check_folder,
+                                      display_name as display_name, read_metrics as read_metrics)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Bounds on the run folder's files, which are read whole: metrics.json and config.json are a few
-# KB, history.csv one line per logged iteration, the PNGs a few hundred KB.
-MAX_JSON_BYTES = 8 * 1024 * 1024
-MAX_HISTORY_BYTES = 32 * 1024 * 1024
+# A run folder's PNGs are read whole: a few hundred KB.
 MAX_PNG_BYTES = 64 * 1024 * 1024
-# A run folder being written is a hidden staging folder next to its final place:
-# ".<name>.partial-<host>-<pid>-<random>" (gradleak.paths.StagedDir) or, from older writers,
-# ".<name>.partial-<pid>". The report names the run by its final name.
-_STAGING = re.compile(r"^\.(?P<name>.+)\.partial-(?:[A-Za-z0-9_-]+-\d+-[A-Za-z0-9_]+|\d+)$")
 
 #: metrics.json keys that get their own place on the page (everything else is listed generically).
 _SUMMARY_KEYS = (
@@ -56,92 +51,7 @@ figure img { max-width: 100%; image-rendering: pixelated; border: 1px solid #eee
 _CSS = page_css(REPORT_RULES)
 
 
-# --------------------------------------------------------------------------- names
-
-
-def display_name(path: str | os.PathLike[str], *, full: bool = False) -> str:
-    """A path's name (or, with ``full``, the whole path) as text that can always be printed and
-    encoded as UTF-8: bytes that are not UTF-8 (surrogate escapes) show as U+FFFD; ``.`` and
-    ``..`` show as the folder they name."""
-    text = os.fspath(path)
-    if not full:
-        p = Path(text)
-        text = p.name if p.name not in ("", ".", "..") else Path(os.path.abspath(text)).name or text
-    return os.fsencode(text).decode("utf-8", "replace")
-
-
-def run_name(run_dir: str | os.PathLike[str]) -> str:
-    """The name a run folder is known by: its staging folder's name without the hidden-staging
-    decoration (``.r01-dlg.partial-host-8807-x1y2`` -> ``r01-dlg``)."""
-    name = display_name(run_dir)
-    m = _STAGING.match(name)
-    return m["name"] if m else name
-
-
 # --------------------------------------------------------------------------- reading
-
-
-def check_folder(folder: Path, what: str, hint: str) -> None:
-    """DataError unless ``folder`` is a folder: "WHAT FOLDER does not exist" / "WHAT FOLDER is a
-    file; HINT" (``hint`` says what to give instead)."""
-    if not os.path.lexists(folder):
-        raise DataError(f"{what} {folder} does not exist")
-    if not folder.is_dir():
-        kind = "a file" if folder.is_file() else "not a folder"
-        raise DataError(f"{what} {folder} is {kind}; {hint}")
-
-
-def check_run_dir(run_dir: Path) -> None:
-    check_folder(run_dir, "run folder", "give the folder of a run")
-
-
-def check_not_link(path: Path) -> None:
-    """A run's file is read from the run folder itself, never through a symbolic link: a report
-    shows only what its folder holds (a link could bring any file of the machine into the page)."""
-    if path.is_symlink():
-        raise DataError(f"{one_line(str(path))} is a symbolic link, not a regular file of the run folder; a report "
-                        "shows only what its run folder holds and never follows a link")
-
-
-def read_json_file(path: Path, required: bool, what: str = "run file") -> Any:
-    """Parsed JSON at ``path`` (a regular file of at most MAX_JSON_BYTES, nested at most
-    MAX_JSON_DEPTH levels); None if absent and not required. Present but unusable (a link, a
-    folder, a device or FIFO, too large, not UTF-8, not JSON, too deep) is one DataError."""
-    if not os.path.lexists(path):
-        if required:
-            raise DataError(f"{path} not found: a run folder needs {path.name} to be reported")
-        return None
-    check_not_link(path)
-    text = read_text_file(path, what, max_bytes=MAX_JSON_BYTES)
-    return loads_json(text, str(path))
-
-
-def read_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """RUN/metrics.json as a dict (what ``gradleak report`` reads to choose the image or text
-    report), or one DataError / InputFileError."""
-    path = Path(run_dir) / "metrics.json"
-    metrics = read_json_file(path, required=True)
-    if not isinstance(metrics, dict):
-        raise DataError(f"{path} must hold a JSON object")
-    return metrics
-
-
-def read_csv_rows(path: Path, what: str = "run file") -> list[dict[str, Any]] | None:
-    """Rows of a small CSV file as dicts of strings (empty cells kept as ""), None if absent.
-    A link, folder, device, too large a file, undecodable text or broken CSV is one DataError."""
-
-    if not os.path.lexists(path):
-        return None
-    check_not_link(path)
-    text = read_text_file(path, what, max_bytes=MAX_HISTORY_BYTES)
-    try:
-        return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
-    except csv.Error as exc:
-        raise DataError(f"{path} is not a readable CSV file: {exc}") from None
-
-
-def _read_history(path: Path) -> list[dict[str, Any]] | None:
-    return read_csv_rows(path)
 
 
 def _read_png(path: Path) -> bytes | None:
@@ -157,13 +67,6 @@ def _read_png(path: Path) -> bytes | None:
     except OSError as exc:
         raise DataError(f"run file {path} cannot be read: {exc.strerror or exc}") from None
     return data if data.startswith(_PNG_MAGIC) else None
-
-
-def check_report_target(run_dir: Path) -> Path:
-    """RUN/report.html may be written: not a folder, link or device, in a folder that can be
-    written (checked before anything is read or drawn)."""
-
-    return check_output_file(run_dir / "report.html", "report")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -228,7 +131,7 @@ def _summary(metrics: Mapping[str, Any], has_truth: bool) -> str:
     exact = inputs_exact(metrics)
     if exact:
         rows += f"<tr><th>Inputs read off exactly (closed form)</th><td>{escape(exact)}</td></tr>"
-    out = f"<h2>Summary</h2>{verdict_notice(metrics)}<table>{rows}</table>"
+    out = f"<table>{rows}</table>"
     if metrics.get("iip_feature_space"):
         out += (f'<p class="sub">IIP: nearest neighbour in {escape(str(metrics["iip_feature_space"]))} among '
                 f'{escape(str(metrics.get("iip_pool_size")))} real images.</p>')
@@ -429,13 +332,6 @@ def _other_metrics(metrics: Mapping[str, Any]) -> str:
     return out
 
 
-def folded_json(value: Any, summary: str) -> str:
-    """A JSON dump folded behind a <details> element: the raw record is there for whoever wants
-    it, without pushing a long block of text onto every reader of the page."""
-    text = json.dumps(value, indent=2, default=str, ensure_ascii=False)
-    return f"<details><summary>{summary}</summary><pre>{escape(text)}</pre></details>"
-
-
 def _iterations_logged(history: list[dict[str, Any]]) -> int:
     return len({str(row.get("iteration")) for row in history if row.get("loss") not in (None, "")})
 
@@ -456,27 +352,41 @@ def _loss(history: list[dict[str, Any]] | None, metrics: Mapping[str, Any]) -> s
                                     "Gradient-matching loss per logged iteration (log scale).")
 
 
-def _versions(metrics: Mapping[str, Any]) -> str:
-    versions = metrics.get("versions")
-    if isinstance(versions, Mapping) and versions:
-        return "<h2>Versions</h2>" + _kv_table(versions)
-    return ""
-
-
-def _config(config: Any) -> str:
-    if config is None:
-        return '<h2>Config</h2><p class="muted">no config.json in this run folder</p>'
-    return "<h2>Config</h2>" + folded_json(
-        config, "the run's resolved config (config.json; <code>gradleak attack --config</code> reruns it)")
-
-
 # --------------------------------------------------------------------------- page
 
 
-def report_subtitle(kind: str, run_dir: Path, name: str | None) -> str:
-    """A run report's subtitle (HTML): ``gradleak KIND · NAME``, NAME the run's (escaped) name,
-    by default the folder's (see :func:`run_name`)."""
-    return f"gradleak {kind} &middot; {escape(name if name is not None else run_name(run_dir))}"
+def _has_truth(metrics: Mapping[str, Any]) -> bool:
+    """Whether the run was scored against ground truth (``psnr_mean`` or ``per_image`` recorded)."""
+    return metrics.get("psnr_mean") is not None or bool(metrics.get("per_image"))
+
+
+def _summary_of(run: RunFolder) -> str:
+    return _summary(run.metrics, _has_truth(run.metrics))
+
+
+def _evidence(run: RunFolder) -> list[str]:
+    """The image report's own sections: the defense's evidence, what was attacked beside the
+    pictures (with the other answers of ``auto``), the per-image scores, the other metrics. The
+    PNGs are read here, the reconstruction and the candidates first."""
+    metrics, has_truth = run.metrics, _has_truth(run.metrics)
+    recon = _read_png(run.path / "reconstruction.png")
+    candidates = _read_png(run.path / "candidates.png")
+    return [
+        _defense_evidence(metrics, _read_png(run.path / "truth-start.png")),
+        f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>'
+        f'{_pictures(recon, candidates, has_truth, _other_answers(run.path, metrics))}</div></div>',
+        _per_image(metrics, has_truth),
+        _other_metrics(metrics),
+    ]
+
+
+def _loss_of(run: RunFolder) -> str:
+    return _loss(run.history, run.metrics)
+
+
+#: The image modality's part of its run report.
+IMAGE_PAGE = RunPage(kind="run report", css=_CSS, fmt=format_metric, summary=_summary_of, evidence=_evidence,
+                     history=_loss_of)
 
 
 def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
@@ -486,34 +396,8 @@ def render_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -
     required; missing optional files are mentioned on the page. When no ground truth was given
     (``psnr_mean`` null and ``per_image`` empty) the page says so and still renders.
     ``name``: the run's name in the subtitle (default: the folder's name, without the staging
-    decoration when ``run_dir`` is a staging folder, see :func:`run_name`).
+    decoration when ``run_dir`` is a staging folder, see :func:`gradleak.report.run_page.run_name`).
     Raises :class:`gradleak.errors.DataError` (or InputFileError, ConfigError for a report.html
     that cannot be replaced) before anything is written if a file is missing or unusable.
     """
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir)
-    target = check_report_target(run_dir)
-    metrics = read_metrics(run_dir)
-    config = read_json_file(run_dir / "config.json", required=False)
-    history = _read_history(run_dir / "history.csv")
-    recon = _read_png(run_dir / "reconstruction.png")
-    candidates = _read_png(run_dir / "candidates.png")
-    has_truth = metrics.get("psnr_mean") is not None or bool(metrics.get("per_image"))
-
-    def field(key: str) -> str:
-        v = metrics.get(key)
-        return escape(str(v)) if v not in (None, "") else "?"
-
-    title = f"{field('attack')} on {field('model')}, {field('data')}"
-    body = "\n".join([
-        _summary(metrics, has_truth),
-        _defense_evidence(metrics, _read_png(run_dir / "truth-start.png")),
-        f'<div class="flex"><aside>{_attacked(metrics)}</aside><div>'
-        f'{_pictures(recon, candidates, has_truth, _other_answers(run_dir, metrics))}</div></div>',
-        _per_image(metrics, has_truth),
-        _other_metrics(metrics),
-        _loss(history, metrics),
-        _versions(metrics),
-        _config(config),
-    ])
-    return write_page(target, html_page(title, report_subtitle("run report", run_dir, name), body, css=_CSS))
+    return render_run_report(run_dir, IMAGE_PAGE, name=name)

@@ -1,5 +1,5 @@
 """The self-contained HTML report of a text run folder: original and recovered sentences side by
-side, word pieces coloured by match."""
+side, word pieces coloured by match, in the run report skeleton (:mod:`gradleak.report.run_page`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..report.figures import plottable_float, png_bytes
-from ..report.html import (check_run_dir, folded_json, check_report_target, read_csv_rows, read_json_file, read_metrics,
-                           report_subtitle)
-from ..report.page import data_uri, format_value, html_page, kv_table, page_css, verdict_notice, write_page
+from ..report.page import data_uri, format_value, kv_table, page_css
+from ..report.run_page import RunFolder, RunPage, render_run_report
 
 #: The shared rules with these in between: word pieces coloured by match.
 _CSS = page_css(""".notice { background: #fff8e1; border: 1px solid #f0d78c; padding: .6em 1em; border-radius: 4px; }
@@ -149,54 +148,52 @@ def _history_png(history: list[dict[str, str]]) -> bytes | None:
     return png_bytes(fig)
 
 
-def _read_history(path: Path) -> list[dict[str, str]]:
-    return read_csv_rows(path) or []
+def _summary(run: RunFolder) -> str:
+    """The summary table and, after an order search, the scores before it."""
+    metrics = run.metrics
+    summary = {k: metrics.get(k) for k, _ in _SUMMARY}
+    before = ""
+    if metrics.get("token_accuracy_dlg") is not None:
+        before = (f"<p>Before the order search (each position's most probable token after optimisation): token "
+                  f"accuracy {_fmt('token_accuracy', metrics.get('token_accuracy_dlg'))}, gradient distance "
+                  f"{_fmt('x', metrics.get('gradient_distance_dlg'))}.</p>")
+    return f"{_table(summary, dict(_SUMMARY))}{before}"
+
+
+def _evidence(run: RunFolder) -> list[str]:
+    """The text report's own sections: what was attacked, the sentences, the bag of words."""
+    metrics = run.metrics
+    attacked = {"model": metrics.get("model"), "data": metrics.get("data"), "batch size": metrics.get("batch_size"),
+                "attack": metrics.get("attack"), "threat": metrics.get("threat"),
+                "defenses": ", ".join(str(d) for d in _defenses(metrics.get("defenses"))) or "none",
+                "label method": metrics.get("label_method")}
+    return [f"<h2>What was attacked</h2>{_table(attacked)}", _sentences(metrics), _bag(metrics)]
+
+
+def _progress(run: RunFolder) -> str:
+    """The gradient distance and token accuracy per iteration (history.csv); "" without one."""
+    png = _history_png(run.history or [])
+    if png is None:
+        return ""
+    return (f'<h2>Progress</h2><figure><img alt="progress" src="{data_uri(png)}">'
+            "<figcaption>Gradient distance per iteration "
+            "(optimisation, then each accepted search move) and token accuracy where observed."
+            "</figcaption></figure>")
+
+
+#: The text modality's part of its run report.
+TEXT_PAGE = RunPage(kind="text run report", css=_CSS, fmt=_fmt, summary=_summary, evidence=_evidence,
+                    history=_progress)
 
 
 def render_text_report(run_dir: str | os.PathLike[str], *, name: str | None = None) -> Path:
     """Write ``run_dir/report.html`` for a text run folder and return its path.
 
     ``name``: the run's name in the subtitle (default: the folder's name without the staging
-    decoration). Every file is checked and read (bounded, see :mod:`gradleak.report.html`)
+    decoration). Every file is checked and read (bounded, see :mod:`gradleak.report.run_page`)
     before anything is drawn or written; a problem is one DataError / InputFileError /
     ConfigError naming the file."""
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir)
-    target = check_report_target(run_dir)
-    metrics = read_metrics(run_dir)
-    config = read_json_file(run_dir / "config.json", required=False)
-    png = _history_png(_read_history(run_dir / "history.csv"))
-    title = (f"{escape(str(metrics.get('attack', '?')))} on {escape(str(metrics.get('model', '?')))}, "
-             f"{escape(str(metrics.get('data', '?')))}")
-    summary = {k: metrics.get(k) for k, _ in _SUMMARY}
-    attacked = {"model": metrics.get("model"), "data": metrics.get("data"), "batch size": metrics.get("batch_size"),
-                "attack": metrics.get("attack"), "threat": metrics.get("threat"),
-                "defenses": ", ".join(str(d) for d in _defenses(metrics.get("defenses"))) or "none",
-                "label method": metrics.get("label_method")}
-    before = ""
-    if metrics.get("token_accuracy_dlg") is not None:
-        before = (f"<p>Before the order search (each position's most probable token after optimisation): token "
-                  f"accuracy {_fmt('token_accuracy', metrics.get('token_accuracy_dlg'))}, gradient distance "
-                  f"{_fmt('x', metrics.get('gradient_distance_dlg'))}.</p>")
-    figure = ""
-    if png is not None:
-        figure = (f'<h2>Progress</h2><figure><img alt="progress" src="{data_uri(png)}">'
-                  "<figcaption>Gradient distance per iteration "
-                  "(optimisation, then each accepted search move) and token accuracy where observed."
-                  "</figcaption></figure>")
-    versions = metrics.get("versions")
-    config_html = ("<p class=\"muted\">no config.json in this run folder</p>" if config is None else folded_json(
-        config, "the run's resolved config (config.json; <code>gradleak attack --config</code> reruns it)"))
-    body = "\n".join([
-        f"<h2>Summary</h2>{verdict_notice(metrics)}{_table(summary, dict(_SUMMARY))}{before}",
-        f"<h2>What was attacked</h2>{_table(attacked)}",
-        _sentences(metrics),
-        _bag(metrics),
-        figure,
-        "<h2>Versions</h2>" + _table(versions) if isinstance(versions, Mapping) else "",
-        f"<h2>Config</h2>{config_html}",
-    ])
-    return write_page(target, html_page(title, report_subtitle("text run report", run_dir, name), body, css=_CSS))
+    return render_run_report(run_dir, TEXT_PAGE, name=name)
 
 
 __all__ = ["render_text_report"]
