@@ -12,7 +12,7 @@ from ..errors import GradleakError
 def _run_modality(run: Path) -> Any:
     """The modality (modalities.Modality) a run folder's metrics.json names."""
     from ..modalities import IMAGE, recorded_modality
-    from ..report.html import read_metrics  # bounded: a folder, FIFO, huge or deep file is an error
+    from ..report.run_page import read_metrics  # bounded: a folder, FIFO, huge or deep file is an error
 
     try:
         metrics = read_metrics(run)

@@ -15,10 +15,6 @@ from gradleak.paths import check_input_file
 from gradleak.report.figures import loss_plot_png
 from gradleak.report.page import figure, format_value, inputs_exact, kv_table, page_css, value_cell
 from gradleak.report.run_page import RunFolder, RunPage, check_not_link, folded_json, render_run_report
-# The run folder's readers live in run_page, the skeleton both modalities' reports share; the
-# dashboards and the CLI import these from here.
-from gradleak.report.run_page import (MAX_JSON_BYTES as MAX_JSON_BYTES, check_folder as check_folder,
-                                      display_name as display_name, read_metrics as read_metrics)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A run folder's PNGs are read whole: a few hundred KB.

@@ -35,7 +35,7 @@ def cmd_dashboard(args: Any) -> int:
             raise DataError(f"sweep folder {one_line(str(Path(folder)))} does not exist")
     from ..errors import sigterm_as_interrupt
     from ..report.dashboard import render_dashboard
-    from ..report.html import display_name
+    from ..report.run_page import display_name
 
     with sigterm_as_interrupt():   # SIGTERM: the page is left as it was, no temporary file (exit 143)
         path = render_dashboard(args.dir, args.out, compare=getattr(args, "compare", None), stores=sweep_stores())

@@ -12,7 +12,7 @@ from gradleak.report.dashboard.data import Item, Source, client_order, num, plai
 from gradleak.report.dashboard.pages import (MAX_SERIES, MAX_TABLE_ROWS, THRESHOLD_LINE, answer_list, judged,
                                              listed_names, worst_box)
 from gradleak.report.figures import errorbar_png
-from gradleak.report.html import display_name
+from gradleak.report.run_page import display_name
 from gradleak.report.risk import (LEAKED, SKIPPED, Html, ImageBudget, badge, card, chart, count, finite, headline, notice, rules,
                                   table, worst_first)
 

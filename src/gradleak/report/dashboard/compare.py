@@ -15,7 +15,7 @@ from gradleak.report.dashboard.data import (RUN_ONLY_FIELDS, Item, Source, deriv
                                             setting_label, varying_fields)
 from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, answer_list
 from gradleak.report.figures import scatter_png
-from gradleak.report.html import display_name
+from gradleak.report.run_page import display_name
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, VERDICTS, Html,
                                   ImageBudget, badge, chart, count, headline, image, notice, table, worst_first)
 

@@ -212,7 +212,7 @@ class RunFiles:
         """The parsed JSON at ``path``; None when absent and not required. A link, a file that is
         not a regular one, too large, not UTF-8 or not JSON is one DataError naming it."""
         from gradleak.paths import loads_json
-        from gradleak.report.html import MAX_JSON_BYTES
+        from gradleak.report.run_page import MAX_JSON_BYTES
 
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
         shown = one_line(str(path))

@@ -14,7 +14,8 @@ from gradleak.report.dashboard.data import (ATTACK_SIDE, RUN_IMAGE, Item, Source
                                             is_numeric, num, plain_file, separated_text, setting_label,
                                             varying_fields)
 from gradleak.report.figures import bars_png, errorbar_png, mean_std, scatter_png, verdict_bars_png
-from gradleak.report.html import format_metric, display_name, worst_image
+from gradleak.report.html import format_metric, worst_image
+from gradleak.report.run_page import display_name
 from gradleak.report.risk import (DEFENDED, FAILED, INCONCLUSIVE, LEAK_THRESHOLD_DB, LEAKED, Html,
                                   ImageBudget, badge, card, chart, count, headline, notice, rules,
                                   setting_verdict, table, worst_first)

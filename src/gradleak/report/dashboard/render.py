@@ -18,7 +18,7 @@ from gradleak.report.dashboard.folders import load_source, read_audit
 from gradleak.report.dashboard.audit_page import audit_body
 from gradleak.report.dashboard.guard_page import guard_body
 from gradleak.report.dashboard.pages import MAX_TABLE_ROWS, sweep_body
-from gradleak.report.html import check_folder, display_name
+from gradleak.report.run_page import check_folder, display_name
 from gradleak.report.page import html_page
 from gradleak.report.risk import CSS, LEAK_THRESHOLD_DB, LEAKED, notice
 
