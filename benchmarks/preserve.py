@@ -8,7 +8,8 @@ before the change), so both sides run with the same interpreter and packages. Ev
 a fresh process with one torch thread and a fixed seed, so on one machine a refactor that did
 not change the maths gives identical numbers; ``compare`` prints every difference and exits 1 if
 there is any. Issue 16 used it to show that the one-pipeline move preserved results, issue 58
-its splits (preserve/before-issue58.json vs after-issue58.json: docs/explanation/tests.md).
+its splits (preserve/before-issue58.json vs after-issue58.json, and -part2 for the second round:
+docs/explanation/tests.md).
 
 The GradInversion case passes --share-bn-statistics: before issue 16 the attack's BN prior
 ("exact") made the simulated client share its BN statistics; now the case alone decides, so the
