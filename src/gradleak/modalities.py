@@ -42,6 +42,8 @@ class Modality:
                     identified) or "tokens" (token accuracy, sentences rebuilt); outcome.py's rules.
     nothing:        how a verdict says that nothing leaked.
     portfolio_keys: metrics.json keys recorded for each answer of ``auto``'s portfolio (with the truth).
+    update_format:  the metadata ``format`` of its update files (fl/files.py names the modality of a
+                    file attacked as another one's from it, without importing the modality).
     """
 
     name: str
@@ -66,6 +68,7 @@ class Modality:
     summary_lines: Callable[[Mapping[str, Any]], list[str]] = _no_lines
     verdict_family: str | None = None
     portfolio_keys: tuple[str, ...] = ("psnr_mean", "ssim_mean")
+    update_format: str | None = None
 
     def check_names(self, *, attack: str | None = None, model: str | None = None) -> None:
         """Unknown --attack / --model names, with a "did you mean" (catalog.py, no torch). A

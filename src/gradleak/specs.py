@@ -366,7 +366,8 @@ PLUGIN_KINDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, 
                  ("name", "summary", "share", "report", "attack_kind", "model_kind", "files", "summary_keys",
                   "measures", "nothing"),
                  ("model_extra", "data_sources", "own_fields", "refuses", "default_attack", "run_prefix", "no_value",
-                  "data_label", "summary_lines", "verdict_family", "portfolio_keys", "default")),
+                  "data_label", "summary_lines", "verdict_family", "portfolio_keys", "default",
+                  "update_format")),
     # build: the name of its builder in the module, build(num_classes, seed) -> TextModel
     "text model": (("gradleak.text",), "SPEC", ("name", "summary", "build"), ()),
 }

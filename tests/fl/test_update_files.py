@@ -87,3 +87,28 @@ def test_each_modality_writes_its_own_format(tmp_path, image_case, text_case):
                                                                else {"grad", "weights"})
         with safe_open(str(tmp_path / "t.safetensors"), "pt") as f:
             assert f.metadata()["format"] == formats[1]
+
+
+def test_each_modality_declares_its_update_format_and_a_file_of_another_is_named(tmp_path):
+    """The update format each modality's MODALITY_SPEC declares is the one its files are written in,
+    and a text update attacked as an image one (the text modality never imported) is named: one
+    line, exit 2, with the flag that attacks it."""
+    import subprocess
+    import sys
+
+    from gradleak.fl.files import update_files
+    from gradleak.modalities import MODALITIES
+    from gradleak.text import client  # registers the text update files  # noqa: F401
+
+    for name, modality in MODALITIES.items():
+        assert modality.update_format == update_files(name).update_format, name
+    upd = tmp_path / "t.safetensors"
+    share = [sys.executable, "-m", "gradleak.cli", "share", "--modality", "text", "--text", "my pin is 4321",
+             "--out", str(upd)]
+    assert subprocess.run(share, capture_output=True, text=True, timeout=300).returncode == 0
+    # a fresh process: only the image modality's modules are imported when the file is read
+    done = subprocess.run([sys.executable, "-m", "gradleak.cli", "attack", "--update", str(upd), "--no-progress",
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        f"gradleak: error: {upd} is a text update; attack it with --modality text")
+    assert not (tmp_path / "r").exists()

@@ -203,10 +203,22 @@ def _files_of_update(md: dict[str, str], path: Path, modality: str | None) -> Up
     if modality is None:
         return found if found is not None else _default()
     files = update_files(modality)
+    declared = _declared_modality(fmt)
+    if found is None and declared is not None and declared != files.modality:   # its module not imported
+        raise UpdateFileError(f"{path} is {'an' if declared[0] in 'aeiou' else 'a'} {declared} update; attack it with "
+                              f"--modality {declared}")
     if found is not None and found is not files and found is _default():
         raise UpdateFileError(f"{path} is {'an' if found.modality[0] in 'aeiou' else 'a'} {found.modality} update; "
                               f"attack it without --modality {files.modality}")
     return files
+
+
+def _declared_modality(fmt: object) -> str | None:
+    """The modality whose MODALITY_SPEC declares ``fmt`` as its update files' format (read without
+    importing the modality: specs.declarations), or None."""
+    from ..specs import declarations
+
+    return next((name for name, d in declarations("modality").items() if d.get("update_format") == fmt), None)
 
 
 def _meta(f: Any, path: Path, modality: str | None = None) -> tuple[UpdateFiles, UpdateMeta]:

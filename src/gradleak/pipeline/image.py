@@ -39,6 +39,7 @@ MODALITY_SPEC = {
                      "fft2d_mean", "rpsnr_mean", "lpips_mean", "iip", "gradient_distance", "iterations",
                      "wall_seconds"],
     "no_value": "n/a (no ground truth)", "measures": "images", "nothing": "rebuilt nothing recognisable",
+    "update_format": "gradleak.shared-update",
 }
 
 

@@ -40,6 +40,7 @@ MODALITY_SPEC = {
     "summary_keys": ["token_accuracy", "token_set_precision", "token_set_recall", "bleu", "rouge1", "rougeL",
                      "label_accuracy", "gradient_distance", "iterations", "wall_seconds"],
     "data_label": "text", "summary_lines": "sentence_lines", "verdict_family": "text", "measures": "tokens",
+    "update_format": "gradleak.text-update",
     "nothing": "recovered no text", "portfolio_keys": ["rouge1", "rougeL", "token_accuracy", "exact_sentences"],
 }
 
