@@ -315,7 +315,8 @@ def flat_config(raw: dict[str, Any], shown: str = "config") -> dict[str, Any]:
     clash = sorted(attack_side_fields() & set(run))
     if clash:
         raise ConfigError(f"{shown}: {one_line(repr(clash[0]), 80)} belongs under \"attack\", not \"run\"")
-    return {**run, **_flat_attack(attack, shown)}
+    flat = _flat_attack(attack, shown)   # the attack's name first, as the flat config orders it
+    return {**run, **({"attack": flat.pop("attack")} if "attack" in flat else {}), **flat}
 
 
 def _flat_attack(attack: dict[str, Any], shown: str) -> dict[str, Any]:
