@@ -256,7 +256,11 @@ def _trap_and_cpa_smoke(result, md: str) -> None:
         r = cpa[spec]
         assert r["psnr"] < RECOVERED_DB - MARGIN_DB and r["images_leaked"] == 0, r
         assert r["verdict"] == "defended" and r["defended"] is True, r   # outcome.py's evidence, control leaked
-    assert cpa["prune:0.9"]["verdict"] == "inconclusive" and cpa["prune:0.9"]["images_leaked"] == 0
+    # pruning 0.9: CPA's unmixing of the 10 % left sits at the recognisability line, and which side an
+    # image falls on depends on the CPU's float rounding (AMD EPYC: inconclusive, 0 of 16 images; Intel
+    # Xeon: leaked, at 1e387b0 as today). Either way never "defended": pruning is no evidence of a defense.
+    prune = cpa["prune:0.9"]
+    assert (prune["verdict"], prune["images_leaked"] == 0) in (("inconclusive", True), ("leaked", False)), prune
     assert "The cpa rows attack another model than the other rows: mlp" in md
 
 
