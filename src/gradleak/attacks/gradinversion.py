@@ -30,6 +30,9 @@ SPEC = {
         "alpha_bn": ["float>=0", 1.0, "GradInversion Eq. 9-10: alpha_BN"],
         "alpha_group": ["float>=0", 1e-2, "GradInversion Eq. 11: alpha_group"],
         "alpha_n": ["float>=0", 0.2, "GradInversion Sec. 3.5: Langevin noise scale alpha_n"],
+        "alpha_ce": ["float>=0", 0.0, "DeepInversion (Yin et al. 2020) Eq. 1: scale of its class term, the "
+                     "cross-entropy of the restored labels on the received model in eval mode (0, GradInversion's "
+                     "objective, has none; with --alpha-g 0 it is DeepInversion)"],
         "seeds": ["int[1,256]", 4, "GradInversion: G candidates per image"],
         "group": [["none", "lazy", "registered"], "registered", "GradInversion group consistency (Eq. 11-12)"],
         "bn": [["exact", "approx", "none"], "exact", "GradInversion BN-statistics prior (Eq. 10)"],
@@ -105,8 +108,8 @@ from .base import DTYPES, start_images, to_pixels
 from .group import GroupConsistency, group_penalty
 from .labels import effective_label_method, restore_labels
 from ..engine import AttackState, Engine, LoopHooks, LoopResult, LoopSettings, Observer, SeedShard
-from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, bn_prior, bn_targets, initial_running_statistics,
-                     l2_norm, total_variation)
+from .priors import (INITIAL_STATISTICS_NOTE, BNTargets, ClassTerm, bn_prior, bn_targets,
+                     initial_running_statistics, l2_norm, total_variation)
 from .reconstruction import Reconstruction
 from .simulate import UpdateSimulator
 from .verdict import relative_distance
@@ -128,6 +131,7 @@ FINAL_CHOICES = ("best", "consensus")
 #   alpha_tv, alpha_l2, alpha_bn: Eq. 9 scales of the fidelity priors.
 #   alpha_group:        Eq. 11 scale of the group consistency term.
 #   alpha_n:            Sec. 3.5 Langevin noise scale (noise std = lambda(t) * alpha_n).
+#   alpha_ce:           DeepInversion's class term (Eq. 1 of Yin et al. 2020); 0 here, on in Table 4's DeepInversion row.
 #   seeds:              G, candidates optimised jointly (one batched computation).
 #   group:              "none" | "lazy" (pixel mean) | "registered" (Eq. 12).
 #   bn:                 "exact" (client's batch statistics) | "approx" (running stats) | "none".
@@ -184,8 +188,10 @@ def preset_values(name: str) -> dict[str, object]:
 
 
 def settings_record(cfg: GradInversionConfig) -> dict[str, object]:
-    """The constants a run used, as metrics.json records them (``name``: the preset)."""
-    return {"name": cfg.preset, **{f: getattr(cfg, f) for f in SETTINGS_FIELDS}}
+    """The constants a run used, as metrics.json records them (``name``: the preset); DeepInversion's
+    class term only where it is on (GradInversion's objective has none, and its records keep their form)."""
+    return {"name": cfg.preset, **{f: getattr(cfg, f) for f in SETTINGS_FIELDS},
+            **({"alpha_ce": cfg.alpha_ce} if cfg.alpha_ce > 0 else {})}
 
 
 # A preset's alpha_G and alpha_BN are given for the model it was set on and applied per layer:
@@ -318,6 +324,7 @@ class _Candidates:
     noise_gens: list[torch.Generator]
     box: tuple[torch.Tensor, torch.Tensor] | None
     label_method: str = "gradinversion"   # the rule restore_labels applied (labels.effective_label_method)
+    class_term: ClassTerm | None = None   # DeepInversion's L(x^, y), None unless alpha_ce > 0
     last: dict[str, torch.Tensor] = field(default_factory=dict)   # the last step's terms
 
     @property
@@ -345,6 +352,8 @@ class _Candidates:
         fid = cfg.alpha_tv * total_variation(images) + cfg.alpha_l2 * l2_norm(images)   # Eq. 9
         if self.targets is not None:
             fid = fid + cfg.alpha_bn * bn_prior(stats, self.targets)                   # Eq. 10
+        if self.class_term is not None:
+            fid = fid + cfg.alpha_ce * self.class_term(images)                # DeepInversion Eq. 1
         out["fidelity"] = fid
         return out
 
@@ -484,7 +493,9 @@ def run(cfg: GradInversionConfig, update: SharedUpdate, model: ModelSpec, engine
                              every=cfg.registration_every, steps=cfg.registration_steps, shard=shard)
     run = _Candidates(cfg=cfg, model=model, victim=victim, labels=labels, targets=targets, x=x, group=group,
                       shard=shard, noise_gens=noise_gens, box=_pixel_box(model, dtype, device) if cfg.box else None,
-                      label_method=effective_label_method(update, cfg.labels))
+                      label_method=effective_label_method(update, cfg.labels),
+                      class_term=ClassTerm(model.module, update, labels, dtype=dtype, device=device)
+                      if cfg.alpha_ce > 0 else None)
     state = SeedStreams(generators=gens, group=group, noise_generators=None if noise_gens is gens else noise_gens,
                         device=device, dtype=dtype)
     # answer() is collective: with sharded seeds every process takes part in the log

@@ -1,8 +1,12 @@
-"""Image priors: GradInversion's fidelity regularisation (Eq. 9-10) and Inverting Gradients' TV."""
+"""Image priors: GradInversion's fidelity regularisation (Eq. 9-10), Inverting Gradients' TV and
+DeepInversion's class term."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.update import SharedUpdate
@@ -101,3 +105,23 @@ def bn_prior(stats: list[tuple[torch.Tensor, torch.Tensor]], targets: BNTargets)
         total = term if total is None else total + term
     assert total is not None
     return total
+
+
+class ClassTerm:
+    """DeepInversion's class term (Yin et al., CVPR 2020, Eq. 1's L(x^, y)): the cross-entropy of
+    the labels on the received model's output in eval mode (its running statistics), per
+    candidate. It is what ties a synthesis to its classes when no gradient is matched."""
+
+    def __init__(self, module: torch.nn.Module, update: SharedUpdate, labels: torch.Tensor, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.module = copy.deepcopy(module).to(device=device, dtype=dtype)
+        self.module.load_state_dict({n: w.detach().to(device) for n, w in update.global_weights.items()},
+                                    strict=False)
+        self.module.eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.labels = labels
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """images [G, K, C, H, W] (the model's normalised space) -> [G]."""
+        return torch.stack([F.cross_entropy(self.module(x), self.labels) for x in images])
