@@ -31,3 +31,19 @@ def test_every_results_md_is_what_collect_writes(tmp_path):
         if (copy / name / "results.md").read_text() != before:
             stale.append(name)
     assert stale == [], f"results.md not what collect.py writes today: {stale}"
+
+
+def test_every_recomputed_summary_is_what_the_experiments_summary_code_writes(tmp_path):
+    """reproduction/resummarise.py (summaries recomputed from committed rows, no rerun) leaves the
+    folders it was run on as they are: their summary.csv and experiment.json are today's summary code's."""
+    spec = importlib.util.spec_from_file_location("reproduction_resummarise", ROOT / "resummarise.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("defenses-malicious", "optimizers", "training-stage", "identifiability"):
+        folder = tmp_path / name
+        shutil.copytree(ROOT / name, folder, ignore=shutil.ignore_patterns("run", "run-*", "*.png"))
+        for suffix in ["", *sorted(p.stem[len("experiment"):] for p in folder.glob("experiment-*.json"))]:
+            before = [(folder / f).read_text() for f in (f"summary{suffix}.csv", f"experiment{suffix}.json")]
+            assert module.resummarise(folder, suffix) == [], (name, suffix)
+            after = [(folder / f).read_text() for f in (f"summary{suffix}.csv", f"experiment{suffix}.json")]
+            assert after == before, (name, suffix)

@@ -298,8 +298,10 @@ def _cpa_notes() -> list[str]:
 
 # "defended" here is the setting's (every sample defended), in place of the count of defended samples
 # that summary_columns has (samples - leaked - inconclusive): one column of that name, not two.
+# the paper's pairing first, the oracle's beside it, then the leak-free baselines (zero, public prior image)
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "zero_psnr", "prior_psnr", "token_accuracy")
 SUMMARY_COLUMNS = (["attack", "defense", "strength", "accuracy"]
-                   + [c for c in summary_columns((), ("psnr", "token_accuracy")) if c != "defended"]
+                   + [c for c in summary_columns((), SUMMARY_VALUES) if c != "defended"]
                    + ["defended", "verdict", "epsilon", "spec", "model", "images", "images_leaked"])
 
 
@@ -308,7 +310,7 @@ def setting_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``defended`` only when every sample is (the attack converged each time and never rebuilt the
     image), ``verdict`` leaked (any sample leaked) / defended / inconclusive."""
     out = []
-    for s in summarize(rows, ["attack", "defense", "strength", "spec"], values=("psnr", "token_accuracy")):
+    for s in summarize(rows, ["attack", "defense", "strength", "spec"], values=SUMMARY_VALUES):
         first = next(r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"])
         defended = s["samples"] > 0 and s["defended"] == s["samples"]
         sel = [r for r in rows if r["spec"] == s["spec"] and r["attack"] == s["attack"]]

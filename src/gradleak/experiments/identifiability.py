@@ -17,6 +17,8 @@ from .cells import Workspace
 from .common import (VERDICT_RULE, refuse_attacks, trained_victim, IMAGE_VERDICT_COLUMNS, budget, convergence_notes, gradinversion_cell, image_rows, mean,
                      save_grids, summarize, summary_columns, trend_notes, verdict_fields, victim)
 
+# the summary's values: the paper's pairing, the oracle's, then the leak-free baselines (zero, public prior image)
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "identified", "zero_psnr", "prior_psnr")
 COLUMNS = ["batch_size", "population", "sample", "seed", "image", "name", "label", "label_restored", "grad_norm",
            "psnr_by_label", "psnr", "ssim", "ssim_by_label", "zero_psnr", "prior_psnr", "rpsnr", "fft2d", "lpips", "identified",
            "batch_iip", *IMAGE_VERDICT_COLUMNS, "iterations", "wall_seconds"]
@@ -178,7 +180,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     cells = ws.run(plan, run_folders=[key for key in plan if key[2] == 0])
     rows, feature_space, pool_size = _attacked_images(cells, spec)
     by = ["batch_size", "population"]
-    spread = summarize(rows, by, values=("psnr_by_label", "psnr", "identified", "prior_psnr"), images=True)
+    spread = summarize(rows, by, values=SUMMARY_VALUES, images=True)
     iip_rows = _iip_rows(rows, batch_sizes)
     notes = _iip_notes(rows, iip_rows, pool_size)
     notes += convergence_notes(cells.values())
@@ -189,7 +191,7 @@ def identifiability(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     return ExperimentResult(
         name="identifiability", title="Image Identifiability Precision vs batch size; the vulnerable population",
         columns=COLUMNS, rows=rows, figures=figs, notes=notes, summary=spread,
-        summary_columns=summary_columns(by, ("psnr_by_label", "psnr", "identified", "prior_psnr"), images=True),
+        summary_columns=summary_columns(by, SUMMARY_VALUES, images=True),
         setup={"data": f"{data} ({len(source)} images)", "model": f"{model} (width {width}, {victim_state})",
                "attack": f"gradinversion, cpu preset at {iterations} iterations x {seeds} seeds, BN exact",
                "batch sizes": batch_sizes, "random batches per size": samples,

@@ -18,6 +18,8 @@ from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUM
 # recognisable, while failed runs on these photos stay at 5-12 dB.
 # Local learning rate of the client. 0.1 is an ordinary SGD rate for fine-tuning a small network;
 # it moves the sigmoid LeNet's weights enough that the steps are not one gradient in disguise.
+# the summary's values: the paper's pairing, the oracle's, then the leak-free baselines (zero, public prior image)
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "mse", "zero_psnr", "prior_psnr")
 LOCAL_LR = 0.1
 # The attacker's start (common.LBFGS_INIT): mid-grey pixels. DLG's N(0, 1) pixel start saturates
 # the sigmoid LeNet on many photos (the attack then sits on a plateau at ~5 dB); the grey start is a
@@ -59,7 +61,7 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     for r in rows:
         r["attack"] = attack
     by = ["sweep", "batch_size", "local_steps", "local_batch_size"]
-    summary = summarize(rows, by, values=("psnr_by_label", "psnr", "mse", "prior_psnr"))
+    summary = summarize(rows, by, values=SUMMARY_VALUES)
     figures = _plots(ws, rows, attack, batch, model, samples)
     if save_grids(ws.out / "reconstructions.png", _grid_groups(cells, rows, keys, batch)):
         figures.append("reconstructions.png")
@@ -67,7 +69,7 @@ def local_iterations(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         name="local-iterations", title="Leakage vs FedAvg local iterations and local batch size",
         columns=["sweep", "local_steps", "local_batch_size", "batch_size", "sample", "seed", "attack", "mse", "psnr_by_label",
                  "psnr", *PAIRING_COLUMNS[1:], "ssim", "psnr_min", "label_accuracy", "recovered", *BATCH_VERDICT_COLUMNS, "iterations", "wall_seconds"],
-        rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, ("psnr_by_label", "psnr", "mse", "prior_psnr")),
+        rows=rows, figures=figures, summary=summary, summary_columns=summary_columns(by, SUMMARY_VALUES),
         setup=_setup(opt, st, steps_list, batch, local_bs),
         notes=["Every sample attacked is a row; the figures show means.",
                "psnr, ssim, mse are means over the batch's photos after optimal pairing; psnr_min is the worst photo.",

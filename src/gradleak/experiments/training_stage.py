@@ -12,6 +12,8 @@ from .cells import CellResult, Trained, Workspace
 from .common import (VERDICT_RULE, LBFGS_INIT, THRESHOLD_DB, BATCH_VERDICT_COLUMNS, PAIRING_COLUMNS, pairing_fields, convergence_notes, lbfgs_cell, quality, save_grids,
                      Setting, scored_title, series, setting, summarize, summary_columns, verdict_fields)
 
+# the summary's values: the paper's pairing, the oracle's, then the leak-free baselines (zero, public prior image)
+SUMMARY_VALUES = ("psnr_by_label", "psnr", "mse", "zero_psnr", "prior_psnr")
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
 # The attacks it runs (one per run) and how each reads the image: the rebuttal's DLG, iDLG, and
 # R-GAP's closed form (Zhu and Blaschko 2021; DLG's sigmoid LeNet at batch 1 is its case), which
@@ -62,7 +64,7 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
     cells = ws.run(plan, run_folders=list(plan))
     rows = _rows(cells, accuracy, opt.seed)
     by = ["fraction", "test_accuracy"]
-    summary = summarize(rows, by, values=("psnr", "mse", "prior_psnr"))
+    summary = summarize(rows, by, values=SUMMARY_VALUES)
     fig = "psnr_vs_training_stage.png"
     xs = [cp.fraction for cp in trained.checkpoints]
     save_line_plot(ws.out / fig, [f"{x:.0%}" for x in xs],
@@ -84,7 +86,7 @@ def training_stage(opt: ExperimentOptions, ws: Workspace) -> ExperimentResult:
         columns=["fraction", "test_accuracy", "sample", "seed", "image", "mse", "psnr_by_label", "psnr",
                  *PAIRING_COLUMNS[1:], "ssim", "label_accuracy",
                  "recovered", *BATCH_VERDICT_COLUMNS, "update_loss", "iterations", "wall_seconds"],
-        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, ("psnr", "mse", "prior_psnr")),
+        rows=rows, figures=figs, summary=summary, summary_columns=summary_columns(by, SUMMARY_VALUES),
         setup=_setup(opt, ws, st, cfg, trained),
         notes=["test_accuracy is the checkpoint's accuracy on the test images scored by training (the attacked "
                "images are drawn from the same test split).",
