@@ -133,8 +133,9 @@ def test_defaults_on_a_trained_checkpoint_find_the_leak_a_single_start_finds(tra
     """On a trained checkpoint every start rebuilds the held-out image now that DLG's L-BFGS has a
     strong Wolfe line search (dlg.LBFGS_LINE_SEARCH; measured 85-92 dB from randn, zeros and rand
     at 60 steps). Without it a unit step lands in the sigmoids' saturation from some starts
-    (zeros: 3.2 dB), and the portfolio of starts rescues such a start: it restarts from the failed
-    one and rebuilds the image whenever any single start does."""
+    (which ones follows the CPU: zeros at 3.2 dB on one machine of this project's kind, randn at
+    4.2 dB on another), and the portfolio of starts rescues such a start: it restarts from the
+    failed one and rebuilds the image whenever any single start does."""
     import importlib
 
     dlg_module = importlib.import_module("gradleak.attacks.dlg")  # the module
@@ -151,14 +152,15 @@ def test_defaults_on_a_trained_checkpoint_find_the_leak_a_single_start_finds(tra
     for init in ("randn", "zeros", "rand"):
         rec = _run("idlg", update, model, init=init, stall_restarts=0, iterations=iterations)
         single[init] = evaluate(rec, batch).psnr_mean
-    assert single["zeros"] < 20 and max(single.values()) >= 30, single  # the premise: one start fails, one leaks
+    failed = [init for init, psnr in single.items() if psnr < 20]
+    assert failed and max(single.values()) >= 30, single  # the premise: one start fails, one leaks
     rec = _run("idlg", update, model, iterations=iterations)              # the defaults (randn first)
     default = evaluate(rec, batch).psnr_mean
     assert default >= 30 and rec.extra["relative_gradient_distance"] <= RESTART_BELOW, (default, single, rec.extra)
     # from the start that fails, the portfolio moves on and finds the leak
-    rescued = _run("idlg", update, model, init="zeros", iterations=iterations)
+    rescued = _run("idlg", update, model, init=failed[0], iterations=iterations)
     psnr = evaluate(rescued, batch).psnr_mean
-    assert rescued.extra["restarts_used"] >= 1 and rescued.extra["trial_inits"][0] == "zeros", rescued.extra
+    assert rescued.extra["restarts_used"] >= 1 and rescued.extra["trial_inits"][0] == failed[0], rescued.extra
     assert psnr >= 30 and rescued.extra["relative_gradient_distance"] <= RESTART_BELOW, (psnr, single, rescued.extra)
 
 

@@ -101,15 +101,16 @@ def _docs_state_the_defenses_smoke(rows) -> None:
     readme = " ".join((Path(__file__).parents[2] / "docs" / "reference" / "experiments.md").read_text().split())
     cell = {(r["attack"], r["spec"]): r for r in rows}
     def stated(before: str, after: str, attack: str, *specs: str) -> None:
-        """The page states these settings' PSNRs between ``before`` and ``after``: within 0.1 dB,
-        or within 6 dB where the run measured 35 dB or more (a near-perfect rebuild, whose last
-        digits follow the CPU's floating-point paths: 49.8 against 53.3 dB on two machines of
-        this project's kind, both far above any leak threshold)."""
+        """The page states these settings' PSNRs between ``before`` and ``after``: within 0.25 dB,
+        or within 6 dB where the run measured 35 dB or more. Both follow the CPU's floating-point
+        paths, as the page says: a near-perfect rebuild's last digits (49.8 against 53.3 dB on two
+        machines of this project's kind, both far above any leak threshold) and a failed one's
+        end point (DLG under prune 0.9: 4.07 against 4.2 dB)."""
         m = re.search(re.escape(before) + r"((?:[0-9.]+, )*[0-9.]+)" + re.escape(after), readme)
         assert m, f"docs/reference/experiments.md does not say {before!r} ... {after!r}"
         said = [float(v) for v in m.group(1).split(", ")]
         got = [cell[attack, s]["psnr"] for s in specs]
-        assert len(said) == len(got) and all(abs(a - b) <= (6.0 if b >= 35 else 0.1) for a, b in zip(said, got, strict=True)), \
+        assert len(said) == len(got) and all(abs(a - b) <= (6.0 if b >= 35 else 0.25) for a, b in zip(said, got, strict=True)), \
             (before, said, got)
     strong = ("gaussian:0.1", "laplace:0.1", "prune:0.9", "dpsgd:clip=1,noise=1")
     # the decoy test (outcome.py): Laplace 0.1 and DP-SGD leave the truth among the decoys, Gaussian
