@@ -45,7 +45,7 @@ def test_report_sends_the_update_unchanged_and_records_the_leak(client, tmp_path
     assert {"report.html", "reconstruction.png", "metrics.json"} <= {p.name for p in folder.iterdir()}
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["verdict"] == "leaked" and metrics["guard"]["stage"] == "before"
-    assert 0 < rec.seconds <= 90
+    assert rec.seconds > 0 and before.seconds > 0 and "budget" not in rec.reason   # the check finished inside it
 
 
 def test_withhold_sends_nothing_when_the_update_leaks(client):
@@ -87,7 +87,9 @@ def test_the_budget_is_respected_and_a_spent_budget_withholds(client):
     result = guard_update(model, update, batch, p)
     rec = result.record
     assert result.update is None and rec.decision == WITHHELD and rec.verdict_before == "failed"
-    assert "budget" in rec.reason and rec.seconds < 4.0 + 15   # stops after the step it is in (+ the scoring)
+    # the budget, not the 100,000 IG steps, ended the check (its timer interrupts the attack in a step)
+    check = rec.checks[-1]
+    assert "budget" in rec.reason and check.error == "GuardBudgetSpent", check
     sent = guard_update(model, update, batch, policy(action="report", attack="ig", iterations=100_000,
                                                      budget_seconds=4.0, on_error="send"))
     assert sent.update is update and sent.record.decision == PASSED
