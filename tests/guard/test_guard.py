@@ -160,7 +160,7 @@ def test_each_check_prints_one_progress_line_with_the_budget(client, capsys):
     p = policy(action="report", attack="ig", iterations=100_000, budget_seconds=3.0, progress=True)
     rec = guard_update(model, update, batch, p, name="c0").record
     lines = capsys.readouterr().err.strip().splitlines()
-    assert rec.decision == WITHHELD and rec.seconds < 3.0 + 15
+    assert rec.decision == WITHHELD and rec.checks[-1].error == "GuardBudgetSpent"   # the budget ended it
     assert lines[0].startswith("guard c0: before: ig (") and lines[0].endswith(" s of 3 s)")
     assert lines[-1].startswith("guard c0: withheld (verdict failed)")
     assert len(lines) == 2
